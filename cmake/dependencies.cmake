@@ -1,0 +1,10 @@
+# Every dependency comes from a Debian package that scripts/setup.sh installs.
+find_package(OpenMP REQUIRED)
+find_package(MPI REQUIRED COMPONENTS C)
+find_package(nlohmann_json 3.10 REQUIRED)
+find_package(CLI11 REQUIRED)
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
+if(LOOM_BUILD_TESTS)
+  find_package(GTest REQUIRED)
+endif()

@@ -1,0 +1,83 @@
+#include "loom/core/memory.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <utility>
+
+#include "loom/core/error.h"
+
+namespace loom {
+
+std::string_view mem_category_name(MemCategory c) {
+  static constexpr std::string_view kNames[kNumMemCategories] = {
+      "params", "grads", "optimizer", "activations", "comm", "workspace"};
+  return kNames[static_cast<int>(c)];
+}
+
+void MemoryTracker::on_alloc(MemCategory c, size_t bytes) {
+  int i = static_cast<int>(c);
+  size_t now = current_[i].fetch_add(bytes) + bytes;
+  size_t peak = peak_[i].load();
+  while (now > peak && !peak_[i].compare_exchange_weak(peak, now)) {
+  }
+}
+
+void MemoryTracker::on_free(MemCategory c, size_t bytes) {
+  current_[static_cast<int>(c)].fetch_sub(bytes);
+}
+
+MemStats MemoryTracker::stats() const {
+  MemStats s;
+  for (int i = 0; i < kNumMemCategories; ++i) {
+    s.current[i] = current_[i].load();
+    s.peak[i] = peak_[i].load();
+  }
+  return s;
+}
+
+void MemoryTracker::reset_peaks() {
+  for (int i = 0; i < kNumMemCategories; ++i) peak_[i].store(current_[i].load());
+}
+
+MemoryTracker& memory_tracker() {
+  static MemoryTracker tracker;
+  return tracker;
+}
+
+Buffer::Buffer(size_t bytes, MemCategory category) : bytes_(bytes), category_(category) {
+  if (bytes == 0) return;
+  size_t rounded = (bytes + 63) / 64 * 64;
+  data_ = std::aligned_alloc(64, rounded);
+  LOOM_CHECK(data_ != nullptr, "out of memory allocating {} bytes for {}", bytes,
+             mem_category_name(category));
+  std::memset(data_, 0, rounded);
+  memory_tracker().on_alloc(category_, bytes_);
+}
+
+Buffer::~Buffer() { release(); }
+
+Buffer::Buffer(Buffer&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)),
+      bytes_(std::exchange(other.bytes_, 0)),
+      category_(other.category_) {}
+
+Buffer& Buffer::operator=(Buffer&& other) noexcept {
+  if (this != &other) {
+    release();
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+    category_ = other.category_;
+  }
+  return *this;
+}
+
+void Buffer::release() {
+  if (data_ == nullptr) return;
+  std::free(data_);
+  memory_tracker().on_free(category_, bytes_);
+  data_ = nullptr;
+  bytes_ = 0;
+}
+
+}  // namespace loom

@@ -1,0 +1,24 @@
+// Threads per rank: the machine's cores divided by the ranks on this node,
+// unless OMP_NUM_THREADS says otherwise. OpenMP and OpenBLAS use the same count.
+#pragma once
+
+#include <string>
+
+namespace loom {
+
+struct ThreadConfig {
+  int threads = 1;          // threads this rank uses
+  int cores = 1;            // cores on the machine
+  int ranks_on_node = 1;    // from the MPI launcher's environment, 1 without one
+  int affinity_cores = 1;   // cores this process may run on (sched_getaffinity)
+  bool from_env = false;    // OMP_NUM_THREADS was set
+  std::string warning;      // non-empty when the affinity is narrower than the threads
+};
+
+// Decides the thread count, applies it to OpenMP and OpenBLAS, returns what was done.
+ThreadConfig configure_threads();
+
+// One line for the log: "threads: 2 (2 cores, 1 rank on node, affinity 2 cores)".
+std::string describe(const ThreadConfig& t);
+
+}  // namespace loom

@@ -1,0 +1,29 @@
+// Causal multi-head self-attention, computed in query x key blocks with an
+// online softmax: forward keeps only the output and one log-sum-exp per
+// (batch, head, query), so activation memory is linear in T; backward
+// recomputes the probabilities block by block.
+#pragma once
+
+#include <cstdint>
+
+#include "loom/kernels/cpu/elementwise.h"
+
+namespace loom::cpu {
+
+// Dropout on attention probabilities: keep masks are drawn for (sample0 + b,
+// site | head, query position), channel = key position.
+using AttentionDropout = DropoutSpec;
+
+// qkv (B, T, 3C) holds q, k, v side by side, each (NH heads x hs), hs = C / NH.
+// out (B, T, C); lse (B, NH, T) = log sum_j exp(q.k_j / sqrt(hs)).
+template <typename T>
+void attention_forward(T* out, T* lse, const T* qkv, int64_t B, int64_t Tn, int64_t C,
+                       int64_t NH, const AttentionDropout& dropout);
+
+// Accumulates dqkv (B, T, 3C) from dout (B, T, C), given forward's inputs and outputs.
+template <typename T>
+void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse,
+                        int64_t B, int64_t Tn, int64_t C, int64_t NH,
+                        const AttentionDropout& dropout);
+
+}  // namespace loom::cpu

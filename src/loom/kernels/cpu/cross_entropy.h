@@ -1,0 +1,22 @@
+// Softmax cross-entropy fused over the logits buffer: no probability tensor
+// is kept; backward overwrites the logits with their gradient.
+#pragma once
+
+#include <cstdint>
+
+namespace loom::cpu {
+
+// logits (N, Vp), of which the first V columns are real and the rest padding
+// (excluded from the softmax). losses (N) = lse_n - logits[n, targets[n]];
+// lse (N) saved for backward.
+template <typename T>
+void cross_entropy_forward(T* losses, T* lse, const T* logits, const int32_t* targets, int64_t N,
+                           int64_t V, int64_t Vp);
+
+// In place: logits[n, v] := dloss[n] * (softmax(logits[n])[v] - [v == targets[n]]);
+// padded columns become 0. dloss (N), e.g. 1 / N everywhere for a mean.
+template <typename T>
+void cross_entropy_backward(T* logits, const T* lse, const int32_t* targets, const T* dloss,
+                            int64_t N, int64_t V, int64_t Vp);
+
+}  // namespace loom::cpu

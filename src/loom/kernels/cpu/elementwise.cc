@@ -1,0 +1,75 @@
+#include "loom/kernels/cpu/elementwise.h"
+
+#include <vector>
+
+#include "loom/kernels/cpu/vec_math.h"
+
+namespace loom::cpu {
+
+namespace {
+constexpr double kGeluScale = 0.7978845608028654;  // sqrt(2 / pi)
+}
+
+template <typename T>
+void gelu_forward(T* out, const T* inp, int64_t n) {
+#pragma omp parallel for simd
+  for (int64_t i = 0; i < n; ++i) {
+    T x = inp[i];
+    T u = T(kGeluScale) * (x + T(0.044715) * x * x * x);
+    out[i] = T(0.5) * x * (T(1) + vtanh(u));
+  }
+}
+
+template <typename T>
+void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n) {
+#pragma omp parallel for simd
+  for (int64_t i = 0; i < n; ++i) {
+    T x = inp[i];
+    T u = T(kGeluScale) * (x + T(0.044715) * x * x * x);
+    T th = vtanh(u);
+    T sech2 = T(1) - th * th;
+    T du = T(kGeluScale) * (T(1) + T(3 * 0.044715) * x * x);
+    dinp[i] += dout[i] * (T(0.5) * (T(1) + th) + T(0.5) * x * sech2 * du);
+  }
+}
+
+template <typename T>
+void residual_forward(T* out, const T* a, const T* b, int64_t n) {
+#pragma omp parallel for simd
+  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+template <typename T>
+void add_inplace(T* dst, const T* src, int64_t n) {
+#pragma omp parallel for simd
+  for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+
+template <typename T>
+void dropout_inplace(T* x, const DropoutSpec& spec, int64_t B, int64_t Tn, int64_t C) {
+  if (!spec.active()) return;
+#pragma omp parallel
+  {
+    std::vector<T> keep(static_cast<size_t>(C));
+#pragma omp for collapse(2)
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t t = 0; t < Tn; ++t) {
+        spec.stream->row(spec.sample0 + b, spec.site, static_cast<uint32_t>(t), 0, C, keep.data());
+        T* row = x + (b * Tn + t) * C;
+        for (int64_t c = 0; c < C; ++c) row[c] *= keep[c];
+      }
+    }
+  }
+}
+
+#define LOOM_INSTANTIATE(T)                                                     \
+  template void gelu_forward<T>(T*, const T*, int64_t);                         \
+  template void gelu_backward<T>(T*, const T*, const T*, int64_t);              \
+  template void residual_forward<T>(T*, const T*, const T*, int64_t);           \
+  template void add_inplace<T>(T*, const T*, int64_t);                          \
+  template void dropout_inplace<T>(T*, const DropoutSpec&, int64_t, int64_t, int64_t);
+LOOM_INSTANTIATE(float)
+LOOM_INSTANTIATE(double)
+#undef LOOM_INSTANTIATE
+
+}  // namespace loom::cpu

@@ -1,0 +1,18 @@
+// Token + position embedding.
+#pragma once
+
+#include <cstdint>
+
+namespace loom::cpu {
+
+// out (B, T, C) = wte[tokens[b, t]] + wpe[t]; tokens (B, T), wte (V, C), wpe (maxT, C).
+template <typename T>
+void encoder_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int64_t B,
+                     int64_t Tn, int64_t C);
+
+// Accumulates dwte[tokens[b, t]] += dout[b, t] and dwpe[t] += dout[b, t].
+template <typename T>
+void encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t B,
+                      int64_t Tn, int64_t C);
+
+}  // namespace loom::cpu

@@ -1,0 +1,20 @@
+// Layer normalisation over the last dimension, eps 1e-5 (GPT-2's).
+#pragma once
+
+#include <cstdint>
+
+namespace loom::cpu {
+
+inline constexpr double kLayerNormEps = 1e-5;
+
+// out (N, C) = (inp - mean) * rstd * weight + bias; saves mean (N) and rstd (N).
+template <typename T>
+void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias,
+                       int64_t N, int64_t C);
+
+// Accumulates dinp (N, C), dweight (C), dbias (C).
+template <typename T>
+void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
+                        const T* weight, const T* mean, const T* rstd, int64_t N, int64_t C);
+
+}  // namespace loom::cpu

@@ -1,0 +1,80 @@
+#include "loom/kernels/cpu/matmul.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+
+namespace loom::cpu {
+
+template <>
+void gemm<float>(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                 int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
+              K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+template <>
+void gemm<double>(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha,
+                  const double* A, int64_t lda, const double* B, int64_t ldb, double beta,
+                  double* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
+              K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+template <typename T>
+void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C,
+                    int64_t OC) {
+  if (bias != nullptr) {
+#pragma omp parallel for
+    for (int64_t n = 0; n < N; ++n) std::copy(bias, bias + OC, out + n * OC);
+  }
+  gemm<T>(false, false, N, OC, C, T(1), inp, C, weight, OC, bias ? T(1) : T(0), out, OC);
+}
+
+template <typename T>
+void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
+                     int64_t N, int64_t C, int64_t OC) {
+  if (dinp != nullptr) gemm<T>(false, true, N, C, OC, T(1), dout, OC, weight, OC, T(1), dinp, C);
+  gemm<T>(true, false, C, OC, N, T(1), inp, C, dout, OC, T(1), dweight, OC);
+  if (dbias == nullptr) return;
+  // Column sums, split by column blocks so threads never share an output.
+  constexpr int64_t kBlock = 64;
+#pragma omp parallel for
+  for (int64_t o0 = 0; o0 < OC; o0 += kBlock) {
+    int64_t o1 = std::min(OC, o0 + kBlock);
+    T acc[kBlock] = {};
+    for (int64_t n = 0; n < N; ++n) {
+      const T* row = dout + n * OC;
+      for (int64_t o = o0; o < o1; ++o) acc[o - o0] += row[o];
+    }
+    for (int64_t o = o0; o < o1; ++o) dbias[o] += acc[o - o0];
+  }
+}
+
+template <typename T>
+void matmul_nt_forward(T* out, const T* inp, const T* weight, int64_t N, int64_t C, int64_t V) {
+  gemm<T>(false, true, N, V, C, T(1), inp, C, weight, C, T(0), out, V);
+}
+
+template <typename T>
+void matmul_nt_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight,
+                        int64_t N, int64_t C, int64_t V) {
+  gemm<T>(false, false, N, C, V, T(1), dout, V, weight, C, T(1), dinp, C);
+  gemm<T>(true, false, V, C, N, T(1), dout, V, inp, C, T(1), dweight, C);
+}
+
+#define LOOM_INSTANTIATE(T)                                                               \
+  template void matmul_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t,     \
+                                  int64_t);                                               \
+  template void matmul_backward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t,     \
+                                   int64_t, int64_t);                                     \
+  template void matmul_nt_forward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t); \
+  template void matmul_nt_backward<T>(T*, T*, const T*, const T*, const T*, int64_t, int64_t, \
+                                      int64_t);
+LOOM_INSTANTIATE(float)
+LOOM_INSTANTIATE(double)
+#undef LOOM_INSTANTIATE
+
+}  // namespace loom::cpu

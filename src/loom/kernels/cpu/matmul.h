@@ -1,0 +1,34 @@
+// Matrix multiplication through BLAS. Weights are stored (in, out), as GPT-2's
+// Conv1D does, so a layer's forward is one row-major GEMM with no transpose.
+#pragma once
+
+#include <cstdint>
+
+namespace loom::cpu {
+
+// C (M, N) = alpha * op(A) @ op(B) + beta * C, row-major; op = transpose when trans_*.
+template <typename T>
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
+          int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc);
+
+// out (N, OC) = inp (N, C) @ weight (C, OC) + bias (OC); bias may be null.
+template <typename T>
+void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C,
+                    int64_t OC);
+
+// Accumulates: dinp (N, C) += dout @ weight^T; dweight (C, OC) += inp^T @ dout;
+// dbias (OC) += column sums of dout. dinp or dbias may be null.
+template <typename T>
+void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
+                     int64_t N, int64_t C, int64_t OC);
+
+// The tied LM head: out (N, V) = inp (N, C) @ weight^T with weight (V, C).
+template <typename T>
+void matmul_nt_forward(T* out, const T* inp, const T* weight, int64_t N, int64_t C, int64_t V);
+
+// Accumulates: dinp (N, C) += dout (N, V) @ weight; dweight (V, C) += dout^T @ inp.
+template <typename T>
+void matmul_nt_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight,
+                        int64_t N, int64_t C, int64_t V);
+
+}  // namespace loom::cpu

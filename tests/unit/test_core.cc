@@ -1,0 +1,143 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "loom/core/dtype.h"
+#include "loom/core/error.h"
+#include "loom/core/memory.h"
+#include "loom/core/rng.h"
+#include "loom/core/tensor.h"
+
+namespace loom {
+namespace {
+
+TEST(DType, Bf16RoundsToNearestEven) {
+  EXPECT_EQ(f32_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(bf16_to_f32(0x3f80), 1.0f);
+  // 1 + 2^-8 is halfway between two bf16 values: ties go to the even one (1.0).
+  EXPECT_EQ(f32_to_bf16(1.00390625f), 0x3f80);
+  // 1 + 3 * 2^-8 is halfway too; the even neighbour is 1 + 2^-6.
+  EXPECT_EQ(f32_to_bf16(1.01171875f), 0x3f82);
+  EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
+  EXPECT_EQ(bf16_to_f32(f32_to_bf16(-3.5f)), -3.5f);
+}
+
+TEST(DType, F16ExactValuesAndRounding) {
+  EXPECT_EQ(f32_to_f16(1.0f), 0x3c00);
+  EXPECT_EQ(f32_to_f16(-2.0f), 0xc000);
+  EXPECT_EQ(f32_to_f16(65504.0f), 0x7bff);        // largest finite
+  EXPECT_EQ(f32_to_f16(65520.0f), 0x7c00);        // rounds up to infinity
+  EXPECT_EQ(f32_to_f16(std::ldexp(1.0f, -24)), 0x0001);  // smallest subnormal
+  EXPECT_EQ(f32_to_f16(std::ldexp(1.0f, -14)), 0x0400);  // smallest normal
+  EXPECT_EQ(f32_to_f16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);  // tie to even
+  EXPECT_EQ(f32_to_f16(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3c02);
+  EXPECT_EQ(f16_to_f32(0x7c00), std::numeric_limits<float>::infinity());
+  // Every finite f16 survives the round trip through f32.
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    if (((h >> 10) & 0x1f) == 0x1f) continue;
+    ASSERT_EQ(f32_to_f16(f16_to_f32(static_cast<uint16_t>(h))), h) << std::hex << h;
+  }
+}
+
+TEST(DType, BulkConvertRoundTrips) {
+  Tensor t = Tensor::empty({3, 4}, DType::kF32, MemCategory::kWorkspace);
+  for (int i = 0; i < 12; ++i) t.data_as<float>()[i] = static_cast<float>(i) * 0.25f - 1.0f;
+  Tensor h = t.to(DType::kF16, MemCategory::kWorkspace).to(DType::kF32, MemCategory::kWorkspace);
+  Tensor b = t.to(DType::kBF16, MemCategory::kWorkspace).to(DType::kF32, MemCategory::kWorkspace);
+  for (int i = 0; i < 12; ++i) {
+    EXPECT_EQ(h.data_as<float>()[i], t.data_as<float>()[i]);
+    EXPECT_EQ(b.data_as<float>()[i], t.data_as<float>()[i]);
+  }
+}
+
+TEST(Memory, TrackerCountsCurrentAndPeakPerCategory) {
+  auto before = memory_tracker().stats();
+  int k = static_cast<int>(MemCategory::kComm);
+  {
+    Buffer a(1000, MemCategory::kComm);
+    {
+      Buffer b(500, MemCategory::kComm);
+      EXPECT_EQ(memory_tracker().stats().current[k], before.current[k] + 1500);
+    }
+    EXPECT_EQ(memory_tracker().stats().current[k], before.current[k] + 1000);
+    EXPECT_GE(memory_tracker().stats().peak[k], before.current[k] + 1500);
+    Buffer moved = std::move(a);
+    EXPECT_EQ(memory_tracker().stats().current[k], before.current[k] + 1000);
+  }
+  EXPECT_EQ(memory_tracker().stats().current[k], before.current[k]);
+  memory_tracker().reset_peaks();
+  EXPECT_EQ(memory_tracker().stats().peak[k], before.current[k]);
+}
+
+TEST(Tensor, ViewsShareMemory) {
+  Tensor t = Tensor::empty({4, 3}, DType::kF32, MemCategory::kWorkspace);
+  Tensor rows = t.slice_rows(1, 3);
+  EXPECT_EQ(rows.shape(), Shape({2, 3}));
+  rows.data_as<float>()[0] = 5.0f;
+  EXPECT_EQ(t.data_as<float>()[3], 5.0f);
+  EXPECT_EQ(t.reshape({12}).numel(), 12);
+  EXPECT_THROW(t.reshape({5}), Error);
+  EXPECT_EQ(Shape({768, 2304}).str(), "(768, 2304)");
+}
+
+TEST(Error, CheckRecordsConditionAndValues) {
+  try {
+    int a = 3, b = 4;
+    LOOM_CHECK(a == b, "a={} b={}", a, b);
+    FAIL() << "no throw";
+  } catch (const Error& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("a == b"), std::string::npos) << what;
+    EXPECT_NE(what.find("a=3 b=4"), std::string::npos) << what;
+    EXPECT_NE(what.find("test_core.cc"), std::string::npos) << what;
+    EXPECT_EQ(e.kind(), ErrorKind::kInternal);
+  }
+}
+
+TEST(Rng, PhiloxKnownAnswer) {
+  // Known-answer vectors of Philox-4x32-10 (Random123's kat_vectors).
+  auto r = philox4x32({0, 0, 0, 0}, {0, 0});
+  EXPECT_EQ(r[0], 0x6627e8d5u);
+  EXPECT_EQ(r[1], 0xe169c58du);
+  EXPECT_EQ(r[2], 0xbc57ac4cu);
+  EXPECT_EQ(r[3], 0x9b00dbd8u);
+  r = philox4x32({0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu},
+                 {0xffffffffu, 0xffffffffu});
+  EXPECT_EQ(r[0], 0x408f276du);
+  EXPECT_EQ(r[1], 0x41c83b0eu);
+  EXPECT_EQ(r[2], 0xa20bc7c6u);
+  EXPECT_EQ(r[3], 0x6d5451fdu);
+}
+
+TEST(Rng, InitIsAFunctionOfSeedNameAndIndexOnly) {
+  // However a tensor is split, element i gets the same value: draw the whole
+  // tensor, then each of 3 shards drawing only its own range, in reverse order.
+  const std::string name = "transformer.h.3.mlp.c_fc.weight";
+  const uint64_t n = 1001;
+  NormalStream whole(42, name);
+  std::vector<float> full(n);
+  for (uint64_t i = 0; i < n; ++i) full[i] = whole.at(i);
+  for (int shard = 2; shard >= 0; --shard) {
+    NormalStream s(42, name);
+    uint64_t begin = n * shard / 3, end = n * (shard + 1) / 3;
+    for (uint64_t i = end; i-- > begin;) ASSERT_EQ(s.at(i), full[i]) << i;
+  }
+  // Other names and seeds give other streams.
+  EXPECT_NE(NormalStream(42, "transformer.h.3.mlp.c_proj.weight").at(0), full[0]);
+  EXPECT_NE(NormalStream(43, name).at(0), full[0]);
+  // And the values are standard normal.
+  double mean = 0, var = 0;
+  NormalStream big(7, "x");
+  const int m = 200000;
+  for (int i = 0; i < m; ++i) {
+    double v = big.at(static_cast<uint64_t>(i));
+    mean += v / m;
+    var += v * v / m;
+  }
+  EXPECT_NEAR(mean, 0.0, 0.01);
+  EXPECT_NEAR(var, 1.0, 0.02);
+}
+
+}  // namespace
+}  // namespace loom
