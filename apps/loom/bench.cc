@@ -1,0 +1,132 @@
+// loom bench gemm | train: figures, never pass/fail.
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "loom/core/error.h"
+#include "loom/core/memory.h"
+#include "loom/core/threads.h"
+#include "loom/profile/gemm_peak.h"
+#include "loom/train/config.h"
+#include "loom/train/trainer.h"
+
+namespace loom::app {
+
+namespace {
+
+struct GemmArgs {
+  std::vector<int64_t> sizes = {512, 1024, 2048, 3072};
+  int reps = 7;
+  bool json = false;
+};
+
+struct TrainBenchArgs {
+  std::string config;
+  std::vector<std::string> overrides;
+  int64_t steps = 10;
+  int64_t warmup = 2;
+  bool json = false;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+void run_gemm(const GemmArgs& a) {
+  ThreadConfig threads = configure_threads();
+  auto results = bench_gemm(a.sizes, a.reps);
+  double peak = 0;
+  for (const auto& r : results) peak = std::max(peak, r.median_gflops);
+  if (a.json) {
+    nlohmann::json sizes = nlohmann::json::array();
+    for (const auto& r : results)
+      sizes.push_back({{"n", r.n}, {"median_gflops", r.median_gflops}, {"best_gflops", r.best_gflops}});
+    nlohmann::json j = {{"threads", threads.threads}, {"peak_gflops", peak}, {"sizes", sizes}};
+    std::printf("%s\n", j.dump().c_str());
+    return;
+  }
+  std::printf("# %s\n", describe(threads).c_str());
+  if (!threads.warning.empty()) std::printf("# warning: %s\n", threads.warning.c_str());
+  std::printf("%8s %14s %14s\n", "n", "median GFLOP/s", "best GFLOP/s");
+  for (const auto& r : results)
+    std::printf("%8ld %14.1f %14.1f\n", long(r.n), r.median_gflops, r.best_gflops);
+  std::printf("peak sgemm: %.1f GFLOP/s (the largest median; the MFU denominator)\n", peak);
+}
+
+void run_train_bench(const TrainBenchArgs& a) {
+  LOOM_CHECK_KIND(kConfig, a.steps > a.warmup, "--steps {} must exceed --warmup {}", a.steps,
+                  a.warmup);
+  std::vector<std::string> overrides = a.overrides;
+  overrides.push_back("train.steps=" + std::to_string(a.steps));
+  Config config = load_config(a.config, overrides);
+  ThreadConfig threads = configure_threads();
+  RunOptions options;
+  options.quiet = true;
+  Trainer trainer(std::move(config), options, threads);
+  std::vector<double> step_times;
+  for (int64_t s = 0; s < a.steps; ++s) {
+    if (s == a.warmup) memory_tracker().reset_peaks();
+    StepResult r = trainer.train_step();
+    if (s >= a.warmup) step_times.push_back(r.t_step);
+  }
+  const Config& c = trainer.config();
+  double step_s = median(step_times);
+  double tokens = double(c.train_batch_size) * c.model.seq_len;
+  double tps = tokens / step_s;
+  double flops = trainer.model().flops_per_token() * tps;
+  MemStats mem = memory_tracker().stats();
+  nlohmann::json peak_bytes = nlohmann::json::object();
+  for (int k = 0; k < kNumMemCategories; ++k)
+    peak_bytes[std::string(mem_category_name(static_cast<MemCategory>(k)))] = mem.peak[k];
+  nlohmann::json j = {{"config", a.config},
+                      {"threads", threads.threads},
+                      {"steps", a.steps},
+                      {"warmup", a.warmup},
+                      {"params", trainer.model().num_params()},
+                      {"tokens_per_step", tokens},
+                      {"step_time_s", step_s},
+                      {"tokens_per_s", tps},
+                      {"model_flops_per_s", flops},
+                      {"peak_gflops", trainer.peak_gflops()},
+                      {"mfu", flops / (trainer.peak_gflops() * 1e9)},
+                      {"peak_bytes", peak_bytes}};
+  if (a.json) {
+    std::printf("%s\n", j.dump().c_str());
+    return;
+  }
+  std::printf("%s\n", j.dump(2).c_str());
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app) {
+  CLI::App* bench = app.add_subcommand("bench", "Measure this machine and loom");
+  bench->require_subcommand(1);
+
+  auto g = std::make_shared<GemmArgs>();
+  CLI::App* gemm = bench->add_subcommand("gemm", "Peak sgemm GFLOP/s (the MFU denominator)");
+  gemm->add_option("--sizes", g->sizes, "Square sizes n (n x n x n)")->delimiter(',');
+  gemm->add_option("--reps", g->reps, "Timed repetitions per size")->check(CLI::PositiveNumber);
+  gemm->add_flag("--json", g->json, "One JSON object on stdout");
+  gemm->callback([g] { run_gemm(*g); });
+
+  auto t = std::make_shared<TrainBenchArgs>();
+  CLI::App* train = bench->add_subcommand("train", "Training throughput, MFU and memory");
+  train->add_option("--config", t->config, "Config file (JSON)")->required();
+  train->add_option("--set", t->overrides, "Override a key: section.key=value (repeatable)");
+  train->add_option("--steps", t->steps, "Steps in all, warm-up included")
+      ->check(CLI::PositiveNumber);
+  train->add_option("--warmup", t->warmup, "Steps excluded from timing")
+      ->check(CLI::NonNegativeNumber);
+  train->add_flag("--json", t->json, "One JSON object on stdout");
+  train->callback([t] { run_train_bench(*t); });
+}
+
+}  // namespace loom::app

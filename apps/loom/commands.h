@@ -1,0 +1,12 @@
+// Each subcommand registers its options and its action on the CLI app.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace loom::app {
+
+void add_train_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
+void add_prepare_data_command(CLI::App& app);
+
+}  // namespace loom::app

@@ -1,0 +1,43 @@
+// loom train --config FILE [--set key=value]... [--out DIR] [--overwrite]
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "loom/core/threads.h"
+#include "loom/train/config.h"
+#include "loom/train/trainer.h"
+
+namespace loom::app {
+
+namespace {
+struct TrainArgs {
+  std::string config;
+  std::vector<std::string> overrides;
+  std::string out;
+  bool overwrite = false;
+};
+}  // namespace
+
+void add_train_command(CLI::App& app) {
+  auto args = std::make_shared<TrainArgs>();
+  CLI::App* cmd = app.add_subcommand("train", "Train a model from a JSON config");
+  cmd->add_option("--config", args->config, "Config file (JSON)")->required();
+  cmd->add_option("--set", args->overrides, "Override a key: section.key=value (repeatable)");
+  cmd->add_option("--out", args->out, "Run folder (default runs/<train.name>)");
+  cmd->add_flag("--overwrite", args->overwrite, "Allow writing into a non-empty run folder");
+  cmd->callback([args] {
+    Config config = load_config(args->config, args->overrides);
+    ThreadConfig threads = configure_threads();
+    RunOptions options;
+    options.out_dir = args->out.empty()
+                          ? (std::filesystem::path("runs") / config.train.name).string()
+                          : args->out;
+    options.overwrite = args->overwrite;
+    Trainer trainer(std::move(config), options, threads);
+    trainer.run();
+  });
+}
+
+}  // namespace loom::app

@@ -1,0 +1,429 @@
+#include "loom/train/config.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "loom/core/error.h"
+
+namespace loom {
+
+using nlohmann::json;
+
+namespace {
+
+enum class Kind { kInt, kNumber, kBool, kString, kNumberPair };
+
+struct KeySpec {
+  std::string path;
+  Kind kind;
+  double lo = -1e300, hi = 1e300;  // inclusive range for numbers
+  std::vector<std::string> choices = {};
+  bool lo_exclusive = false;
+};
+
+constexpr double kMaxInt = 9.0e15;
+
+const std::vector<KeySpec>& schema() {
+  static const std::vector<KeySpec> s = {
+      {"train_batch_size", Kind::kInt, 1, kMaxInt},
+      {"train_micro_batch_size_per_gpu", Kind::kInt, 1, kMaxInt},
+      {"gradient_accumulation_steps", Kind::kInt, 1, kMaxInt},
+      {"gradient_clipping", Kind::kNumber, 0, 1e300},
+      {"optimizer.type", Kind::kString, 0, 0, {"AdamW", "Adam"}},
+      {"optimizer.params.lr", Kind::kNumber, 0, 1e300},
+      {"optimizer.params.betas", Kind::kNumberPair, 0, 1},
+      {"optimizer.params.eps", Kind::kNumber, 0, 1e300, {}, true},
+      {"optimizer.params.weight_decay", Kind::kNumber, 0, 1e300},
+      {"scheduler.type", Kind::kString, 0, 0, {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"}},
+      {"scheduler.params.warmup_min_lr", Kind::kNumber, 0, 1e300},
+      {"scheduler.params.warmup_max_lr", Kind::kNumber, 0, 1e300},
+      {"scheduler.params.warmup_num_steps", Kind::kInt, 0, kMaxInt},
+      {"scheduler.params.warmup_type", Kind::kString, 0, 0, {"log", "linear"}},
+      {"scheduler.params.total_num_steps", Kind::kInt, 1, kMaxInt},
+      {"scheduler.params.warmup_min_ratio", Kind::kNumber, 0, 1},
+      {"scheduler.params.cos_min_ratio", Kind::kNumber, 0, 1},
+      {"fp16.enabled", Kind::kBool},
+      {"bf16.enabled", Kind::kBool},
+      {"model.n_layer", Kind::kInt, 1, 4096},
+      {"model.n_embd", Kind::kInt, 1, 1 << 20},
+      {"model.n_head", Kind::kInt, 1, 1 << 16},
+      {"model.vocab_size", Kind::kInt, 1, 1 << 30},
+      {"model.seq_len", Kind::kInt, 1, 1 << 20},
+      {"model.dropout", Kind::kNumber, 0, 0.999},
+      {"parallel.data", Kind::kInt, 1, 1 << 20},
+      {"data.train", Kind::kString},
+      {"data.val", Kind::kString},
+      {"data.synthetic", Kind::kBool},
+      {"train.name", Kind::kString},
+      {"train.steps", Kind::kInt, 1, kMaxInt},
+      {"train.seed", Kind::kInt, 0, kMaxInt},
+      {"train.eval_every", Kind::kInt, 0, kMaxInt},
+      {"train.eval_steps", Kind::kInt, 1, kMaxInt},
+      {"train.sample_tokens", Kind::kInt, 0, 1 << 20},
+      {"train.sample_prompt", Kind::kString},
+      {"train.sample_temperature", Kind::kNumber, 0, 100},
+      {"train.sample_top_k", Kind::kInt, 0, 1 << 30},
+      {"log.every", Kind::kInt, 1, kMaxInt},
+      {"log.peak_gflops", Kind::kNumber, 0, 1e300},
+  };
+  return s;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+// Keys allowed directly under `prefix` ("" for the top level, "model." ...).
+std::vector<std::string> children(const std::string& prefix) {
+  std::vector<std::string> out;
+  for (const KeySpec& k : schema()) {
+    if (k.path.compare(0, prefix.size(), prefix) != 0) continue;
+    std::string rest = k.path.substr(prefix.size());
+    std::string child = rest.substr(0, rest.find('.'));
+    if (std::find(out.begin(), out.end(), child) == out.end()) out.push_back(child);
+  }
+  return out;
+}
+
+const KeySpec* find_spec(const std::string& path) {
+  for (const KeySpec& k : schema())
+    if (k.path == path) return &k;
+  return nullptr;
+}
+
+[[noreturn]] void fail(const std::string& source, const std::string& msg) {
+  LOOM_FAIL(kConfig, "{}: {}", source, msg);
+}
+
+std::string type_name(const json& v) {
+  if (v.is_number_integer() || v.is_number_unsigned()) return "an integer";
+  if (v.is_number_float()) return "a number";
+  return std::string("a ") + v.type_name();
+}
+
+void check_leaf(const KeySpec& k, const json& v, const std::string& source) {
+  auto expect = [&](const char* what) {
+    fail(source, format("{}: expected {}, got {} {}", k.path, what, type_name(v), v.dump()));
+  };
+  auto range = [&](double x) {
+    bool low = k.lo_exclusive ? x <= k.lo : x < k.lo;
+    if (low || x > k.hi) {
+      std::string lo = k.lo_exclusive ? "> " : ">= ";
+      fail(source, format("{}: {} is out of range (must be {}{}{})", k.path, v.dump(), lo,
+                          json(k.lo).dump(),
+                          k.hi < 1e299 ? " and <= " + json(k.hi).dump() : std::string()));
+    }
+  };
+  switch (k.kind) {
+    case Kind::kInt:
+      if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()) break;
+      if (!v.is_number_integer() && !v.is_number_unsigned()) expect("an integer");
+      range(v.get<double>());
+      break;
+    case Kind::kNumber:
+      if (!v.is_number()) expect("a number");
+      range(v.get<double>());
+      break;
+    case Kind::kBool:
+      if (!v.is_boolean()) expect("true or false");
+      break;
+    case Kind::kString:
+      if (!v.is_string()) expect("a string");
+      if (!k.choices.empty() &&
+          std::find(k.choices.begin(), k.choices.end(), v.get<std::string>()) == k.choices.end()) {
+        std::string list;
+        for (const auto& c : k.choices) list += (list.empty() ? "" : ", ") + c;
+        fail(source, format("{}: unknown value {} (expected one of {})", k.path, v.dump(), list));
+      }
+      break;
+    case Kind::kNumberPair:
+      if (!v.is_array() || v.size() != 2 || !v[0].is_number() || !v[1].is_number())
+        expect("a list of two numbers");
+      for (const json& x : v) {
+        double d = x.get<double>();
+        if (d < 0 || d >= 1) fail(source, format("{}: {} must be in [0, 1)", k.path, x.dump()));
+      }
+      break;
+  }
+}
+
+// Checks every key of `obj` (at `prefix`) against the schema, recursively.
+void validate(const json& obj, const std::string& prefix, const std::string& source) {
+  const std::string where = prefix.empty() ? "the top level" : prefix.substr(0, prefix.size() - 1);
+  if (!obj.is_object()) fail(source, format("{}: expected an object, got {}", where, type_name(obj)));
+  std::vector<std::string> allowed = children(prefix);
+  for (const auto& [key, value] : obj.items()) {
+    if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
+      std::string best;
+      size_t best_d = 1000;
+      for (const auto& a : allowed)
+        if (size_t d = edit_distance(key, a); d < best_d) best_d = d, best = a;
+      std::string hint = (best_d <= std::max<size_t>(2, key.size() / 3))
+                             ? format(" (did you mean '{}{}'?)", prefix, best)
+                             : format(" (keys allowed in {}: see docs/config.md)", where);
+      fail(source, format("unknown key '{}{}'{}", prefix, key, hint));
+    }
+    std::string path = prefix + key;
+    if (const KeySpec* spec = find_spec(path)) {
+      check_leaf(*spec, value, source);
+    } else {
+      validate(value, path + ".", source);
+    }
+  }
+}
+
+void apply_override(json& root, const std::string& item) {
+  size_t eq = item.find('=');
+  LOOM_CHECK_KIND(kConfig, eq != std::string::npos && eq > 0,
+                  "--set {}: expected key=value, e.g. --set model.n_layer=4", item);
+  std::string path = item.substr(0, eq), text = item.substr(eq + 1);
+  json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (value.is_discarded()) value = text;  // a bare word is a string
+  json* node = &root;
+  std::stringstream ss(path);
+  std::string part, walked;
+  std::vector<std::string> parts;
+  while (std::getline(ss, part, '.')) parts.push_back(part);
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    walked += (walked.empty() ? "" : ".") + parts[i];
+    json& next = (*node)[parts[i]];
+    if (next.is_null()) next = json::object();
+    LOOM_CHECK_KIND(kConfig, next.is_object(), "--set {}: '{}' is not a section", item, walked);
+    node = &next;
+  }
+  (*node)[parts.back()] = value;
+}
+
+// Line and column (1-based) of byte offset `pos` in `text`.
+std::pair<size_t, size_t> line_column(const std::string& text, size_t pos) {
+  size_t line = 1, col = 1;
+  for (size_t i = 0; i < pos && i < text.size(); ++i) {
+    if (text[i] == '\n') {
+      line++;
+      col = 1;
+    } else {
+      col++;
+    }
+  }
+  return {line, col};
+}
+
+template <typename T>
+T get_or(const json& j, const char* path, T fallback) {
+  const json* node = &j;
+  std::stringstream ss(path);
+  std::string part;
+  while (std::getline(ss, part, '.')) {
+    if (!node->is_object() || !node->contains(part)) return fallback;
+    node = &(*node)[part];
+  }
+  return node->get<T>();
+}
+
+bool has(const json& j, const char* path) {
+  const json* node = &j;
+  std::stringstream ss(path);
+  std::string part;
+  while (std::getline(ss, part, '.')) {
+    if (!node->is_object() || !node->contains(part)) return false;
+    node = &(*node)[part];
+  }
+  return true;
+}
+
+void resolve_batch(Config& c, const json& j, int world_size, const std::string& source) {
+  c.data_parallel = get_or<int64_t>(j, "parallel.data", world_size);
+  if (c.data_parallel != world_size)
+    fail(source, format("parallel.data is {} but the job has {} rank(s)", c.data_parallel,
+                        world_size));
+  const int64_t dp = c.data_parallel;
+  bool has_tbs = has(j, "train_batch_size"), has_mb = has(j, "train_micro_batch_size_per_gpu"),
+       has_ga = has(j, "gradient_accumulation_steps");
+  int64_t tbs = get_or<int64_t>(j, "train_batch_size", 0);
+  int64_t mb = get_or<int64_t>(j, "train_micro_batch_size_per_gpu", 0);
+  int64_t ga = get_or<int64_t>(j, "gradient_accumulation_steps", 0);
+  // DeepSpeed's rule: any two determine the third; one alone takes the
+  // others from accumulation 1.
+  if (has_tbs && has_mb && has_ga) {
+    if (tbs != mb * ga * dp)
+      fail(source, format("batch identity broken: train_batch_size {} != "
+                          "train_micro_batch_size_per_gpu {} x gradient_accumulation_steps {} x "
+                          "data-parallel size {} (= {})",
+                          tbs, mb, ga, dp, mb * ga * dp));
+  } else if (has_tbs && has_mb) {
+    if (tbs % (mb * dp) != 0)
+      fail(source, format("train_batch_size {} is not divisible by "
+                          "train_micro_batch_size_per_gpu {} x data-parallel size {} (= {})",
+                          tbs, mb, dp, mb * dp));
+    ga = tbs / (mb * dp);
+  } else if (has_tbs && has_ga) {
+    if (tbs % (ga * dp) != 0)
+      fail(source, format("train_batch_size {} is not divisible by gradient_accumulation_steps "
+                          "{} x data-parallel size {} (= {})",
+                          tbs, ga, dp, ga * dp));
+    mb = tbs / (ga * dp);
+  } else if (has_mb && has_ga) {
+    tbs = mb * ga * dp;
+  } else if (has_tbs) {
+    if (tbs % dp != 0)
+      fail(source, format("train_batch_size {} is not divisible by the data-parallel size {}",
+                          tbs, dp));
+    ga = 1, mb = tbs / dp;
+  } else if (has_mb) {
+    ga = 1, tbs = mb * dp;
+  } else {
+    fail(source, "no batch size: set train_batch_size or train_micro_batch_size_per_gpu");
+  }
+  c.train_batch_size = tbs, c.micro_batch = mb, c.grad_accum = ga;
+}
+
+json to_json(const Config& c) {
+  json j;
+  j["train_batch_size"] = c.train_batch_size;
+  j["train_micro_batch_size_per_gpu"] = c.micro_batch;
+  j["gradient_accumulation_steps"] = c.grad_accum;
+  j["gradient_clipping"] = c.gradient_clipping;
+  j["optimizer"] = {{"type", c.optimizer.type},
+                    {"params",
+                     {{"lr", c.optimizer.lr},
+                      {"betas", {c.optimizer.beta1, c.optimizer.beta2}},
+                      {"eps", c.optimizer.eps},
+                      {"weight_decay", c.optimizer.weight_decay}}}};
+  if (!c.scheduler.type.empty()) {
+    const SchedulerConfig& s = c.scheduler;
+    json p;
+    if (s.type == "WarmupCosineLR") {
+      p = {{"warmup_min_ratio", s.warmup_min_ratio}, {"cos_min_ratio", s.cos_min_ratio}};
+    } else {
+      p = {{"warmup_min_lr", s.warmup_min_lr}, {"warmup_max_lr", s.warmup_max_lr}};
+    }
+    p["warmup_num_steps"] = s.warmup_num_steps;
+    p["warmup_type"] = s.warmup_type;
+    if (s.type != "WarmupLR") p["total_num_steps"] = s.total_num_steps;
+    j["scheduler"] = {{"type", s.type}, {"params", p}};
+  }
+  j["fp16"] = {{"enabled", false}};
+  j["bf16"] = {{"enabled", false}};
+  j["model"] = {{"n_layer", c.model.n_layer},       {"n_embd", c.model.n_embd},
+                {"n_head", c.model.n_head},         {"vocab_size", c.model.vocab_size},
+                {"seq_len", c.model.seq_len},       {"dropout", c.model.dropout}};
+  j["parallel"] = {{"data", c.data_parallel}};
+  j["data"] = {{"train", c.data.train}, {"val", c.data.val}, {"synthetic", c.data.synthetic}};
+  j["train"] = {{"name", c.train.name},
+                {"steps", c.train.steps},
+                {"seed", c.train.seed},
+                {"eval_every", c.train.eval_every},
+                {"eval_steps", c.train.eval_steps},
+                {"sample_tokens", c.train.sample_tokens},
+                {"sample_prompt", c.train.sample_prompt},
+                {"sample_temperature", c.train.sample_temperature},
+                {"sample_top_k", c.train.sample_top_k}};
+  j["log"] = {{"every", c.log.every}, {"peak_gflops", c.log.peak_gflops}};
+  return j;
+}
+
+}  // namespace
+
+Config parse_config(const std::string& text, const std::string& source,
+                    const std::vector<std::string>& overrides, int world_size) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    auto [line, col] = line_column(text, e.byte == 0 ? 0 : e.byte - 1);
+    std::string what = e.what();
+    size_t colon = what.find(": ", what.find("parse error"));
+    fail(source, format("invalid JSON at line {}, column {}: {}", line, col,
+                        colon == std::string::npos ? what : what.substr(colon + 2)));
+  }
+  for (const std::string& o : overrides) apply_override(j, o);
+  validate(j, "", source);
+
+  Config c;
+  GptConfig& m = c.model;
+  m.n_layer = get_or<int>(j, "model.n_layer", 12);
+  m.n_embd = get_or<int>(j, "model.n_embd", 768);
+  m.n_head = get_or<int>(j, "model.n_head", 12);
+  m.vocab_size = get_or<int>(j, "model.vocab_size", 50257);
+  m.seq_len = get_or<int>(j, "model.seq_len", 1024);
+  m.dropout = get_or<float>(j, "model.dropout", 0.0f);
+  if (m.n_embd % m.n_head != 0)
+    fail(source, format("model.n_embd {} is not divisible by model.n_head {}", m.n_embd,
+                        m.n_head));
+  if (get_or<bool>(j, "fp16.enabled", false) || get_or<bool>(j, "bf16.enabled", false))
+    LOOM_FAIL(kUnsupported, "{}: fp16/bf16 training is not supported by this build yet; "
+              "set fp16.enabled and bf16.enabled to false", source);
+
+  resolve_batch(c, j, world_size, source);
+  c.gradient_clipping = get_or<double>(j, "gradient_clipping", 0.0);
+
+  OptimizerConfig& o = c.optimizer;
+  o.type = get_or<std::string>(j, "optimizer.type", "AdamW");
+  o.lr = get_or<double>(j, "optimizer.params.lr", 3e-4);
+  if (has(j, "optimizer.params.betas")) {
+    o.beta1 = j["optimizer"]["params"]["betas"][0].get<double>();
+    o.beta2 = j["optimizer"]["params"]["betas"][1].get<double>();
+  }
+  o.eps = get_or<double>(j, "optimizer.params.eps", 1e-8);
+  o.weight_decay = get_or<double>(j, "optimizer.params.weight_decay", 0.0);
+
+  TrainConfig& t = c.train;
+  t.name = get_or<std::string>(j, "train.name", "run");
+  t.steps = get_or<int64_t>(j, "train.steps", 100);
+  t.seed = get_or<uint64_t>(j, "train.seed", 1234);
+  t.eval_every = get_or<int64_t>(j, "train.eval_every", 0);
+  t.eval_steps = get_or<int64_t>(j, "train.eval_steps", 10);
+  t.sample_tokens = get_or<int64_t>(j, "train.sample_tokens", 0);
+  t.sample_prompt = get_or<std::string>(j, "train.sample_prompt", "");
+  t.sample_temperature = get_or<double>(j, "train.sample_temperature", 0.8);
+  t.sample_top_k = get_or<int64_t>(j, "train.sample_top_k", 40);
+
+  SchedulerConfig& s = c.scheduler;
+  s.type = get_or<std::string>(j, "scheduler.type", "");
+  if (s.type.empty() && has(j, "scheduler.params"))
+    fail(source, "scheduler.params given without scheduler.type");
+  s.warmup_min_lr = get_or<double>(j, "scheduler.params.warmup_min_lr", 0.0);
+  s.warmup_max_lr = get_or<double>(j, "scheduler.params.warmup_max_lr", o.lr);
+  s.warmup_num_steps = get_or<int64_t>(j, "scheduler.params.warmup_num_steps", 1000);
+  s.warmup_type = get_or<std::string>(j, "scheduler.params.warmup_type", "log");
+  s.total_num_steps = get_or<int64_t>(j, "scheduler.params.total_num_steps", t.steps);
+  s.warmup_min_ratio = get_or<double>(j, "scheduler.params.warmup_min_ratio", 0.0);
+  s.cos_min_ratio = get_or<double>(j, "scheduler.params.cos_min_ratio", 1e-4);
+  if (s.type != "WarmupLR" && !s.type.empty() && s.total_num_steps <= s.warmup_num_steps)
+    fail(source, format("scheduler.params.total_num_steps {} must exceed warmup_num_steps {}",
+                        s.total_num_steps, s.warmup_num_steps));
+
+  DataConfig& d = c.data;
+  d.train = get_or<std::string>(j, "data.train", "");
+  d.val = get_or<std::string>(j, "data.val", "");
+  d.synthetic = get_or<bool>(j, "data.synthetic", false);
+  if (!d.synthetic && d.train.empty())
+    fail(source, "data.train: no token file given (set data.train, or data.synthetic: true)");
+
+  c.log.every = get_or<int64_t>(j, "log.every", 1);
+  c.log.peak_gflops = get_or<double>(j, "log.peak_gflops", 0.0);
+  c.resolved = to_json(c);
+  return c;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides,
+                   int world_size) {
+  std::ifstream in(path, std::ios::binary);
+  LOOM_CHECK_KIND(kConfig, in.good(), "{}: cannot open config file", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_config(ss.str(), path, overrides, world_size);
+}
+
+}  // namespace loom

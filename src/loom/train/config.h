@@ -1,0 +1,66 @@
+// The run configuration: one JSON file, DeepSpeed's keys where DeepSpeed has
+// them, loom's own sections otherwise (DESIGN.md, Configuration). Every key
+// is checked against a schema: unknown keys get a did-you-mean, wrong types
+// and ranges name the key path, and the batch identity is enforced.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "loom/nn/gpt.h"
+#include "loom/optim/adamw.h"
+#include "loom/optim/lr_schedule.h"
+
+namespace loom {
+
+struct DataConfig {
+  std::string train, val;  // token files; empty with synthetic
+  bool synthetic = false;
+};
+
+struct TrainConfig {
+  std::string name = "run";
+  int64_t steps = 100;
+  uint64_t seed = 1234;
+  int64_t eval_every = 0;  // 0: never
+  int64_t eval_steps = 10;
+  int64_t sample_tokens = 0;  // print a sample of this many tokens at the end
+  std::string sample_prompt;
+  double sample_temperature = 0.8;
+  int64_t sample_top_k = 40;
+};
+
+struct LogConfig {
+  int64_t every = 1;
+  double peak_gflops = 0;  // the MFU denominator; 0: measured at start
+};
+
+struct Config {
+  GptConfig model;
+  int64_t train_batch_size = 0;
+  int64_t micro_batch = 0;  // train_micro_batch_size_per_gpu
+  int64_t grad_accum = 0;   // gradient_accumulation_steps
+  int64_t data_parallel = 1;
+  double gradient_clipping = 0.0;  // 0: off
+  OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
+  DataConfig data;
+  TrainConfig train;
+  LogConfig log;
+  nlohmann::json resolved;  // every key with its value in effect
+};
+
+// Parses `text` (named `source` in messages), applies `overrides`
+// ("section.key=value", value parsed as JSON when it parses, else a string),
+// validates against the schema and resolves defaults and the batch identity
+// for `world_size` data-parallel ranks. Throws Error(kConfig) with a one-line
+// message naming the key or file.
+Config parse_config(const std::string& text, const std::string& source,
+                    const std::vector<std::string>& overrides, int world_size = 1);
+Config load_config(const std::string& path, const std::vector<std::string>& overrides,
+                   int world_size = 1);
+
+}  // namespace loom

@@ -1,0 +1,31 @@
+// Batches of (inputs, targets): windows of seq_len + 1 tokens drawn from
+// (seed, step, global sample index) alone, so any parallel layout and any
+// resumed run sees exactly the same samples.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace loom {
+
+class BatchSource {
+ public:
+  virtual ~BatchSource() = default;
+  // inputs and targets (B, T) for global samples [sample0, sample0 + B) of `step`.
+  virtual void fill(uint64_t step, uint64_t sample0, int64_t B, int64_t Tn, int32_t* inputs,
+                    int32_t* targets) const = 0;
+  virtual std::string describe() const = 0;
+};
+
+// Uniform random tokens in [0, vocab): for benchmarks and tests, no dataset.
+std::unique_ptr<BatchSource> make_synthetic_source(uint64_t seed, int vocab_size);
+
+// Random windows of a token file. Checks that the file's tokens fit the
+// model's vocabulary and that it holds at least one window of seq_len + 1.
+// `what` names the config key in messages ("data.train").
+std::unique_ptr<BatchSource> make_token_file_source(const std::string& path,
+                                                    const std::string& what, uint64_t seed,
+                                                    int vocab_size, int seq_len);
+
+}  // namespace loom

@@ -1,0 +1,298 @@
+#include "loom/train/trainer.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+
+#include "loom/core/error.h"
+#include "loom/core/rng.h"
+#include "loom/profile/gemm_peak.h"
+#include "loom/train/fs.h"
+
+namespace loom {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string format_duration(double s) {
+  int64_t t = static_cast<int64_t>(std::max(0.0, s) + 0.5);
+  char buf[32];
+  if (t >= 3600)
+    std::snprintf(buf, sizeof buf, "%ldh%02ldm", long(t / 3600), long(t / 60 % 60));
+  else
+    std::snprintf(buf, sizeof buf, "%ldm%02lds", long(t / 60), long(t % 60));
+  return buf;
+}
+
+// The tokenizer named in meta.json beside a token file, if there is one.
+std::unique_ptr<Tokenizer> tokenizer_for(const std::string& token_path) {
+  if (token_path.empty()) return nullptr;
+  fs::path meta = fs::path(token_path).parent_path() / "meta.json";
+  std::error_code ec;
+  if (!fs::exists(meta, ec)) return nullptr;
+  json j = json::parse(read_file(meta.string()), nullptr, false);
+  if (j.is_discarded() || !j.contains("tokenizer") || !j["tokenizer"].is_string()) return nullptr;
+  return make_tokenizer(j["tokenizer"].get<std::string>());
+}
+
+}  // namespace
+
+Trainer::Trainer(Config config, RunOptions options, ThreadConfig threads)
+    : config_(std::move(config)),
+      options_(std::move(options)),
+      threads_(threads),
+      model_(config_.model),
+      optimizer_(model_.layout(), config_.optimizer) {
+  const GptConfig& m = config_.model;
+  const uint64_t seed = config_.train.seed;
+  if (config_.data.synthetic) {
+    train_data_ = make_synthetic_source(seed, m.vocab_size);
+    val_data_ = make_synthetic_source(seed + 1, m.vocab_size);
+  } else {
+    train_data_ = make_token_file_source(config_.data.train, "data.train", seed, m.vocab_size,
+                                         m.seq_len);
+    if (!config_.data.val.empty())
+      val_data_ = make_token_file_source(config_.data.val, "data.val", seed, m.vocab_size,
+                                         m.seq_len);
+    tokenizer_ = tokenizer_for(config_.data.train);
+  }
+  if (config_.train.eval_every > 0 && !val_data_)
+    LOOM_FAIL(kConfig, "train.eval_every is {} but there is no validation data (set data.val)",
+              config_.train.eval_every);
+  if (!options_.out_dir.empty()) {
+    std::error_code ec;
+    if (fs::exists(options_.out_dir, ec) && !fs::is_empty(options_.out_dir, ec) &&
+        !options_.overwrite)
+      LOOM_FAIL(kIo, "run folder {} already exists and is not empty (choose another --out, or "
+                "pass --overwrite)", options_.out_dir);
+  }
+  model_.init(seed);
+  acts_ = model_.make_activations(config_.micro_batch, m.seq_len);
+  const size_t bt = static_cast<size_t>(config_.micro_batch * m.seq_len);
+  inputs_.resize(bt);
+  targets_.resize(bt);
+  peak_gflops_ = config_.log.peak_gflops > 0 ? config_.log.peak_gflops : quick_peak_gflops();
+  tty_ = !options_.quiet && isatty(STDOUT_FILENO);
+}
+
+StepResult Trainer::train_step() {
+  using clock = std::chrono::steady_clock;
+  const auto t_start = clock::now();
+  StepResult r;
+  r.step = step_ + 1;
+  const int64_t B = config_.micro_batch, Tn = config_.model.seq_len;
+  const int64_t accum = config_.grad_accum;
+  model_.zero_grads();
+  double loss_sum = 0;
+  for (int64_t micro = 0; micro < accum; ++micro) {
+    // Global sample index: samples of a step are numbered across the whole
+    // batch (micro-batch, then data-parallel rank), the same for any layout.
+    StepContext ctx{config_.train.seed, static_cast<uint64_t>(step_),
+                    static_cast<uint64_t>(micro * B), true};
+    train_data_->fill(ctx.step, ctx.sample0, B, Tn, inputs_.data(), targets_.data());
+    auto t0 = clock::now();
+    loss_sum += model_.forward(acts_, inputs_.data(), targets_.data(), ctx);
+    r.t_forward += seconds_since(t0);
+    t0 = clock::now();
+    model_.backward(acts_, 1.0 / static_cast<double>(accum));
+    r.t_backward += seconds_since(t0);
+  }
+  auto t0 = clock::now();
+  r.grad_norm = clip_grad_norm(model_.grads(), model_.num_params(), config_.gradient_clipping);
+  r.lr = learning_rate(config_.scheduler, config_.optimizer.lr, step_);
+  optimizer_.step(model_.params(), model_.grads(), r.lr, step_ + 1);
+  r.t_optimizer = seconds_since(t0);
+  r.loss = loss_sum / static_cast<double>(accum);
+  r.t_step = seconds_since(t_start);
+  double tokens = static_cast<double>(config_.train_batch_size * Tn);
+  r.tokens_per_s = tokens / r.t_step;
+  r.mfu = model_.flops_per_token() * r.tokens_per_s / (peak_gflops_ * 1e9);
+  ++step_;
+  return r;
+}
+
+double Trainer::evaluate() {
+  LOOM_CHECK(val_data_ != nullptr, "evaluate() without validation data");
+  const int64_t B = config_.micro_batch, Tn = config_.model.seq_len;
+  double sum = 0;
+  for (int64_t i = 0; i < config_.train.eval_steps; ++i) {
+    // A fixed set of validation samples: step 0, samples numbered from i * B.
+    StepContext ctx{config_.train.seed, 0, static_cast<uint64_t>(i * B), false};
+    val_data_->fill(0, ctx.sample0, B, Tn, inputs_.data(), targets_.data());
+    sum += model_.forward(acts_, inputs_.data(), targets_.data(), ctx);
+  }
+  return sum / static_cast<double>(config_.train.eval_steps);
+}
+
+std::string Trainer::sample(const std::string& prompt, int64_t n, double temperature,
+                            int64_t top_k, uint64_t seed) {
+  LOOM_CHECK_KIND(kUnsupported, tokenizer_ != nullptr,
+                  "sampling needs the data's tokenizer (meta.json beside data.train)");
+  const GptConfig& m = config_.model;
+  std::vector<uint32_t> ids = tokenizer_->encode(prompt.empty() ? "\n" : prompt);
+  const size_t prompt_len = ids.size();
+  GptActivations<float> a = model_.make_activations(1, m.seq_len);
+  std::vector<int32_t> window;
+  std::vector<std::pair<float, int>> ranked(static_cast<size_t>(m.vocab_size));
+  for (int64_t k = 0; k < n; ++k) {
+    // No key/value cache here: each token reruns the model over its window.
+    size_t len = std::min<size_t>(ids.size(), static_cast<size_t>(m.seq_len));
+    window.assign(ids.end() - static_cast<std::ptrdiff_t>(len), ids.end());
+    a.Tn = static_cast<int64_t>(len);
+    model_.forward(a, window.data(), nullptr, StepContext{seed, 0, 0, false});
+    const float* logits = a.logits + (len - 1) * static_cast<size_t>(m.padded_vocab());
+    int next = 0;
+    for (int v = 0; v < m.vocab_size; ++v) ranked[v] = {logits[v], v};
+    if (temperature <= 0) {
+      next = std::max_element(ranked.begin(), ranked.end())->second;
+    } else {
+      size_t keep = top_k > 0 ? std::min<size_t>(static_cast<size_t>(top_k), ranked.size())
+                              : ranked.size();
+      std::partial_sort(ranked.begin(), ranked.begin() + static_cast<std::ptrdiff_t>(keep),
+                        ranked.end(), [](auto& x, auto& y) { return x.first > y.first; });
+      double total = 0;
+      std::vector<double> p(keep);
+      for (size_t i = 0; i < keep; ++i)
+        total += p[i] = std::exp((ranked[i].first - ranked[0].first) / temperature);
+      auto bits = philox4x32({static_cast<uint32_t>(k), 0x73616d70u, 0, 0},
+                             {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)});
+      double u = uniform_from_bits(bits[0]) * total;
+      next = ranked[keep - 1].second;
+      for (size_t i = 0; i < keep; ++i) {
+        if ((u -= p[i]) < 0) {
+          next = ranked[i].second;
+          break;
+        }
+      }
+    }
+    ids.push_back(static_cast<uint32_t>(next));
+  }
+  return tokenizer_->decode(std::vector<uint32_t>(ids.begin() + static_cast<std::ptrdiff_t>(prompt_len), ids.end()));
+}
+
+void Trainer::open_run_folder() {
+  fs::create_directories(options_.out_dir);
+  write_file_atomic((fs::path(options_.out_dir) / "config.resolved.json").string(),
+                    config_.resolved.dump(2) + "\n");
+  std::string path = (fs::path(options_.out_dir) / "metrics.jsonl").string();
+  metrics_.open(path, std::ios::trunc);
+  LOOM_CHECK_KIND(kIo, metrics_.good(), "{}: cannot open for writing", path);
+}
+
+void Trainer::write_metrics(const StepResult& r) {
+  if (!metrics_.is_open()) return;
+  MemStats mem = memory_tracker().stats();
+  json m = json::object();
+  for (int c = 0; c < kNumMemCategories; ++c)
+    m[std::string(mem_category_name(static_cast<MemCategory>(c)))] = mem.peak[c];
+  json j = {{"step", r.step},
+            {"loss", r.loss},
+            {"lr", r.lr},
+            {"grad_norm", r.grad_norm},
+            {"loss_scale", 1.0},
+            {"tokens_per_s", r.tokens_per_s},
+            {"mfu", r.mfu},
+            {"mem", m},
+            {"time",
+             {{"step", r.t_step},
+              {"forward", r.t_forward},
+              {"backward", r.t_backward},
+              {"optimizer", r.t_optimizer},
+              {"comm", 0.0},
+              {"comm_exposed", 0.0},
+              {"bubble", 0.0}}}};
+  if (r.val_loss) j["val_loss"] = *r.val_loss;
+  metrics_ << j.dump() << "\n";
+  metrics_.flush();
+}
+
+void Trainer::show_progress(const StepResult& r, double elapsed) {
+  if (options_.quiet) return;
+  const int64_t total = config_.train.steps;
+  double eta = elapsed / static_cast<double>(r.step) * static_cast<double>(total - r.step);
+  std::string val = r.val_loss ? format(" | val {}", std::round(*r.val_loss * 1e4) / 1e4) : "";
+  if (tty_) {
+    const int width = 24;
+    int filled = static_cast<int>(width * r.step / total);
+    std::string bar = std::string(filled, '#') + std::string(width - filled, '.');
+    std::printf("\r[%s] step %ld/%ld | loss %.4f%s | %.0f tok/s | ETA %s   ", bar.c_str(),
+                long(r.step), long(total), r.loss, val.c_str(), r.tokens_per_s,
+                format_duration(eta).c_str());
+    if (r.step == total) std::printf("\n");
+    std::fflush(stdout);
+  } else if (r.step % config_.log.every == 0 || r.step == total || r.val_loss) {
+    std::printf("step %ld/%ld loss %.4f%s lr %.3g grad_norm %.3f tok/s %.0f mfu %.3f eta %s\n",
+                long(r.step), long(total), r.loss, val.c_str(), r.lr, r.grad_norm,
+                r.tokens_per_s, r.mfu, format_duration(eta).c_str());
+    std::fflush(stdout);
+  }
+}
+
+std::vector<StepResult> Trainer::run() {
+  if (!options_.out_dir.empty()) open_run_folder();
+  const GptConfig& m = config_.model;
+  if (!options_.quiet) {
+    std::printf("loom: %s\n", describe(threads_).c_str());
+    if (!threads_.warning.empty()) std::printf("loom: warning: %s\n", threads_.warning.c_str());
+    std::printf("loom: model GPT-2 n_layer %d n_embd %d n_head %d vocab %d (padded %d) seq_len %d: "
+                "%.2fM parameters\n",
+                m.n_layer, m.n_embd, m.n_head, m.vocab_size, m.padded_vocab(), m.seq_len,
+                double(model_.num_params()) / 1e6);
+    std::printf("loom: data %s; batch %ld = micro-batch %ld x accumulation %ld\n",
+                train_data_->describe().c_str(), long(config_.train_batch_size),
+                long(config_.micro_batch), long(config_.grad_accum));
+    std::fflush(stdout);
+  }
+  std::vector<StepResult> results;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t s = 0; s < config_.train.steps; ++s) {
+    StepResult r = train_step();
+    const int64_t every = config_.train.eval_every;
+    if (every > 0 && (r.step % every == 0 || r.step == config_.train.steps)) r.val_loss = evaluate();
+    write_metrics(r);
+    show_progress(r, seconds_since(t0));
+    results.push_back(r);
+  }
+  if (!options_.quiet) print_summary(results, seconds_since(t0));
+  return results;
+}
+
+void Trainer::print_summary(const std::vector<StepResult>& results, double elapsed) {
+  if (results.empty()) return;
+  std::vector<double> tps;
+  for (const auto& r : results) tps.push_back(r.tokens_per_s);
+  std::sort(tps.begin(), tps.end());
+  std::optional<double> val;
+  for (const auto& r : results)
+    if (r.val_loss) val = r.val_loss;
+  std::printf("\nloom: done in %s: loss %.4f -> %.4f", format_duration(elapsed).c_str(),
+              results.front().loss, results.back().loss);
+  if (val) std::printf(" (val %.4f)", *val);
+  std::printf(", median %.0f tokens/s, MFU %.1f%% of %.0f GFLOP/s\n", tps[tps.size() / 2],
+              100.0 * results.back().mfu, peak_gflops_);
+  if (!options_.out_dir.empty())
+    std::printf("loom: run folder %s (metrics.jsonl, config.resolved.json)\n",
+                options_.out_dir.c_str());
+  const TrainConfig& t = config_.train;
+  if (t.sample_tokens > 0 && tokenizer_) {
+    std::string text = sample(t.sample_prompt, t.sample_tokens, t.sample_temperature,
+                              t.sample_top_k, t.seed);
+    std::printf("\n--- sample (%ld tokens, temperature %.2f) ---\n%s%s\n---\n",
+                long(t.sample_tokens), t.sample_temperature, t.sample_prompt.c_str(),
+                text.c_str());
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace loom

@@ -1,0 +1,77 @@
+// The single-process training loop: micro-batches with gradient accumulation,
+// clipping, AdamW with a DeepSpeed schedule, periodic validation, metrics.jsonl
+// and progress per DESIGN.md's output contract.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "loom/core/threads.h"
+#include "loom/nn/gpt.h"
+#include "loom/optim/adamw.h"
+#include "loom/train/config.h"
+#include "loom/train/data.h"
+#include "loom/train/tokenizer.h"
+
+namespace loom {
+
+struct RunOptions {
+  std::string out_dir;     // empty: write nothing (benchmarks)
+  bool overwrite = false;  // allow a non-empty existing out_dir
+  bool quiet = false;      // no progress output
+};
+
+struct StepResult {
+  int64_t step = 0;  // 1-based
+  double loss = 0, lr = 0, grad_norm = 0;
+  double t_forward = 0, t_backward = 0, t_optimizer = 0, t_step = 0;  // seconds
+  double tokens_per_s = 0, mfu = 0;
+  std::optional<double> val_loss;
+};
+
+class Trainer {
+ public:
+  // Validates the data and the run folder before allocating; writes nothing.
+  Trainer(Config config, RunOptions options, ThreadConfig threads);
+
+  // Trains all configured steps, writing the run folder; returns the results.
+  std::vector<StepResult> run();
+  // One optimizer step (all micro-batches); no output.
+  StepResult train_step();
+  // Mean loss over train.eval_steps validation batches (the same batches every time).
+  double evaluate();
+  // Samples n tokens after `prompt` (temperature 0: greedy), decoded to text.
+  std::string sample(const std::string& prompt, int64_t n, double temperature, int64_t top_k,
+                     uint64_t seed);
+
+  const Config& config() const { return config_; }
+  Gpt<float>& model() { return model_; }
+  int64_t step() const { return step_; }
+  double peak_gflops() const { return peak_gflops_; }
+
+ private:
+  void open_run_folder();
+  void write_metrics(const StepResult& r);
+  void show_progress(const StepResult& r, double elapsed);
+  void print_summary(const std::vector<StepResult>& results, double elapsed);
+
+  Config config_;
+  RunOptions options_;
+  ThreadConfig threads_;
+  Gpt<float> model_;
+  AdamW optimizer_;
+  GptActivations<float> acts_;
+  std::unique_ptr<BatchSource> train_data_, val_data_;
+  std::unique_ptr<Tokenizer> tokenizer_;  // null when the data's tokenizer is unknown
+  std::vector<int32_t> inputs_, targets_;
+  double peak_gflops_ = 0;
+  int64_t step_ = 0;
+  std::ofstream metrics_;
+  bool tty_ = false;
+};
+
+}  // namespace loom
