@@ -1,5 +1,9 @@
 # Warnings everywhere; vectorisation for AVX2/FMA through the compiler.
 add_compile_options(-Wall -Wextra)
+# Neither changes results (no reassociation): loom never reads FP exception
+# flags or errno from math calls, and without them GCC keeps branches that stop
+# loops with min/max and float-to-int conversion (vexp, vtanh) from vectorising.
+add_compile_options(-fno-trapping-math -fno-math-errno)
 if(LOOM_NATIVE)
   add_compile_options(-march=native)
 else()
