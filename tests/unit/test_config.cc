@@ -1,0 +1,137 @@
+// Config validation: every error names the key (or file position) and the
+// reason; defaults and the batch identity resolve as DeepSpeed's do.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "loom/core/error.h"
+#include "loom/train/config.h"
+
+namespace loom {
+namespace {
+
+const char* kBase = R"({
+  "train_micro_batch_size_per_gpu": 4,
+  "model": {"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 256, "seq_len": 32},
+  "data": {"synthetic": true}
+})";
+
+std::string error_of(const std::string& text, std::vector<std::string> overrides = {},
+                     int world = 1) {
+  try {
+    parse_config(text, "cfg.json", overrides, world);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+#define EXPECT_HAS(haystack, needle) \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
+
+TEST(Config, ResolvesDefaults) {
+  Config c = parse_config(kBase, "cfg.json", {});
+  EXPECT_EQ(c.micro_batch, 4);
+  EXPECT_EQ(c.grad_accum, 1);
+  EXPECT_EQ(c.train_batch_size, 4);
+  EXPECT_EQ(c.model.padded_vocab(), 256);
+  EXPECT_EQ(c.optimizer.type, "AdamW");
+  EXPECT_EQ(c.resolved["model"]["n_embd"], 64);
+  EXPECT_EQ(c.resolved["train_batch_size"], 4);
+  EXPECT_TRUE(c.resolved["data"]["synthetic"].get<bool>());
+}
+
+TEST(Config, InvalidJsonGivesLineAndColumn) {
+  std::string e = error_of("{\n  \"model\": {\n    \"n_layer\": 2,,\n  }\n}");
+  EXPECT_HAS(e, "cfg.json: invalid JSON at line 3, column 18");
+}
+
+TEST(Config, UnknownKeySuggestsTheNearest) {
+  std::string e = error_of(R"({"train_micro_batch_size_per_gpu": 4, "data": {"synthetic": true},
+                              "model": {"n_embed": 64}})");
+  EXPECT_HAS(e, "unknown key 'model.n_embed' (did you mean 'model.n_embd'?)");
+  e = error_of(R"({"train_micro_batch_size_per_gpu": 4, "gradient_acumulation_steps": 2})");
+  EXPECT_HAS(e, "did you mean 'gradient_accumulation_steps'?");
+  e = error_of(R"({"zzz": 1})");
+  EXPECT_HAS(e, "unknown key 'zzz'");
+}
+
+TEST(Config, WrongTypesAndRangesNameTheKeyPath) {
+  EXPECT_HAS(error_of(R"({"model": {"n_layer": "four"}})"),
+             "model.n_layer: expected an integer, got a string \"four\"");
+  EXPECT_HAS(error_of(R"({"model": {"n_layer": 0}})"), "model.n_layer: 0 is out of range (must be >= 1");
+  EXPECT_HAS(error_of(R"({"model": {"seq_len": -5}})"), "model.seq_len: -5 is out of range");
+  EXPECT_HAS(error_of(R"({"model": 3})"), "model: expected an object");
+  EXPECT_HAS(error_of(R"({"optimizer": {"params": {"betas": [0.9]}}})"),
+             "optimizer.params.betas: expected a list of two numbers");
+  EXPECT_HAS(error_of(R"({"scheduler": {"type": "Cosine"}})"),
+             "scheduler.type: unknown value \"Cosine\" (expected one of WarmupLR, WarmupDecayLR, "
+             "WarmupCosineLR)");
+  EXPECT_HAS(error_of(R"({"model": {"dropout": 1.5}})"), "model.dropout: 1.5 is out of range");
+}
+
+TEST(Config, HeadsMustDivideWidth) {
+  EXPECT_HAS(error_of(kBase, {"model.n_embd=100", "model.n_head=3"}),
+             "cfg.json: model.n_embd 100 is not divisible by model.n_head 3");
+}
+
+TEST(Config, BatchIdentity) {
+  std::string e = error_of(kBase, {"train_batch_size=32", "gradient_accumulation_steps=2"});
+  EXPECT_HAS(e, "train_batch_size 32 != train_micro_batch_size_per_gpu 4 x "
+                "gradient_accumulation_steps 2 x data-parallel size 1 (= 8)");
+  Config c = parse_config(R"({"train_batch_size": 32, "gradient_accumulation_steps": 4,
+                              "data": {"synthetic": true}})", "x", {});
+  EXPECT_EQ(c.micro_batch, 8);
+  c = parse_config(R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4,
+                       "data": {"synthetic": true}})", "x", {});
+  EXPECT_EQ(c.grad_accum, 8);
+  EXPECT_HAS(error_of(R"({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4,
+                          "data": {"synthetic": true}})"),
+             "train_batch_size 30 is not divisible by train_micro_batch_size_per_gpu 4");
+  EXPECT_HAS(error_of(R"({"data": {"synthetic": true}})"), "no batch size");
+  EXPECT_HAS(error_of(kBase, {"parallel.data=2"}), "parallel.data is 2 but the job has 1 rank(s)");
+}
+
+TEST(Config, OverridesApplyAndAreValidated) {
+  Config c = parse_config(kBase, "cfg.json", {"model.n_layer=5", "train.name=abc", "log.every=7"});
+  EXPECT_EQ(c.model.n_layer, 5);
+  EXPECT_EQ(c.train.name, "abc");
+  EXPECT_EQ(c.log.every, 7);
+  EXPECT_HAS(error_of(kBase, {"model.n_layers=5"}), "did you mean 'model.n_layer'?");
+  EXPECT_HAS(error_of(kBase, {"model.n_layer"}), "--set model.n_layer: expected key=value");
+  EXPECT_HAS(error_of(kBase, {"model.n_layer=x"}), "model.n_layer: expected an integer");
+}
+
+TEST(Config, DataAndPrecisionErrors) {
+  EXPECT_HAS(error_of(R"({"train_batch_size": 4})"), "data.train: no token file given");
+  EXPECT_HAS(error_of(kBase, {"fp16.enabled=true"}), "fp16/bf16 training is not supported");
+}
+
+TEST(LrSchedule, MatchesDeepSpeedFormulas) {
+  SchedulerConfig s;
+  EXPECT_EQ(learning_rate(s, 0.5, 10), 0.5);  // constant
+  s.type = "WarmupLR";
+  s.warmup_min_lr = 0.0;
+  s.warmup_max_lr = 1.0;
+  s.warmup_num_steps = 100;
+  s.warmup_type = "log";
+  EXPECT_DOUBLE_EQ(learning_rate(s, 0, 0), 0.0);
+  EXPECT_DOUBLE_EQ(learning_rate(s, 0, 9), std::log(10.0) / std::log(100.0));
+  EXPECT_DOUBLE_EQ(learning_rate(s, 0, 100), 1.0);
+  s.warmup_type = "linear";
+  EXPECT_DOUBLE_EQ(learning_rate(s, 0, 25), 0.25);
+  s.type = "WarmupDecayLR";
+  s.total_num_steps = 200;
+  EXPECT_DOUBLE_EQ(learning_rate(s, 0, 150), 0.5);
+  EXPECT_DOUBLE_EQ(learning_rate(s, 0, 250), 0.0);
+  s.type = "WarmupCosineLR";
+  s.warmup_min_ratio = 0.1;
+  s.cos_min_ratio = 0.0;
+  EXPECT_DOUBLE_EQ(learning_rate(s, 2.0, 0), 0.2);
+  EXPECT_DOUBLE_EQ(learning_rate(s, 2.0, 50), 2.0 * (0.1 + 0.9 * 0.5));
+  EXPECT_NEAR(learning_rate(s, 2.0, 150), 1.0, 1e-12);  // half-way down the cosine
+  EXPECT_NEAR(learning_rate(s, 2.0, 200), 0.0, 1e-12);
+}
+
+}  // namespace
+}  // namespace loom

@@ -1,0 +1,199 @@
+// Model-level checks on a tiny GPT: the whole backward against finite
+// differences in double, f32 against f64, parameter naming and initialisation,
+// and that a layout change (micro-batching) leaves the training unchanged.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "loom/core/rng.h"
+#include "loom/nn/gpt.h"
+#include "loom/optim/adamw.h"
+#include "loom/train/config.h"
+#include "loom/train/trainer.h"
+
+namespace loom {
+namespace {
+
+GptConfig tiny(float dropout) {
+  GptConfig c;
+  c.n_layer = 2;
+  c.n_embd = 16;
+  c.n_head = 2;
+  c.vocab_size = 50;  // padded to 128
+  c.seq_len = 8;
+  c.dropout = dropout;
+  return c;
+}
+
+std::vector<int32_t> tokens(int64_t n, int vocab, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = static_cast<int32_t>(gen() % static_cast<uint32_t>(vocab));
+  return t;
+}
+
+TEST(Gpt, ParameterNamesAndShapesFollowHuggingFaceGpt2) {
+  Gpt<float> m(tiny(0));
+  std::vector<std::string> names;
+  for (const Param& p : m.layout().params()) names.push_back(p.name);
+  ASSERT_EQ(names.size(), 2u + 12u * 2u + 2u);
+  EXPECT_EQ(names[0], "transformer.wte.weight");
+  EXPECT_EQ(names[1], "transformer.wpe.weight");
+  EXPECT_EQ(names[2], "transformer.h.0.ln_1.weight");
+  EXPECT_EQ(names[4], "transformer.h.0.attn.c_attn.weight");
+  EXPECT_EQ(names[13], "transformer.h.0.mlp.c_proj.bias");
+  EXPECT_EQ(names.back(), "transformer.ln_f.bias");
+  // Conv1D stores (in, out).
+  EXPECT_EQ(m.layout().find("transformer.h.1.attn.c_attn.weight").shape, Shape({16, 48}));
+  EXPECT_EQ(m.layout().find("transformer.h.1.mlp.c_fc.weight").shape, Shape({16, 64}));
+  EXPECT_EQ(m.layout().find("transformer.h.1.mlp.c_proj.weight").shape, Shape({64, 16}));
+  EXPECT_EQ(m.layout().find("transformer.wte.weight").shape, Shape({128, 16}));
+  EXPECT_EQ(m.layout().find("transformer.wpe.weight").shape, Shape({8, 16}));
+}
+
+TEST(Gpt, InitIsKeyedOnSeedNameAndIndex) {
+  Gpt<float> m(tiny(0));
+  m.init(99);
+  const Param& fc = m.layout().find("transformer.h.1.mlp.c_fc.weight");
+  NormalStream s(99, fc.name);
+  for (int64_t i : {0, 1, 7, 500, 1023}) EXPECT_EQ(m.param(fc)[i], s.at(i) * 0.02f);
+  const Param& proj = m.layout().find("transformer.h.0.attn.c_proj.weight");
+  NormalStream sp(99, proj.name);
+  EXPECT_FLOAT_EQ(m.param(proj)[3], sp.at(3) * 0.02f / 2.0f);  // 0.02 / sqrt(2 n_layer)
+  EXPECT_EQ(m.param(m.layout().find("transformer.ln_f.weight"))[5], 1.0f);
+  EXPECT_EQ(m.param(m.layout().find("transformer.h.0.attn.c_attn.bias"))[5], 0.0f);
+  const Param& wte = m.layout().find("transformer.wte.weight");
+  for (int64_t i = 50 * 16; i < 128 * 16; ++i) ASSERT_EQ(m.param(wte)[i], 0.0f);  // padding rows
+}
+
+TEST(Gpt, BackwardMatchesFiniteDifferencesWithDropout) {
+  Gpt<double> m(tiny(0.1f));
+  m.init(5);
+  const int64_t B = 2, T = 8;
+  auto in = tokens(B * T, 50, 1), tg = tokens(B * T, 50, 2);
+  auto acts = m.make_activations(B, T);
+  StepContext ctx{7, 3, 10, true};
+  m.zero_grads();
+  m.forward(acts, in.data(), tg.data(), ctx);
+  m.backward(acts, 1.0);
+  std::vector<double> analytic(m.grads(), m.grads() + m.num_params());
+  const double h = 1e-5;
+  int probes = 0;
+  for (const Param& p : m.layout().params()) {
+    std::mt19937 gen(static_cast<uint32_t>(p.offset));
+    int64_t limit = p.name == "transformer.wte.weight" ? 50 * 16 : p.numel;
+    for (int k = 0; k < 6; ++k) {
+      int64_t i = static_cast<int64_t>(gen() % static_cast<uint32_t>(limit));
+      double* x = m.param(p) + i;
+      double saved = *x;
+      *x = saved + h;
+      double lp = m.forward(acts, in.data(), tg.data(), ctx);
+      *x = saved - h;
+      double lm = m.forward(acts, in.data(), tg.data(), ctx);
+      *x = saved;
+      double fd = (lp - lm) / (2 * h);
+      ASSERT_NEAR(analytic[p.offset + i], fd, 1e-7 + 1e-5 * std::abs(fd)) << p.name << "[" << i << "]";
+      probes++;
+    }
+  }
+  EXPECT_EQ(probes, 6 * 28);
+  // The padding rows of wte never receive gradient.
+  const Param& wte = m.layout().find("transformer.wte.weight");
+  for (int64_t i = 50 * 16; i < 128 * 16; ++i) ASSERT_EQ(analytic[wte.offset + i], 0.0);
+}
+
+TEST(Gpt, Float32AgreesWithFloat64) {
+  Gpt<float> f(tiny(0.1f));
+  Gpt<double> d(tiny(0.1f));
+  f.init(3);
+  d.init(3);
+  const int64_t B = 3, T = 8;
+  auto in = tokens(B * T, 50, 4), tg = tokens(B * T, 50, 5);
+  auto af = f.make_activations(B, T);
+  auto ad = d.make_activations(B, T);
+  StepContext ctx{1, 0, 0, true};
+  f.zero_grads();
+  d.zero_grads();
+  double lf = f.forward(af, in.data(), tg.data(), ctx);
+  double ld = d.forward(ad, in.data(), tg.data(), ctx);
+  EXPECT_NEAR(lf, ld, 1e-5 * ld);
+  f.backward(af, 1.0);
+  d.backward(ad, 1.0);
+  for (int64_t i = 0; i < f.num_params(); ++i)
+    ASSERT_NEAR(f.grads()[i], d.grads()[i], 1e-5 + 1e-3 * std::abs(d.grads()[i])) << i;
+}
+
+TEST(Gpt, OverfitsAFixedBatch) {
+  Gpt<float> m(tiny(0));
+  m.init(1);
+  AdamW opt(m.layout(), OptimizerConfig{"AdamW", 1e-2, 0.9, 0.99, 1e-8, 0.0});
+  const int64_t B = 4, T = 8;
+  auto in = tokens(B * T, 50, 8), tg = tokens(B * T, 50, 9);
+  auto acts = m.make_activations(B, T);
+  double first = 0, last = 0;
+  for (int step = 1; step <= 150; ++step) {
+    m.zero_grads();
+    last = m.forward(acts, in.data(), tg.data(), StepContext{1, 0, 0, true});
+    if (step == 1) first = last;
+    m.backward(acts, 1.0);
+    opt.step(m.params(), m.grads(), 1e-2, step);
+  }
+  EXPECT_NEAR(first, std::log(50.0), 0.3);
+  EXPECT_LT(last, 0.1 * first);
+}
+
+Config tiny_run(const std::string& batch) {
+  std::string text = R"({
+    )" + batch + R"(,
+    "gradient_clipping": 0.5,
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.1}},
+    "scheduler": {"type": "WarmupCosineLR", "params": {"warmup_num_steps": 2}},
+    "model": {"n_layer": 2, "n_embd": 32, "n_head": 4, "vocab_size": 64, "seq_len": 16, "dropout": 0.1},
+    "data": {"synthetic": true},
+    "train": {"steps": 4, "seed": 11},
+    "log": {"peak_gflops": 100}
+  })";
+  return parse_config(text, "test", {});
+}
+
+TEST(Trainer, MicroBatchingDoesNotChangeTraining) {
+  // Samples and dropout masks are keyed on the global sample index, so 1 x 8,
+  // 2 x 4 and 8 x 1 micro-batches train the same model up to summation order.
+  RunOptions quiet;
+  quiet.quiet = true;
+  std::vector<std::vector<double>> losses;
+  std::vector<std::vector<float>> params;
+  for (const char* batch : {R"("train_batch_size": 8, "train_micro_batch_size_per_gpu": 8)",
+                            R"("train_batch_size": 8, "gradient_accumulation_steps": 2)",
+                            R"("train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 8)"}) {
+    Trainer t(tiny_run(batch), quiet, ThreadConfig{});
+    std::vector<double> l;
+    for (int s = 0; s < 4; ++s) l.push_back(t.train_step().loss);
+    losses.push_back(l);
+    params.emplace_back(t.model().params(), t.model().params() + t.model().num_params());
+  }
+  for (size_t k = 1; k < losses.size(); ++k) {
+    for (int s = 0; s < 4; ++s) EXPECT_NEAR(losses[k][s], losses[0][s], 1e-5 * losses[0][s]);
+    double maxdiff = 0;
+    for (size_t i = 0; i < params[0].size(); ++i)
+      maxdiff = std::max(maxdiff, double(std::abs(params[k][i] - params[0][i])));
+    EXPECT_LT(maxdiff, 1e-5);
+  }
+}
+
+TEST(Trainer, RunsAreBitwiseReproducible) {
+  RunOptions quiet;
+  quiet.quiet = true;
+  auto run = [&] {
+    Trainer t(tiny_run(R"("train_batch_size": 4)"), quiet, ThreadConfig{});
+    std::vector<double> l;
+    for (int s = 0; s < 3; ++s) l.push_back(t.train_step().loss);
+    return l;
+  };
+  EXPECT_EQ(run(), run());
+}
+
+}  // namespace
+}  // namespace loom
