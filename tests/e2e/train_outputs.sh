@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# A short run writes the output contract: metrics.jsonl with every field per
+# step, config.resolved.json; bench commands print their JSON.
+source "$(dirname "$0")/lib.sh"
+
+mkdir -p "$WORK/text"
+for i in $(seq 1 200); do echo "line $i: the quick brown fox jumps over the lazy dog."; done > "$WORK/text/a.txt"
+"$LOOM" prepare-data --input "$WORK/text" --tokenizer byte --val-fraction 0.2 --out "$WORK/data" > "$WORK/prep.txt"
+grep -q "train + .* val tokens" "$WORK/prep.txt" || fail "prepare-data summary"
+json_check "$WORK/data/meta.json" 'd["tokenizer"] == "byte" and d["vocab_size"] == 256 and d["train_tokens"] + d["val_tokens"] == d["sources"][0]["bytes"] and len(d["sources"][0]["sha256"]) == 64'
+
+cat > "$WORK/cfg.json" <<JSON
+{"train_batch_size": 8, "gradient_accumulation_steps": 2, "gradient_clipping": 1.0,
+ "optimizer": {"type": "AdamW", "params": {"lr": 3e-3}},
+ "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 3, "warmup_max_lr": 3e-3, "total_num_steps": 12}},
+ "model": {"n_layer": 2, "n_embd": 32, "n_head": 4, "vocab_size": 256, "seq_len": 32, "dropout": 0.1},
+ "data": {"train": "$WORK/data/train.bin", "val": "$WORK/data/val.bin"},
+ "train": {"steps": 12, "eval_every": 4, "eval_steps": 2, "sample_tokens": 20, "sample_prompt": "line"},
+ "log": {"every": 4}}
+JSON
+"$LOOM" train --config "$WORK/cfg.json" --out "$WORK/run" > "$WORK/out.txt"
+cat "$WORK/out.txt"
+json_check "$WORK/run/metrics.jsonl" 'len(lines) == 12 and [l["step"] for l in lines] == list(range(1, 13))'
+json_check "$WORK/run/metrics.jsonl" 'all(k in l for l in lines for k in ("loss","lr","grad_norm","loss_scale","tokens_per_s","mfu","mem","time"))'
+json_check "$WORK/run/metrics.jsonl" 'all(set(l["time"]) >= {"forward","backward","optimizer","comm","comm_exposed","bubble"} for l in lines)'
+json_check "$WORK/run/metrics.jsonl" 'all(set(l["mem"]) == {"params","grads","optimizer","activations","comm","workspace"} for l in lines)'
+json_check "$WORK/run/metrics.jsonl" '[l["step"] for l in lines if "val_loss" in l] == [4, 8, 12]'
+json_check "$WORK/run/metrics.jsonl" 'lines[-1]["loss"] < lines[0]["loss"] - 1.0'
+# WarmupDecayLR: log warm-up over 3 steps from 0, then linear decay to 0 at 12.
+json_check "$WORK/run/metrics.jsonl" 'lines[0]["lr"] == 0 and abs(lines[3]["lr"] - 3e-3 * 9 / 9) < 1e-12 and abs(lines[6]["lr"] - 3e-3 * 6 / 9) < 1e-12'
+json_check "$WORK/run/config.resolved.json" 'd["train_micro_batch_size_per_gpu"] == 4 and d["model"]["n_embd"] == 32 and d["scheduler"]["type"] == "WarmupDecayLR"'
+grep -q "loom: threads: 2" "$WORK/out.txt" || fail "thread count not logged"
+grep -q -- "--- sample" "$WORK/out.txt" || fail "no sample printed"
+grep -q "loom: done in" "$WORK/out.txt" || fail "no summary"
+
+"$LOOM" bench gemm --sizes 256,512 --reps 3 --json > "$WORK/gemm.json"
+json_check "$WORK/gemm.json" 'd["peak_gflops"] > 0 and [s["n"] for s in d["sizes"]] == [256, 512]'
+"$LOOM" bench train --config "$WORK/cfg.json" --set data.synthetic=true --steps 3 --warmup 1 --json > "$WORK/bench.json"
+json_check "$WORK/bench.json" 'd["tokens_per_s"] > 0 and 0 < d["mfu"] < 1.5 and d["model_flops_per_s"] > 0 and d["peak_bytes"]["params"] > 0 and d["peak_bytes"]["optimizer"] == 2 * d["peak_bytes"]["params"]'
+echo PASS
