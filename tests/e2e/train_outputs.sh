@@ -25,7 +25,7 @@ json_check "$WORK/run/metrics.jsonl" 'all(k in l for l in lines for k in ("loss"
 json_check "$WORK/run/metrics.jsonl" 'all(set(l["time"]) >= {"forward","backward","optimizer","comm","comm_exposed","bubble"} for l in lines)'
 json_check "$WORK/run/metrics.jsonl" 'all(set(l["mem"]) == {"params","grads","optimizer","activations","comm","workspace"} for l in lines)'
 json_check "$WORK/run/metrics.jsonl" '[l["step"] for l in lines if "val_loss" in l] == [4, 8, 12]'
-json_check "$WORK/run/metrics.jsonl" 'lines[-1]["loss"] < lines[0]["loss"] - 1.0'
+json_check "$WORK/run/metrics.jsonl" 'lines[-1]["loss"] < lines[0]["loss"] - 0.5'
 # WarmupDecayLR: log warm-up over 3 steps from 0, then linear decay to 0 at 12.
 json_check "$WORK/run/metrics.jsonl" 'lines[0]["lr"] == 0 and abs(lines[3]["lr"] - 3e-3 * 9 / 9) < 1e-12 and abs(lines[6]["lr"] - 3e-3 * 6 / 9) < 1e-12'
 json_check "$WORK/run/config.resolved.json" 'd["train_micro_batch_size_per_gpu"] == 4 and d["model"]["n_embd"] == 32 and d["scheduler"]["type"] == "WarmupDecayLR"'
