@@ -47,7 +47,8 @@ void run_gemm(const GemmArgs& a) {
   if (a.json) {
     nlohmann::json sizes = nlohmann::json::array();
     for (const auto& r : results)
-      sizes.push_back({{"n", r.n}, {"median_gflops", r.median_gflops}, {"best_gflops", r.best_gflops}});
+      sizes.push_back(
+          {{"n", r.n}, {"median_gflops", r.median_gflops}, {"best_gflops", r.best_gflops}});
     nlohmann::json j = {{"threads", threads.threads}, {"peak_gflops", peak}, {"sizes", sizes}};
     std::printf("%s\n", j.dump().c_str());
     return;

@@ -18,11 +18,12 @@ void add_prepare_data_command(CLI::App& app) {
   cmd->add_flag("--overwrite", o->overwrite, "Replace existing token files");
   cmd->callback([o] {
     PrepareSummary s = prepare_data(*o);
-    std::printf("loom: %lu files, %lu bytes -> %lu train + %lu val tokens (%s) in %s "
-                "(%.1f MB/s)\n",
-                (unsigned long)s.files, (unsigned long)s.bytes, (unsigned long)s.train_tokens,
-                (unsigned long)s.val_tokens, o->tokenizer.c_str(), o->out_dir.c_str(),
-                double(s.bytes) / 1e6 / std::max(s.seconds, 1e-9));
+    std::printf(
+        "loom: %lu files, %lu bytes -> %lu train + %lu val tokens (%s) in %s "
+        "(%.1f MB/s)\n",
+        (unsigned long)s.files, (unsigned long)s.bytes, (unsigned long)s.train_tokens,
+        (unsigned long)s.val_tokens, o->tokenizer.c_str(), o->out_dir.c_str(),
+        double(s.bytes) / 1e6 / std::max(s.seconds, 1e-9));
   });
 }
 

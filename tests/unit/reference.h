@@ -50,7 +50,8 @@ inline void attention(Vec& out, const Vec& qkv, int64_t B, int64_t T, int64_t C,
         for (int64_t j = 0; j <= i; ++j) {
           double dot = 0;
           for (int64_t d = 0; d < hs; ++d)
-            dot += qkv[(b * T + i) * 3 * C + h * hs + d] * qkv[(b * T + j) * 3 * C + C + h * hs + d];
+            dot +=
+                qkv[(b * T + i) * 3 * C + h * hs + d] * qkv[(b * T + j) * 3 * C + C + h * hs + d];
           s[j] = dot / std::sqrt(double(hs));
           mx = std::max(mx, s[j]);
         }

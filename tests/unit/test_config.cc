@@ -59,7 +59,8 @@ TEST(Config, UnknownKeySuggestsTheNearest) {
 TEST(Config, WrongTypesAndRangesNameTheKeyPath) {
   EXPECT_HAS(error_of(R"({"model": {"n_layer": "four"}})"),
              "model.n_layer: expected an integer, got a string \"four\"");
-  EXPECT_HAS(error_of(R"({"model": {"n_layer": 0}})"), "model.n_layer: 0 is out of range (must be >= 1");
+  EXPECT_HAS(error_of(R"({"model": {"n_layer": 0}})"),
+             "model.n_layer: 0 is out of range (must be >= 1");
   EXPECT_HAS(error_of(R"({"model": {"seq_len": -5}})"), "model.seq_len: -5 is out of range");
   EXPECT_HAS(error_of(R"({"model": 3})"), "model: expected an object");
   EXPECT_HAS(error_of(R"({"optimizer": {"params": {"betas": [0.9]}}})"),
@@ -77,13 +78,16 @@ TEST(Config, HeadsMustDivideWidth) {
 
 TEST(Config, BatchIdentity) {
   std::string e = error_of(kBase, {"train_batch_size=32", "gradient_accumulation_steps=2"});
-  EXPECT_HAS(e, "train_batch_size 32 != train_micro_batch_size_per_gpu 4 x "
-                "gradient_accumulation_steps 2 x data-parallel size 1 (= 8)");
+  EXPECT_HAS(e,
+             "train_batch_size 32 != train_micro_batch_size_per_gpu 4 x "
+             "gradient_accumulation_steps 2 x data-parallel size 1 (= 8)");
   Config c = parse_config(R"({"train_batch_size": 32, "gradient_accumulation_steps": 4,
-                              "data": {"synthetic": true}})", "x", {});
+                              "data": {"synthetic": true}})",
+                          "x", {});
   EXPECT_EQ(c.micro_batch, 8);
   c = parse_config(R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4,
-                       "data": {"synthetic": true}})", "x", {});
+                       "data": {"synthetic": true}})",
+                   "x", {});
   EXPECT_EQ(c.grad_accum, 8);
   EXPECT_HAS(error_of(R"({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4,
                           "data": {"synthetic": true}})"),

@@ -26,10 +26,10 @@ TEST(DType, Bf16RoundsToNearestEven) {
 TEST(DType, F16ExactValuesAndRounding) {
   EXPECT_EQ(f32_to_f16(1.0f), 0x3c00);
   EXPECT_EQ(f32_to_f16(-2.0f), 0xc000);
-  EXPECT_EQ(f32_to_f16(65504.0f), 0x7bff);        // largest finite
-  EXPECT_EQ(f32_to_f16(65520.0f), 0x7c00);        // rounds up to infinity
-  EXPECT_EQ(f32_to_f16(std::ldexp(1.0f, -24)), 0x0001);  // smallest subnormal
-  EXPECT_EQ(f32_to_f16(std::ldexp(1.0f, -14)), 0x0400);  // smallest normal
+  EXPECT_EQ(f32_to_f16(65504.0f), 0x7bff);                      // largest finite
+  EXPECT_EQ(f32_to_f16(65520.0f), 0x7c00);                      // rounds up to infinity
+  EXPECT_EQ(f32_to_f16(std::ldexp(1.0f, -24)), 0x0001);         // smallest subnormal
+  EXPECT_EQ(f32_to_f16(std::ldexp(1.0f, -14)), 0x0400);         // smallest normal
   EXPECT_EQ(f32_to_f16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);  // tie to even
   EXPECT_EQ(f32_to_f16(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3c02);
   EXPECT_EQ(f16_to_f32(0x7c00), std::numeric_limits<float>::infinity());
@@ -102,8 +102,7 @@ TEST(Rng, PhiloxKnownAnswer) {
   EXPECT_EQ(r[1], 0xe169c58du);
   EXPECT_EQ(r[2], 0xbc57ac4cu);
   EXPECT_EQ(r[3], 0x9b00dbd8u);
-  r = philox4x32({0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu},
-                 {0xffffffffu, 0xffffffffu});
+  r = philox4x32({0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}, {0xffffffffu, 0xffffffffu});
   EXPECT_EQ(r[0], 0x408f276du);
   EXPECT_EQ(r[1], 0x41c83b0eu);
   EXPECT_EQ(r[2], 0xa20bc7c6u);

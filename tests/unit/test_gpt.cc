@@ -94,7 +94,8 @@ TEST(Gpt, BackwardMatchesFiniteDifferencesWithDropout) {
       double lm = m.forward(acts, in.data(), tg.data(), ctx);
       *x = saved;
       double fd = (lp - lm) / (2 * h);
-      ASSERT_NEAR(analytic[p.offset + i], fd, 1e-7 + 1e-5 * std::abs(fd)) << p.name << "[" << i << "]";
+      ASSERT_NEAR(analytic[p.offset + i], fd, 1e-7 + 1e-5 * std::abs(fd))
+          << p.name << "[" << i << "]";
       probes++;
     }
   }
@@ -165,9 +166,10 @@ TEST(Trainer, MicroBatchingDoesNotChangeTraining) {
   quiet.quiet = true;
   std::vector<std::vector<double>> losses;
   std::vector<std::vector<float>> params;
-  for (const char* batch : {R"("train_batch_size": 8, "train_micro_batch_size_per_gpu": 8)",
-                            R"("train_batch_size": 8, "gradient_accumulation_steps": 2)",
-                            R"("train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 8)"}) {
+  for (const char* batch :
+       {R"("train_batch_size": 8, "train_micro_batch_size_per_gpu": 8)",
+        R"("train_batch_size": 8, "gradient_accumulation_steps": 2)",
+        R"("train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 8)"}) {
     Trainer t(tiny_run(batch), quiet, ThreadConfig{});
     std::vector<double> l;
     for (int s = 0; s < 4; ++s) l.push_back(t.train_step().loss);

@@ -25,8 +25,8 @@ using Vecs = std::vector<std::vector<T>>;
 using Forward = std::function<void(const Vecs<double>&, Vecs<double>&)>;
 using ForwardF = std::function<void(const Vecs<float>&, Vecs<float>&)>;
 // (inputs, outputs of forward, gradients of outputs) -> gradients of inputs (zeroed on entry)
-using Backward = std::function<void(const Vecs<double>&, const Vecs<double>&,
-                                    const Vecs<double>&, Vecs<double>&)>;
+using Backward = std::function<void(const Vecs<double>&, const Vecs<double>&, const Vecs<double>&,
+                                    Vecs<double>&)>;
 
 struct Op {
   std::string name;
@@ -128,8 +128,8 @@ std::vector<Op> make_ops() {
     op.forward_d = fwd;
     op.backward_d = [=](const Vecs<double>& in, const Vecs<double>&, const Vecs<double>& d,
                         Vecs<double>& g) {
-      cpu::matmul_nt_backward(g[0].data(), g[1].data(), d[0].data(), in[0].data(), in[1].data(),
-                              N, C, V);
+      cpu::matmul_nt_backward(g[0].data(), g[1].data(), d[0].data(), in[0].data(), in[1].data(), N,
+                              C, V);
     };
     ops.push_back(op);
   }
@@ -181,7 +181,9 @@ std::vector<Op> make_ops() {
     op.reference = [=](const Vecs<double>& in, Vecs<double>& out) {
       for (int64_t i = 0; i < n; ++i) out[0][i] = ref::gelu(in[0][i]);
     };
-    auto fwd = [=](const auto& in, auto& out) { cpu::gelu_forward(out[0].data(), in[0].data(), n); };
+    auto fwd = [=](const auto& in, auto& out) {
+      cpu::gelu_forward(out[0].data(), in[0].data(), n);
+    };
     op.forward_f = fwd;
     op.forward_d = fwd;
     op.backward_d = [=](const Vecs<double>& in, const Vecs<double>&, const Vecs<double>& d,
@@ -213,7 +215,7 @@ std::vector<Op> make_ops() {
     const DropoutStream* stream = &streams[p > 0 ? 1 : 0];
     cpu::AttentionDropout drop{stream, 5, dropout_site(1, DropoutSite::kAttnProbs)};
     Op op = make_op(p > 0 ? "attention (dropout 0.25)" : "attention", {kB * kT * 3 * kC},
-          {kB * kT * kC, kB * kNH * kT}, {true, false});
+                    {kB * kT * kC, kB * kNH * kT}, {true, false});
     op.reference = [=](const Vecs<double>& in, Vecs<double>& out) {
       ref::attention(out[0], in[0], kB, kT, kC, kNH, stream, drop.sample0, drop.site);
     };
@@ -224,8 +226,8 @@ std::vector<Op> make_ops() {
     op.forward_d = fwd;
     op.backward_d = [=](const Vecs<double>& in, const Vecs<double>& out, const Vecs<double>& d,
                         Vecs<double>& g) {
-      cpu::attention_backward(g[0].data(), d[0].data(), in[0].data(), out[0].data(),
-                              out[1].data(), kB, kT, kC, kNH, drop);
+      cpu::attention_backward(g[0].data(), d[0].data(), in[0].data(), out[0].data(), out[1].data(),
+                              kB, kT, kC, kNH, drop);
     };
     ops.push_back(op);
   }
@@ -241,8 +243,8 @@ std::vector<Op> make_ops() {
       ref::cross_entropy(out[0], in[0], targets, N, V, Vp);
     };
     auto fwd = [=](const auto& in, auto& out) {
-      cpu::cross_entropy_forward(out[0].data(), out[1].data(), in[0].data(), targets.data(), N,
-                                 V, Vp);
+      cpu::cross_entropy_forward(out[0].data(), out[1].data(), in[0].data(), targets.data(), N, V,
+                                 Vp);
     };
     op.forward_f = fwd;
     op.forward_d = fwd;

@@ -7,13 +7,18 @@
 
 namespace loom {
 
-size_t dtype_size(DType t) { return t == DType::kF32 ? 4 : 2; }
+size_t dtype_size(DType t) {
+  return t == DType::kF32 ? 4 : 2;
+}
 
 std::string_view dtype_name(DType t) {
   switch (t) {
-    case DType::kF32: return "f32";
-    case DType::kBF16: return "bf16";
-    case DType::kF16: return "f16";
+    case DType::kF32:
+      return "f32";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kF16:
+      return "f16";
   }
   return "?";
 }
@@ -32,15 +37,17 @@ uint16_t f32_to_bf16(float x) {
   return static_cast<uint16_t>((u + rounding) >> 16);
 }
 
-float bf16_to_f32(uint16_t x) { return std::bit_cast<float>(static_cast<uint32_t>(x) << 16); }
+float bf16_to_f32(uint16_t x) {
+  return std::bit_cast<float>(static_cast<uint32_t>(x) << 16);
+}
 
 uint16_t f32_to_f16(float x) {
   uint32_t u = std::bit_cast<uint32_t>(x);
   uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return sign | 0x7e00u;         // NaN
-  if (abs >= 0x477ff000u) return sign | 0x7c00u;        // rounds to >= 65536: infinity
-  if (abs < 0x38800000u) {                              // below the smallest normal 2^-14
+  if (abs > 0x7f800000u) return sign | 0x7e00u;   // NaN
+  if (abs >= 0x477ff000u) return sign | 0x7c00u;  // rounds to >= 65536: infinity
+  if (abs < 0x38800000u) {                        // below the smallest normal 2^-14
     // Subnormal: value = m * 2^-24. Add 0.5 to round by float arithmetic,
     // whose round-to-nearest-even is the rule we want.
     float f = std::bit_cast<float>(abs);
@@ -71,17 +78,26 @@ float f16_to_f32(uint16_t x) {
 namespace {
 float load(const void* src, DType t, size_t i) {
   switch (t) {
-    case DType::kF32: return static_cast<const float*>(src)[i];
-    case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(src)[i]);
-    case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(src)[i]);
+    case DType::kF32:
+      return static_cast<const float*>(src)[i];
+    case DType::kBF16:
+      return bf16_to_f32(static_cast<const uint16_t*>(src)[i]);
+    case DType::kF16:
+      return f16_to_f32(static_cast<const uint16_t*>(src)[i]);
   }
   return 0.0f;
 }
 void store(void* dst, DType t, size_t i, float v) {
   switch (t) {
-    case DType::kF32: static_cast<float*>(dst)[i] = v; break;
-    case DType::kBF16: static_cast<uint16_t*>(dst)[i] = f32_to_bf16(v); break;
-    case DType::kF16: static_cast<uint16_t*>(dst)[i] = f32_to_f16(v); break;
+    case DType::kF32:
+      static_cast<float*>(dst)[i] = v;
+      break;
+    case DType::kBF16:
+      static_cast<uint16_t*>(dst)[i] = f32_to_bf16(v);
+      break;
+    case DType::kF16:
+      static_cast<uint16_t*>(dst)[i] = f32_to_f16(v);
+      break;
   }
 }
 }  // namespace

@@ -23,7 +23,9 @@ class Error : public std::runtime_error {
 };
 
 namespace detail {
-inline void format_into(std::ostringstream& os, std::string_view fmt) { os << fmt; }
+inline void format_into(std::ostringstream& os, std::string_view fmt) {
+  os << fmt;
+}
 
 template <typename T, typename... Rest>
 void format_into(std::ostringstream& os, std::string_view fmt, const T& first,
@@ -53,20 +55,20 @@ std::string format(std::string_view fmt, const Args&... args) {
 
 // LOOM_CHECK(cond, "fmt {}", x): throws loom::Error (kind kInternal) recording
 // the condition, file, line and the formatted values when cond is false.
-#define LOOM_CHECK(cond, ...)                                                        \
-  do {                                                                               \
-    if (!(cond))                                                                     \
-      ::loom::throw_check_failure(::loom::ErrorKind::kInternal, __FILE__, __LINE__, \
-                                  #cond, ::loom::format(__VA_ARGS__));               \
+#define LOOM_CHECK(cond, ...)                                                              \
+  do {                                                                                     \
+    if (!(cond))                                                                           \
+      ::loom::throw_check_failure(::loom::ErrorKind::kInternal, __FILE__, __LINE__, #cond, \
+                                  ::loom::format(__VA_ARGS__));                            \
   } while (0)
 
 // LOOM_CHECK_KIND(kind, cond, ...): the same with a chosen kind. User-facing
 // errors (config, data, I/O) carry only the message, without file and line.
-#define LOOM_CHECK_KIND(kind, cond, ...)                                           \
-  do {                                                                             \
-    if (!(cond))                                                                   \
+#define LOOM_CHECK_KIND(kind, cond, ...)                                              \
+  do {                                                                                \
+    if (!(cond))                                                                      \
       ::loom::throw_check_failure(::loom::ErrorKind::kind, __FILE__, __LINE__, #cond, \
-                                  ::loom::format(__VA_ARGS__));                    \
+                                  ::loom::format(__VA_ARGS__));                       \
   } while (0)
 
 #define LOOM_FAIL(kind, ...) \

@@ -55,7 +55,9 @@ Buffer::Buffer(size_t bytes, MemCategory category) : bytes_(bytes), category_(ca
   memory_tracker().on_alloc(category_, bytes_);
 }
 
-Buffer::~Buffer() { release(); }
+Buffer::~Buffer() {
+  release();
+}
 
 Buffer::Buffer(Buffer&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)),

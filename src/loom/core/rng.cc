@@ -46,9 +46,9 @@ NormalStream::NormalStream(uint64_t seed, std::string_view name) {
 
 float NormalStream::at(uint64_t index) const {
   uint64_t pair = index / 2;
-  auto r = philox4x32({static_cast<uint32_t>(pair), static_cast<uint32_t>(pair >> 32),
-                       stream_hi_, 0x6e6f726du},
-                      key_);
+  auto r = philox4x32(
+      {static_cast<uint32_t>(pair), static_cast<uint32_t>(pair >> 32), stream_hi_, 0x6e6f726du},
+      key_);
   // Box-Muller with u1 in (0, 1] so the log is finite.
   double u1 = (static_cast<double>(r[0]) + 1.0) / 4294967296.0;
   double u2 = static_cast<double>(r[1]) / 4294967296.0;
@@ -70,8 +70,7 @@ void DropoutStream::row(uint64_t sample, uint32_t site, uint32_t position, int64
   uint32_t sample_lo = static_cast<uint32_t>(sample);
   uint32_t pos_sample = (position << 20) ^ static_cast<uint32_t>(sample >> 32);
   for (int64_t c0 = begin; c0 < end; c0 += 4) {
-    auto r = philox4x32({step_, sample_lo, site, pos_sample + static_cast<uint32_t>(c0 / 4)},
-                        key_);
+    auto r = philox4x32({step_, sample_lo, site, pos_sample + static_cast<uint32_t>(c0 / 4)}, key_);
     for (int j = 0; j < 4 && c0 + j < end; ++j)
       keep[c0 - begin + j] = r[j] >= threshold_ ? scale : T(0);
   }

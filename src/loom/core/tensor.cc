@@ -35,8 +35,8 @@ Tensor Tensor::empty(Shape shape, DType dtype, MemCategory category) {
   Tensor t;
   t.shape_ = shape;
   t.dtype_ = dtype;
-  t.owner_ = std::make_shared<Buffer>(static_cast<size_t>(shape.numel()) * dtype_size(dtype),
-                                      category);
+  t.owner_ =
+      std::make_shared<Buffer>(static_cast<size_t>(shape.numel()) * dtype_size(dtype), category);
   t.data_ = t.owner_->data();
   return t;
 }
@@ -50,8 +50,8 @@ Tensor Tensor::view(void* data, Shape shape, DType dtype) {
 }
 
 Tensor Tensor::reshape(Shape shape) const {
-  LOOM_CHECK(shape.numel() == numel(), "reshape {} -> {} changes the element count",
-             shape_.str(), shape.str());
+  LOOM_CHECK(shape.numel() == numel(), "reshape {} -> {} changes the element count", shape_.str(),
+             shape.str());
   Tensor t = *this;
   t.shape_ = shape;
   return t;
@@ -64,10 +64,18 @@ Tensor Tensor::slice_rows(int64_t begin, int64_t end) const {
   Tensor t = *this;
   t.data_ = static_cast<char*>(data_) + begin * row * static_cast<int64_t>(dtype_size(dtype_));
   switch (shape_.rank()) {
-    case 1: t.shape_ = Shape{end - begin}; break;
-    case 2: t.shape_ = Shape{end - begin, shape_[1]}; break;
-    case 3: t.shape_ = Shape{end - begin, shape_[1], shape_[2]}; break;
-    default: t.shape_ = Shape{end - begin, shape_[1], shape_[2], shape_[3]}; break;
+    case 1:
+      t.shape_ = Shape{end - begin};
+      break;
+    case 2:
+      t.shape_ = Shape{end - begin, shape_[1]};
+      break;
+    case 3:
+      t.shape_ = Shape{end - begin, shape_[1], shape_[2]};
+      break;
+    default:
+      t.shape_ = Shape{end - begin, shape_[1], shape_[2], shape_[3]};
+      break;
   }
   return t;
 }

@@ -7,12 +7,12 @@
 namespace loom {
 
 struct ThreadConfig {
-  int threads = 1;          // threads this rank uses
-  int cores = 1;            // cores on the machine
-  int ranks_on_node = 1;    // from the MPI launcher's environment, 1 without one
-  int affinity_cores = 1;   // cores this process may run on (sched_getaffinity)
-  bool from_env = false;    // OMP_NUM_THREADS was set
-  std::string warning;      // non-empty when the affinity is narrower than the threads
+  int threads = 1;         // threads this rank uses
+  int cores = 1;           // cores on the machine
+  int ranks_on_node = 1;   // from the MPI launcher's environment, 1 without one
+  int affinity_cores = 1;  // cores this process may run on (sched_getaffinity)
+  bool from_env = false;   // OMP_NUM_THREADS was set
+  std::string warning;     // non-empty when the affinity is narrower than the threads
 };
 
 // Decides the thread count, applies it to OpenMP and OpenBLAS, returns what was done.

@@ -86,7 +86,8 @@ void Gpt<T>::init(uint64_t seed) {
     // their logits are excluded from the loss.
     int64_t limit = (&p == wte_) ? real_rows * p.shape[1] : p.numel;
 #pragma omp parallel for
-    for (int64_t i = 0; i < limit; ++i) dst[i] = T(stream.at(static_cast<uint64_t>(i)) * p.init_std);
+    for (int64_t i = 0; i < limit; ++i)
+      dst[i] = T(stream.at(static_cast<uint64_t>(i)) * p.init_std);
   }
 }
 
@@ -203,14 +204,14 @@ void Gpt<T>::block_backward(int l, GptActivations<T>& a, const T* x, T* dresid) 
   std::memcpy(d_proj_, dresid, static_cast<size_t>(BT * C) * sizeof(T));
   cpu::dropout_inplace(d_proj_, spec(DropoutSite::kAttnResid), B, Tn, C);
   zero(d_atty_, BT * C);
-  cpu::matmul_backward(d_atty_, grad(*p.proj_w), grad(*p.proj_b), d_proj_, L.atty,
-                       param(*p.proj_w), BT, C, C);
+  cpu::matmul_backward(d_atty_, grad(*p.proj_w), grad(*p.proj_b), d_proj_, L.atty, param(*p.proj_w),
+                       BT, C, C);
   zero(d_qkv_, BT * 3 * C);
   cpu::attention_backward(d_qkv_, d_atty_, L.qkv, L.atty, L.att_lse, B, Tn, C, NH,
                           spec(DropoutSite::kAttnProbs));
   zero(d_ln_, BT * C);
-  cpu::matmul_backward(d_ln_, grad(*p.attn_w), grad(*p.attn_b), d_qkv_, L.ln1, param(*p.attn_w),
-                       BT, C, 3 * C);
+  cpu::matmul_backward(d_ln_, grad(*p.attn_w), grad(*p.attn_b), d_qkv_, L.ln1, param(*p.attn_w), BT,
+                       C, 3 * C);
   cpu::layernorm_backward(dresid, grad(*p.ln1_w), grad(*p.ln1_b), d_ln_, x, param(*p.ln1_w),
                           L.ln1_mean, L.ln1_rstd, BT, C);
 }
@@ -226,9 +227,9 @@ double Gpt<T>::forward(GptActivations<T>& a, const int32_t* tokens, const int32_
   DropoutStream stream(ctx.seed, ctx.step, ctx.training ? config_.dropout : 0.0f);
 
   cpu::encoder_forward(a.encoded, tokens, param(*wte_), param(*wpe_), B, Tn, C);
-  cpu::dropout_inplace(a.encoded,
-                       cpu::DropoutSpec{&stream, ctx.sample0, dropout_site(-1, DropoutSite::kEmbedding)},
-                       B, Tn, C);
+  cpu::dropout_inplace(
+      a.encoded, cpu::DropoutSpec{&stream, ctx.sample0, dropout_site(-1, DropoutSite::kEmbedding)},
+      B, Tn, C);
   const T* x = a.encoded;
   for (int l = 0; l < config_.n_layer; ++l) {
     block_forward(l, a, x);
@@ -265,9 +266,8 @@ void Gpt<T>::backward(GptActivations<T>& a, double loss_scale) {
   }
   DropoutStream stream(a.ctx.seed, a.ctx.step, a.ctx.training ? config_.dropout : 0.0f);
   cpu::dropout_inplace(
-      d_resid_,
-      cpu::DropoutSpec{&stream, a.ctx.sample0, dropout_site(-1, DropoutSite::kEmbedding)}, B, Tn,
-      C);
+      d_resid_, cpu::DropoutSpec{&stream, a.ctx.sample0, dropout_site(-1, DropoutSite::kEmbedding)},
+      B, Tn, C);
   cpu::encoder_backward(grad(*wte_), grad(*wpe_), d_resid_, a.tokens, B, Tn, C);
 }
 

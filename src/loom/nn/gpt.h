@@ -38,10 +38,10 @@ struct GptActivations {
   struct Layer {
     T *ln1, *ln1_mean, *ln1_rstd;  // (B,T,C) (B,T) (B,T)
     T *qkv, *atty, *att_lse;       // (B,T,3C) (B,T,C) (B,NH,T)
-    T *res2;                       // (B,T,C) residual after attention
+    T* res2;                       // (B,T,C) residual after attention
     T *ln2, *ln2_mean, *ln2_rstd;  // (B,T,C) (B,T) (B,T)
     T *fch, *fch_gelu;             // (B,T,4C) each
-    T *res3;                       // (B,T,C) block output
+    T* res3;                       // (B,T,C) block output
   };
   int64_t B = 0, Tn = 0;
   Buffer buffer;

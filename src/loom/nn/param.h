@@ -19,13 +19,13 @@ struct Shard {
 };
 
 struct Param {
-  std::string name;     // "transformer.h.0.attn.c_attn.weight"
-  Shape shape;          // global shape
-  Shard shard;          // the piece stored here
-  int64_t offset = 0;   // first element in the flat buffers
-  int64_t numel = 0;    // elements stored here
-  bool decay = false;   // weight decay applies (matrices and embeddings, not biases or norms)
-  float init_std = 0;   // N(0, init_std); 0 means constant init_value
+  std::string name;    // "transformer.h.0.attn.c_attn.weight"
+  Shape shape;         // global shape
+  Shard shard;         // the piece stored here
+  int64_t offset = 0;  // first element in the flat buffers
+  int64_t numel = 0;   // elements stored here
+  bool decay = false;  // weight decay applies (matrices and embeddings, not biases or norms)
+  float init_std = 0;  // N(0, init_std); 0 means constant init_value
   float init_value = 0;
 };
 

@@ -36,6 +36,8 @@ std::vector<GemmBenchResult> bench_gemm(const std::vector<int64_t>& sizes, int r
   return out;
 }
 
-double quick_peak_gflops() { return bench_gemm({1024}, 9)[0].median_gflops; }
+double quick_peak_gflops() {
+  return bench_gemm({1024}, 9)[0].median_gflops;
+}
 
 }  // namespace loom

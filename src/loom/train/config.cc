@@ -161,7 +161,8 @@ void check_leaf(const KeySpec& k, const json& v, const std::string& source) {
 // Checks every key of `obj` (at `prefix`) against the schema, recursively.
 void validate(const json& obj, const std::string& prefix, const std::string& source) {
   const std::string where = prefix.empty() ? "the top level" : prefix.substr(0, prefix.size() - 1);
-  if (!obj.is_object()) fail(source, format("{}: expected an object, got {}", where, type_name(obj)));
+  if (!obj.is_object())
+    fail(source, format("{}: expected an object, got {}", where, type_name(obj)));
   std::vector<std::string> allowed = children(prefix);
   for (const auto& [key, value] : obj.items()) {
     if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
@@ -245,8 +246,8 @@ bool has(const json& j, const char* path) {
 void resolve_batch(Config& c, const json& j, int world_size, const std::string& source) {
   c.data_parallel = get_or<int64_t>(j, "parallel.data", world_size);
   if (c.data_parallel != world_size)
-    fail(source, format("parallel.data is {} but the job has {} rank(s)", c.data_parallel,
-                        world_size));
+    fail(source,
+         format("parallel.data is {} but the job has {} rank(s)", c.data_parallel, world_size));
   const int64_t dp = c.data_parallel;
   bool has_tbs = has(j, "train_batch_size"), has_mb = has(j, "train_micro_batch_size_per_gpu"),
        has_ga = has(j, "gradient_accumulation_steps");
@@ -277,8 +278,8 @@ void resolve_batch(Config& c, const json& j, int world_size, const std::string& 
     tbs = mb * ga * dp;
   } else if (has_tbs) {
     if (tbs % dp != 0)
-      fail(source, format("train_batch_size {} is not divisible by the data-parallel size {}",
-                          tbs, dp));
+      fail(source,
+           format("train_batch_size {} is not divisible by the data-parallel size {}", tbs, dp));
     ga = 1, mb = tbs / dp;
   } else if (has_mb) {
     ga = 1, tbs = mb * dp;
@@ -315,9 +316,9 @@ json to_json(const Config& c) {
   }
   j["fp16"] = {{"enabled", false}};
   j["bf16"] = {{"enabled", false}};
-  j["model"] = {{"n_layer", c.model.n_layer},       {"n_embd", c.model.n_embd},
-                {"n_head", c.model.n_head},         {"vocab_size", c.model.vocab_size},
-                {"seq_len", c.model.seq_len},       {"dropout", c.model.dropout}};
+  j["model"] = {{"n_layer", c.model.n_layer}, {"n_embd", c.model.n_embd},
+                {"n_head", c.model.n_head},   {"vocab_size", c.model.vocab_size},
+                {"seq_len", c.model.seq_len}, {"dropout", c.model.dropout}};
   j["parallel"] = {{"data", c.data_parallel}};
   j["data"] = {{"train", c.data.train}, {"val", c.data.val}, {"synthetic", c.data.synthetic}};
   j["train"] = {{"name", c.train.name},
@@ -359,11 +360,12 @@ Config parse_config(const std::string& text, const std::string& source,
   m.seq_len = get_or<int>(j, "model.seq_len", 1024);
   m.dropout = get_or<float>(j, "model.dropout", 0.0f);
   if (m.n_embd % m.n_head != 0)
-    fail(source, format("model.n_embd {} is not divisible by model.n_head {}", m.n_embd,
-                        m.n_head));
+    fail(source, format("model.n_embd {} is not divisible by model.n_head {}", m.n_embd, m.n_head));
   if (get_or<bool>(j, "fp16.enabled", false) || get_or<bool>(j, "bf16.enabled", false))
-    LOOM_FAIL(kUnsupported, "{}: fp16/bf16 training is not supported by this build yet; "
-              "set fp16.enabled and bf16.enabled to false", source);
+    LOOM_FAIL(kUnsupported,
+              "{}: fp16/bf16 training is not supported by this build yet; "
+              "set fp16.enabled and bf16.enabled to false",
+              source);
 
   resolve_batch(c, j, world_size, source);
   c.gradient_clipping = get_or<double>(j, "gradient_clipping", 0.0);

@@ -47,8 +47,8 @@ class TokenFileSource : public BatchSource {
                   int seq_len)
       : file_(path), key_(data_key(seed, 0x77696e64u)) {
     LOOM_CHECK_KIND(kData, file_.size() >= static_cast<uint64_t>(seq_len) + 1,
-                    "{} {}: {} tokens, fewer than one window of model.seq_len + 1 = {}", what,
-                    path, file_.size(), seq_len + 1);
+                    "{} {}: {} tokens, fewer than one window of model.seq_len + 1 = {}", what, path,
+                    file_.size(), seq_len + 1);
     LOOM_CHECK_KIND(kData, file_.vocab_size() <= static_cast<uint32_t>(vocab),
                     "{} {}: the file's vocabulary ({}) is larger than model.vocab_size ({})", what,
                     path, file_.vocab_size(), vocab);

@@ -21,7 +21,11 @@ size_t find_invalid_utf8(const std::string& s) {
   size_t i = 0, n = s.size();
   while (i < n) {
     unsigned char c = static_cast<unsigned char>(s[i]);
-    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    size_t len = c < 0x80           ? 1
+                 : (c >> 5) == 0x6  ? 2
+                 : (c >> 4) == 0xe  ? 3
+                 : (c >> 3) == 0x1e ? 4
+                                    : 0;
     if (len == 0 || i + len > n) return i;
     uint32_t cp = len == 1 ? c : c & (0x7f >> len);
     for (size_t k = 1; k < len; ++k) {
@@ -87,8 +91,8 @@ PrepareSummary prepare_data(const PrepareOptions& o) {
     std::string text = read_file(path.string());
     LOOM_CHECK_KIND(kData, !text.empty(), "{}: file is empty", path.string());
     size_t bad = find_invalid_utf8(text);
-    LOOM_CHECK_KIND(kData, bad == std::string::npos,
-                    "{}: not valid UTF-8 at byte offset {}", path.string(), bad);
+    LOOM_CHECK_KIND(kData, bad == std::string::npos, "{}: not valid UTF-8 at byte offset {}",
+                    path.string(), bad);
     std::vector<uint32_t> ids = tokenizer->encode(text);
     size_t n_val = static_cast<size_t>(std::floor(o.val_fraction * double(ids.size())));
     train.insert(train.end(), ids.begin(), ids.end() - static_cast<std::ptrdiff_t>(n_val));

@@ -27,8 +27,9 @@ void write_token_file(const std::string& path, const std::vector<uint32_t>& toke
   // x86 and ARM Linux are little-endian, the file's byte order.
   char* body = p + kTokenHeaderBytes;
   for (size_t i = 0; i < tokens.size(); ++i) {
-    LOOM_CHECK_KIND(kData, tokens[i] < vocab_size, "{}: token {} at index {} is beyond vocabulary {}",
-                    path, tokens[i], i, vocab_size);
+    LOOM_CHECK_KIND(kData, tokens[i] < vocab_size,
+                    "{}: token {} at index {} is beyond vocabulary {}", path, tokens[i], i,
+                    vocab_size);
     if (width == 2) {
       uint16_t t = static_cast<uint16_t>(tokens[i]);
       std::memcpy(body + i * 2, &t, 2);
@@ -69,9 +70,10 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
   if (width_ != 2 && width_ != 4) fail(format("bad token width {}", width_));
   uint64_t want = kTokenHeaderBytes + count_ * width_;
   if (want != map_bytes_)
-    fail(format("truncated or oversized body: header says {} tokens ({} bytes) but the file has "
-                "{} bytes",
-                count_, want, map_bytes_));
+    fail(
+        format("truncated or oversized body: header says {} tokens ({} bytes) but the file has "
+               "{} bytes",
+               count_, want, map_bytes_));
   tokens_ = p + kTokenHeaderBytes;
 }
 

@@ -60,11 +60,11 @@ Trainer::Trainer(Config config, RunOptions options, ThreadConfig threads)
     train_data_ = make_synthetic_source(seed, m.vocab_size);
     val_data_ = make_synthetic_source(seed + 1, m.vocab_size);
   } else {
-    train_data_ = make_token_file_source(config_.data.train, "data.train", seed, m.vocab_size,
-                                         m.seq_len);
+    train_data_ =
+        make_token_file_source(config_.data.train, "data.train", seed, m.vocab_size, m.seq_len);
     if (!config_.data.val.empty())
-      val_data_ = make_token_file_source(config_.data.val, "data.val", seed, m.vocab_size,
-                                         m.seq_len);
+      val_data_ =
+          make_token_file_source(config_.data.val, "data.val", seed, m.vocab_size, m.seq_len);
     tokenizer_ = tokenizer_for(config_.data.train);
   }
   if (config_.train.eval_every > 0 && !val_data_)
@@ -74,8 +74,10 @@ Trainer::Trainer(Config config, RunOptions options, ThreadConfig threads)
     std::error_code ec;
     if (fs::exists(options_.out_dir, ec) && !fs::is_empty(options_.out_dir, ec) &&
         !options_.overwrite)
-      LOOM_FAIL(kIo, "run folder {} already exists and is not empty (choose another --out, or "
-                "pass --overwrite)", options_.out_dir);
+      LOOM_FAIL(kIo,
+                "run folder {} already exists and is not empty (choose another --out, or "
+                "pass --overwrite)",
+                options_.out_dir);
   }
   model_.init(seed);
   acts_ = model_.make_activations(config_.micro_batch, m.seq_len);
@@ -135,8 +137,8 @@ double Trainer::evaluate() {
   return sum / static_cast<double>(config_.train.eval_steps);
 }
 
-std::string Trainer::sample(const std::string& prompt, int64_t n, double temperature,
-                            int64_t top_k, uint64_t seed) {
+std::string Trainer::sample(const std::string& prompt, int64_t n, double temperature, int64_t top_k,
+                            uint64_t seed) {
   LOOM_CHECK_KIND(kUnsupported, tokenizer_ != nullptr,
                   "sampling needs the data's tokenizer (meta.json beside data.train)");
   const GptConfig& m = config_.model;
@@ -157,8 +159,8 @@ std::string Trainer::sample(const std::string& prompt, int64_t n, double tempera
     if (temperature <= 0) {
       next = std::max_element(ranked.begin(), ranked.end())->second;
     } else {
-      size_t keep = top_k > 0 ? std::min<size_t>(static_cast<size_t>(top_k), ranked.size())
-                              : ranked.size();
+      size_t keep =
+          top_k > 0 ? std::min<size_t>(static_cast<size_t>(top_k), ranked.size()) : ranked.size();
       std::partial_sort(ranked.begin(), ranked.begin() + static_cast<std::ptrdiff_t>(keep),
                         ranked.end(), [](auto& x, auto& y) { return x.first > y.first; });
       double total = 0;
@@ -178,7 +180,8 @@ std::string Trainer::sample(const std::string& prompt, int64_t n, double tempera
     }
     ids.push_back(static_cast<uint32_t>(next));
   }
-  return tokenizer_->decode(std::vector<uint32_t>(ids.begin() + static_cast<std::ptrdiff_t>(prompt_len), ids.end()));
+  return tokenizer_->decode(
+      std::vector<uint32_t>(ids.begin() + static_cast<std::ptrdiff_t>(prompt_len), ids.end()));
 }
 
 void Trainer::open_run_folder() {
@@ -233,8 +236,8 @@ void Trainer::show_progress(const StepResult& r, double elapsed) {
     std::fflush(stdout);
   } else if (r.step % config_.log.every == 0 || r.step == total || r.val_loss) {
     std::printf("step %ld/%ld loss %.4f%s lr %.3g grad_norm %.3f tok/s %.0f mfu %.3f eta %s\n",
-                long(r.step), long(total), r.loss, val.c_str(), r.lr, r.grad_norm,
-                r.tokens_per_s, r.mfu, format_duration(eta).c_str());
+                long(r.step), long(total), r.loss, val.c_str(), r.lr, r.grad_norm, r.tokens_per_s,
+                r.mfu, format_duration(eta).c_str());
     std::fflush(stdout);
   }
 }
@@ -245,10 +248,11 @@ std::vector<StepResult> Trainer::run() {
   if (!options_.quiet) {
     std::printf("loom: %s\n", describe(threads_).c_str());
     if (!threads_.warning.empty()) std::printf("loom: warning: %s\n", threads_.warning.c_str());
-    std::printf("loom: model GPT-2 n_layer %d n_embd %d n_head %d vocab %d (padded %d) seq_len %d: "
-                "%.2fM parameters\n",
-                m.n_layer, m.n_embd, m.n_head, m.vocab_size, m.padded_vocab(), m.seq_len,
-                double(model_.num_params()) / 1e6);
+    std::printf(
+        "loom: model GPT-2 n_layer %d n_embd %d n_head %d vocab %d (padded %d) seq_len %d: "
+        "%.2fM parameters\n",
+        m.n_layer, m.n_embd, m.n_head, m.vocab_size, m.padded_vocab(), m.seq_len,
+        double(model_.num_params()) / 1e6);
     std::printf("loom: data %s; batch %ld = micro-batch %ld x accumulation %ld\n",
                 train_data_->describe().c_str(), long(config_.train_batch_size),
                 long(config_.micro_batch), long(config_.grad_accum));
@@ -259,7 +263,8 @@ std::vector<StepResult> Trainer::run() {
   for (int64_t s = 0; s < config_.train.steps; ++s) {
     StepResult r = train_step();
     const int64_t every = config_.train.eval_every;
-    if (every > 0 && (r.step % every == 0 || r.step == config_.train.steps)) r.val_loss = evaluate();
+    if (every > 0 && (r.step % every == 0 || r.step == config_.train.steps))
+      r.val_loss = evaluate();
     write_metrics(r);
     show_progress(r, seconds_since(t0));
     results.push_back(r);
@@ -286,11 +291,10 @@ void Trainer::print_summary(const std::vector<StepResult>& results, double elaps
                 options_.out_dir.c_str());
   const TrainConfig& t = config_.train;
   if (t.sample_tokens > 0 && tokenizer_) {
-    std::string text = sample(t.sample_prompt, t.sample_tokens, t.sample_temperature,
-                              t.sample_top_k, t.seed);
+    std::string text =
+        sample(t.sample_prompt, t.sample_tokens, t.sample_temperature, t.sample_top_k, t.seed);
     std::printf("\n--- sample (%ld tokens, temperature %.2f) ---\n%s%s\n---\n",
-                long(t.sample_tokens), t.sample_temperature, t.sample_prompt.c_str(),
-                text.c_str());
+                long(t.sample_tokens), t.sample_temperature, t.sample_prompt.c_str(), text.c_str());
   }
   std::fflush(stdout);
 }

@@ -69,8 +69,8 @@ void block_keep(T* keep, const AttentionDropout& dropout, int64_t b, int64_t h, 
 }  // namespace
 
 template <typename T>
-void attention_forward(T* out, T* lse, const T* qkv, int64_t B, int64_t Tn, int64_t C,
-                       int64_t NH, const AttentionDropout& dropout) {
+void attention_forward(T* out, T* lse, const T* qkv, int64_t B, int64_t Tn, int64_t C, int64_t NH,
+                       const AttentionDropout& dropout) {
   const int64_t hs = C / NH;
   const T scale = T(1) / std::sqrt(T(hs));
 #pragma omp parallel
@@ -129,9 +129,8 @@ void attention_forward(T* out, T* lse, const T* qkv, int64_t B, int64_t Tn, int6
 }
 
 template <typename T>
-void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse,
-                        int64_t B, int64_t Tn, int64_t C, int64_t NH,
-                        const AttentionDropout& dropout) {
+void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse, int64_t B,
+                        int64_t Tn, int64_t C, int64_t NH, const AttentionDropout& dropout) {
   const int64_t hs = C / NH;
   const T scale = T(1) / std::sqrt(T(hs));
 #pragma omp parallel
@@ -205,10 +204,10 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
   }
 }
 
-#define LOOM_INSTANTIATE(T)                                                                   \
-  template void attention_forward<T>(T*, T*, const T*, int64_t, int64_t, int64_t, int64_t,    \
-                                     const AttentionDropout&);                                \
-  template void attention_backward<T>(T*, const T*, const T*, const T*, const T*, int64_t,    \
+#define LOOM_INSTANTIATE(T)                                                                \
+  template void attention_forward<T>(T*, T*, const T*, int64_t, int64_t, int64_t, int64_t, \
+                                     const AttentionDropout&);                             \
+  template void attention_backward<T>(T*, const T*, const T*, const T*, const T*, int64_t, \
                                       int64_t, int64_t, int64_t, const AttentionDropout&);
 LOOM_INSTANTIATE(float)
 LOOM_INSTANTIATE(double)

@@ -17,13 +17,12 @@ using AttentionDropout = DropoutSpec;
 // qkv (B, T, 3C) holds q, k, v side by side, each (NH heads x hs), hs = C / NH.
 // out (B, T, C); lse (B, NH, T) = log sum_j exp(q.k_j / sqrt(hs)).
 template <typename T>
-void attention_forward(T* out, T* lse, const T* qkv, int64_t B, int64_t Tn, int64_t C,
-                       int64_t NH, const AttentionDropout& dropout);
+void attention_forward(T* out, T* lse, const T* qkv, int64_t B, int64_t Tn, int64_t C, int64_t NH,
+                       const AttentionDropout& dropout);
 
 // Accumulates dqkv (B, T, 3C) from dout (B, T, C), given forward's inputs and outputs.
 template <typename T>
-void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse,
-                        int64_t B, int64_t Tn, int64_t C, int64_t NH,
-                        const AttentionDropout& dropout);
+void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse, int64_t B,
+                        int64_t Tn, int64_t C, int64_t NH, const AttentionDropout& dropout);
 
 }  // namespace loom::cpu

@@ -42,7 +42,7 @@ template void cross_entropy_forward<double>(double*, double*, const double*, con
                                             int64_t, int64_t, int64_t);
 template void cross_entropy_backward<float>(float*, const float*, const int32_t*, const float*,
                                             int64_t, int64_t, int64_t);
-template void cross_entropy_backward<double>(double*, const double*, const int32_t*,
-                                             const double*, int64_t, int64_t, int64_t);
+template void cross_entropy_backward<double>(double*, const double*, const int32_t*, const double*,
+                                             int64_t, int64_t, int64_t);
 
 }  // namespace loom::cpu

@@ -62,11 +62,11 @@ void dropout_inplace(T* x, const DropoutSpec& spec, int64_t B, int64_t Tn, int64
   }
 }
 
-#define LOOM_INSTANTIATE(T)                                                     \
-  template void gelu_forward<T>(T*, const T*, int64_t);                         \
-  template void gelu_backward<T>(T*, const T*, const T*, int64_t);              \
-  template void residual_forward<T>(T*, const T*, const T*, int64_t);           \
-  template void add_inplace<T>(T*, const T*, int64_t);                          \
+#define LOOM_INSTANTIATE(T)                                           \
+  template void gelu_forward<T>(T*, const T*, int64_t);               \
+  template void gelu_backward<T>(T*, const T*, const T*, int64_t);    \
+  template void residual_forward<T>(T*, const T*, const T*, int64_t); \
+  template void add_inplace<T>(T*, const T*, int64_t);                \
   template void dropout_inplace<T>(T*, const DropoutSpec&, int64_t, int64_t, int64_t);
 LOOM_INSTANTIATE(float)
 LOOM_INSTANTIATE(double)

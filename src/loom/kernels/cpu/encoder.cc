@@ -19,8 +19,8 @@ void encoder_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, 
 }
 
 template <typename T>
-void encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t B,
-                      int64_t Tn, int64_t C) {
+void encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t B, int64_t Tn,
+                      int64_t C) {
   // Tokens repeat, so rows of dwte are shared between positions: split the
   // work by channel blocks instead, so no two threads touch one element.
   constexpr int64_t kBlock = 32;

@@ -12,7 +12,7 @@ void encoder_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, 
 
 // Accumulates dwte[tokens[b, t]] += dout[b, t] and dwpe[t] += dout[b, t].
 template <typename T>
-void encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t B,
-                      int64_t Tn, int64_t C);
+void encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t B, int64_t Tn,
+                      int64_t C);
 
 }  // namespace loom::cpu

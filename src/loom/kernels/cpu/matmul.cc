@@ -15,9 +15,8 @@ void gemm<float>(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
 }
 
 template <>
-void gemm<double>(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha,
-                  const double* A, int64_t lda, const double* B, int64_t ldb, double beta,
-                  double* C, int64_t ldc) {
+void gemm<double>(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A,
+                  int64_t lda, const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
   cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
               K, alpha, A, lda, B, ldb, beta, C, ldc);
@@ -65,13 +64,12 @@ void matmul_nt_backward(T* dinp, T* dweight, const T* dout, const T* inp, const 
   gemm<T>(true, false, V, C, N, T(1), dout, V, inp, C, T(1), dweight, C);
 }
 
-#define LOOM_INSTANTIATE(T)                                                               \
-  template void matmul_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t,     \
-                                  int64_t);                                               \
-  template void matmul_backward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t,     \
-                                   int64_t, int64_t);                                     \
-  template void matmul_nt_forward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t); \
-  template void matmul_nt_backward<T>(T*, T*, const T*, const T*, const T*, int64_t, int64_t, \
+#define LOOM_INSTANTIATE(T)                                                                     \
+  template void matmul_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t); \
+  template void matmul_backward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t,  \
+                                   int64_t);                                                    \
+  template void matmul_nt_forward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t);        \
+  template void matmul_nt_backward<T>(T*, T*, const T*, const T*, const T*, int64_t, int64_t,   \
                                       int64_t);
 LOOM_INSTANTIATE(float)
 LOOM_INSTANTIATE(double)

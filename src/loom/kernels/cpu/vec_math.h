@@ -31,7 +31,9 @@ inline float vexp(float x) {
   int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
   return p * std::bit_cast<float>(bits);
 }
-inline double vexp(double x) { return std::exp(x); }
+inline double vexp(double x) {
+  return std::exp(x);
+}
 
 // tanh for float with absolute error below 1e-7.
 inline float vtanh(float x) {
@@ -39,6 +41,8 @@ inline float vtanh(float x) {
   float e = vexp(2.0f * c);
   return (e - 1.0f) / (e + 1.0f);
 }
-inline double vtanh(double x) { return std::tanh(x); }
+inline double vtanh(double x) {
+  return std::tanh(x);
+}
 
 }  // namespace loom::cpu
