@@ -5,6 +5,7 @@
 #include <limits>
 #include <vector>
 
+#include "loom/kernels/cpu/matmul.h"
 #include "loom/kernels/cpu/vec_math.h"
 
 namespace loom::cpu {
@@ -13,43 +14,25 @@ namespace {
 
 constexpr int64_t kBlock = 64;  // query and key block size
 
-// One (batch, head) pair's q, k, v copied out of the strided qkv rows into
-// contiguous tiles: q scaled by 1/sqrt(hs), k and v as (T, hs) and also
-// transposed (hs, T), so every inner loop runs over a contiguous dimension.
+// One (batch, head) pair's q (scaled by 1/sqrt(hs)), k and v copied out of
+// the strided qkv rows into contiguous (T, hs) tiles, so that every block
+// product below is one small GEMM.
 template <typename T>
 struct HeadTiles {
-  std::vector<T> q, k, kt, v, vt;
+  std::vector<T> q, k, v;
   void load(const T* qkv, int64_t b, int64_t h, int64_t Tn, int64_t C, int64_t hs, T scale) {
     size_t n = static_cast<size_t>(Tn * hs);
-    q.resize(n), k.resize(n), kt.resize(n), v.resize(n), vt.resize(n);
+    q.resize(n), k.resize(n), v.resize(n);
     for (int64_t t = 0; t < Tn; ++t) {
       const T* row = qkv + (b * Tn + t) * 3 * C + h * hs;
       for (int64_t d = 0; d < hs; ++d) {
         q[t * hs + d] = row[d] * scale;
         k[t * hs + d] = row[C + d];
         v[t * hs + d] = row[2 * C + d];
-        kt[d * Tn + t] = row[C + d];
-        vt[d * Tn + t] = row[2 * C + d];
       }
     }
   }
 };
-
-// s (nq, nk) = a[i0..i0+nq) (rows of length hs) @ bt[:, j0..j0+nk) where bt is (hs, Tn).
-template <typename T>
-void block_scores(T* s, const T* a, const T* bt, int64_t i0, int64_t nq, int64_t j0, int64_t nk,
-                  int64_t hs, int64_t Tn) {
-  for (int64_t i = 0; i < nq; ++i) {
-    T* si = s + i * kBlock;
-    std::fill(si, si + nk, T(0));
-    const T* ai = a + (i0 + i) * hs;
-    for (int64_t d = 0; d < hs; ++d) {
-      T ad = ai[d];
-      const T* bd = bt + d * Tn + j0;
-      for (int64_t j = 0; j < nk; ++j) si[j] += ad * bd[j];
-    }
-  }
-}
 
 // Keep mask (nq, kBlock) for queries [i0, i0+nq) and keys [j0, j0+nk), or all ones.
 template <typename T>
@@ -66,11 +49,18 @@ void block_keep(T* keep, const AttentionDropout& dropout, int64_t b, int64_t h, 
   }
 }
 
+// Keys of block j0 visible to query i0 + i under the causal mask.
+inline int64_t visible(int64_t i0, int64_t i, int64_t j0, int64_t nk) {
+  return std::max<int64_t>(0, std::min(nk, i0 + i - j0 + 1));
+}
+
 }  // namespace
 
+// Inside the OpenMP region each thread owns whole (batch, head) pairs; the
+// block GEMMs run single-threaded there (OpenBLAS does not nest threads).
 template <typename T>
-void attention_forward(T* out, T* lse, const T* qkv, int64_t B, int64_t Tn, int64_t C, int64_t NH,
-                       const AttentionDropout& dropout) {
+void attention_forward(T* out, T* lse, const T* qkv, int64_t B, int64_t Tn, int64_t C,
+                       int64_t NH, const AttentionDropout& dropout) {
   const int64_t hs = C / NH;
   const T scale = T(1) / std::sqrt(T(hs));
 #pragma omp parallel
@@ -83,42 +73,43 @@ void attention_forward(T* out, T* lse, const T* qkv, int64_t B, int64_t Tn, int6
       for (int64_t h = 0; h < NH; ++h) {
         tiles.load(qkv, b, h, Tn, C, hs, scale);
         for (int64_t i0 = 0; i0 < Tn; i0 += kBlock) {
-          int64_t nq = std::min(kBlock, Tn - i0);
+          const int64_t nq = std::min(kBlock, Tn - i0);
           std::fill(m.begin(), m.end(), -std::numeric_limits<T>::infinity());
           std::fill(l.begin(), l.end(), T(0));
           std::fill(acc.begin(), acc.end(), T(0));
-          for (int64_t j0 = 0; j0 <= i0 + nq - 1; j0 += kBlock) {
-            int64_t nk = std::min(kBlock, std::min(Tn, i0 + nq) - j0);
-            block_scores(s.data(), tiles.q.data(), tiles.kt.data(), i0, nq, j0, nk, hs, Tn);
+          for (int64_t j0 = 0; j0 < i0 + nq; j0 += kBlock) {
+            const int64_t nk = std::min(kBlock, Tn - j0);
+            // s (nq, nk) = q_i k_j^T
+            gemm<T>(false, true, nq, nk, hs, T(1), tiles.q.data() + i0 * hs, hs,
+                    tiles.k.data() + j0 * hs, hs, T(0), s.data(), kBlock);
             block_keep(keep.data(), dropout, b, h, i0, nq, j0, nk);
+            // Online softmax: rescale what was accumulated under the old
+            // running max, add this block's exp(s - max) (zero where masked).
             for (int64_t i = 0; i < nq; ++i) {
               T* si = s.data() + i * kBlock;
-              int64_t jmax = std::min(nk, i0 + i - j0 + 1);  // causal: keys <= query
-              if (jmax <= 0) continue;
+              const int64_t jmax = visible(i0, i, j0, nk);
               T bmax = m[i];
               for (int64_t j = 0; j < jmax; ++j) bmax = std::max(bmax, si[j]);
-              T corr = vexp(m[i] - bmax);
+              const T corr = jmax > 0 ? vexp(m[i] - bmax) : T(1);
               T sum = 0;
-              for (int64_t j = 0; j < jmax; ++j) {
-                si[j] = vexp(si[j] - bmax);
-                sum += si[j];
-              }
-              l[i] = l[i] * corr + sum;
-              m[i] = bmax;
-              // acc_i = acc_i * corr + sum_j (p_ij * keep_ij) v_j
-              T* ai = acc.data() + i * hs;
               const T* ki = keep.data() + i * kBlock;
-              for (int64_t d = 0; d < hs; ++d) ai[d] *= corr;
-              for (int64_t j = 0; j < jmax; ++j) {
-                T p = si[j] * ki[j];
-                const T* vj = tiles.v.data() + (j0 + j) * hs;
-                for (int64_t d = 0; d < hs; ++d) ai[d] += p * vj[d];
+              for (int64_t j = 0; j < nk; ++j) {
+                T p = j < jmax ? vexp(si[j] - bmax) : T(0);
+                sum += p;
+                si[j] = p * ki[j];
               }
+              if (jmax > 0) m[i] = bmax;
+              l[i] = l[i] * corr + sum;
+              T* ai = acc.data() + i * hs;
+              for (int64_t d = 0; d < hs; ++d) ai[d] *= corr;
             }
+            // acc (nq, hs) += (p * keep) v_j
+            gemm<T>(false, false, nq, hs, nk, T(1), s.data(), kBlock, tiles.v.data() + j0 * hs, hs,
+                    T(1), acc.data(), hs);
           }
           for (int64_t i = 0; i < nq; ++i) {
             T* o = out + (b * Tn + i0 + i) * C + h * hs;
-            T inv = T(1) / l[i];
+            const T inv = T(1) / l[i];
             for (int64_t d = 0; d < hs; ++d) o[d] = acc[i * hs + d] * inv;
             lse[(b * NH + h) * Tn + i0 + i] = m[i] + std::log(l[i]);
           }
@@ -129,8 +120,9 @@ void attention_forward(T* out, T* lse, const T* qkv, int64_t B, int64_t Tn, int6
 }
 
 template <typename T>
-void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse, int64_t B,
-                        int64_t Tn, int64_t C, int64_t NH, const AttentionDropout& dropout) {
+void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse,
+                        int64_t B, int64_t Tn, int64_t C, int64_t NH,
+                        const AttentionDropout& dropout) {
   const int64_t hs = C / NH;
   const T scale = T(1) / std::sqrt(T(hs));
 #pragma omp parallel
@@ -142,10 +134,10 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t h = 0; h < NH; ++h) {
         tiles.load(qkv, b, h, Tn, C, hs, scale);
-        size_t n = static_cast<size_t>(Tn * hs);
+        const size_t n = static_cast<size_t>(Tn * hs);
         dq.assign(n, T(0)), dk.assign(n, T(0)), dv.assign(n, T(0));
         dO.resize(n), D.resize(static_cast<size_t>(Tn));
-        // D_i = dO_i . O_i, the softmax-backward row term.
+        // D_i = dO_i . O_i, the row term of the softmax backward.
         for (int64_t t = 0; t < Tn; ++t) {
           const T* g = dout + (b * Tn + t) * C + h * hs;
           const T* o = out + (b * Tn + t) * C + h * hs;
@@ -158,37 +150,35 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
         }
         const T* row_lse = lse + (b * NH + h) * Tn;
         for (int64_t i0 = 0; i0 < Tn; i0 += kBlock) {
-          int64_t nq = std::min(kBlock, Tn - i0);
-          for (int64_t j0 = 0; j0 <= i0 + nq - 1; j0 += kBlock) {
-            int64_t nk = std::min(kBlock, std::min(Tn, i0 + nq) - j0);
-            block_scores(s.data(), tiles.q.data(), tiles.kt.data(), i0, nq, j0, nk, hs, Tn);
-            block_scores(dp.data(), dO.data(), tiles.vt.data(), i0, nq, j0, nk, hs, Tn);
+          const int64_t nq = std::min(kBlock, Tn - i0);
+          for (int64_t j0 = 0; j0 < i0 + nq; j0 += kBlock) {
+            const int64_t nk = std::min(kBlock, Tn - j0);
+            gemm<T>(false, true, nq, nk, hs, T(1), tiles.q.data() + i0 * hs, hs,
+                    tiles.k.data() + j0 * hs, hs, T(0), s.data(), kBlock);  // s = q_i k_j^T
+            gemm<T>(false, true, nq, nk, hs, T(1), dO.data() + i0 * hs, hs,
+                    tiles.v.data() + j0 * hs, hs, T(0), dp.data(), kBlock);  // dp = dO_i v_j^T
             block_keep(keep.data(), dropout, b, h, i0, nq, j0, nk);
+            // p = exp(s - lse) (0 where masked); s := p * keep for dV;
+            // dp := dS = p (keep dp - D_i) for dQ and dK.
             for (int64_t i = 0; i < nq; ++i) {
-              int64_t jmax = std::min(nk, i0 + i - j0 + 1);
-              if (jmax <= 0) continue;
+              const int64_t jmax = visible(i0, i, j0, nk);
               T* si = s.data() + i * kBlock;
               T* dpi = dp.data() + i * kBlock;
               const T* ki = keep.data() + i * kBlock;
-              T li = row_lse[i0 + i], Di = D[i0 + i];
-              const T* dOi = dO.data() + (i0 + i) * hs;
-              const T* qi = tiles.q.data() + (i0 + i) * hs;
-              T* dqi = dq.data() + (i0 + i) * hs;
-              for (int64_t j = 0; j < jmax; ++j) {
-                T p = vexp(si[j] - li);
-                T pk = p * ki[j];
-                // dS_ij = p_ij (keep_ij dO_i.v_j - D_i)
-                T ds = p * (dpi[j] * ki[j] - Di);
-                T* dvj = dv.data() + (j0 + j) * hs;
-                T* dkj = dk.data() + (j0 + j) * hs;
-                const T* kj = tiles.k.data() + (j0 + j) * hs;
-                for (int64_t d = 0; d < hs; ++d) {
-                  dvj[d] += pk * dOi[d];
-                  dkj[d] += ds * qi[d];
-                  dqi[d] += ds * kj[d];
-                }
+              const T li = row_lse[i0 + i], Di = D[i0 + i];
+              for (int64_t j = 0; j < nk; ++j) {
+                T p = j < jmax ? vexp(si[j] - li) : T(0);
+                si[j] = p * ki[j];
+                dpi[j] = p * (dpi[j] * ki[j] - Di);
               }
             }
+            // dv_j += (p keep)^T dO_i; dq_i += dS k_j; dk_j += dS^T q_i
+            gemm<T>(true, false, nk, hs, nq, T(1), s.data(), kBlock, dO.data() + i0 * hs, hs, T(1),
+                    dv.data() + j0 * hs, hs);
+            gemm<T>(false, false, nq, hs, nk, T(1), dp.data(), kBlock, tiles.k.data() + j0 * hs,
+                    hs, T(1), dq.data() + i0 * hs, hs);
+            gemm<T>(true, false, nk, hs, nq, T(1), dp.data(), kBlock, tiles.q.data() + i0 * hs, hs,
+                    T(1), dk.data() + j0 * hs, hs);
           }
         }
         for (int64_t t = 0; t < Tn; ++t) {
