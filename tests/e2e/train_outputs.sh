@@ -33,6 +33,12 @@ grep -q "loom: threads: 2" "$WORK/out.txt" || fail "thread count not logged"
 grep -q -- "--- sample" "$WORK/out.txt" || fail "no sample printed"
 grep -q "loom: done in" "$WORK/out.txt" || fail "no summary"
 
+# An affinity narrower than the thread count is reported.
+taskset -c 0 "$LOOM" train --config "$WORK/cfg.json" --set train.steps=1 --set train.eval_every=0 \
+  --set train.sample_tokens=0 --out "$WORK/run1" > "$WORK/out1.txt"
+grep -q "loom: warning: this rank may run on 1 core(s) but uses 2 threads" "$WORK/out1.txt" ||
+  fail "no affinity warning: $(cat "$WORK/out1.txt")"
+
 "$LOOM" bench gemm --sizes 256,512 --reps 3 --json > "$WORK/gemm.json"
 json_check "$WORK/gemm.json" 'd["peak_gflops"] > 0 and [s["n"] for s in d["sizes"]] == [256, 512]'
 "$LOOM" bench train --config "$WORK/cfg.json" --set data.synthetic=true --steps 3 --warmup 1 --json > "$WORK/bench.json"
