@@ -8,5 +8,6 @@ namespace loom::app {
 void add_train_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_prepare_data_command(CLI::App& app);
+void add_generate_command(CLI::App& app);
 
 }  // namespace loom::app

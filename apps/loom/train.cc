@@ -1,4 +1,5 @@
 // loom train --config FILE [--set key=value]... [--out DIR] [--overwrite]
+//            [--resume DIR|latest] [--init-from FILE.safetensors]
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -17,6 +18,8 @@ struct TrainArgs {
   std::vector<std::string> overrides;
   std::string out;
   bool overwrite = false;
+  std::string resume;
+  std::string init_from;
 };
 }  // namespace
 
@@ -27,6 +30,10 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--set", args->overrides, "Override a key: section.key=value (repeatable)");
   cmd->add_option("--out", args->out, "Run folder (default runs/<train.name>)");
   cmd->add_flag("--overwrite", args->overwrite, "Allow writing into a non-empty run folder");
+  cmd->add_option("--resume", args->resume,
+                  "Continue from a checkpoint folder, or 'latest' in the run's checkpoint dir");
+  cmd->add_option("--init-from", args->init_from,
+                  "Start from Hugging Face GPT-2 weights (a .safetensors file)");
   cmd->callback([args] {
     Config config = load_config(args->config, args->overrides);
     ThreadConfig threads = configure_threads();
@@ -35,6 +42,8 @@ void add_train_command(CLI::App& app) {
                           ? (std::filesystem::path("runs") / config.train.name).string()
                           : args->out;
     options.overwrite = args->overwrite;
+    options.resume = args->resume;
+    options.init_from = args->init_from;
     Trainer trainer(std::move(config), options, threads);
     trainer.run();
   });

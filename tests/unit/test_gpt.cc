@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "loom/core/error.h"
 #include "loom/core/rng.h"
 #include "loom/nn/gpt.h"
 #include "loom/optim/adamw.h"
@@ -124,6 +125,24 @@ TEST(Gpt, Float32AgreesWithFloat64) {
   d.backward(ad, 1.0);
   for (int64_t i = 0; i < f.num_params(); ++i)
     ASSERT_NEAR(f.grads()[i], d.grads()[i], 1e-5 + 1e-3 * std::abs(d.grads()[i])) << i;
+}
+
+TEST(Gpt, KvCacheDecodingMatchesTheFullForward) {
+  Gpt<float> m(tiny(0.1f));  // dropout is off outside training
+  m.init(4);
+  const int64_t T = 8;
+  auto in = tokens(T, 50, 6);
+  auto acts = m.make_activations(1, T);
+  m.forward(acts, in.data(), nullptr, StepContext{1, 0, 0, false});
+  KvCache<float> cache = m.make_kv_cache();
+  const int64_t Vp = m.config().padded_vocab();
+  for (int64_t t = 0; t < T; ++t) {
+    const float* logits = m.decode_step(cache, in[t]);
+    for (int64_t v = 0; v < 50; ++v)
+      ASSERT_NEAR(logits[v], acts.logits[t * Vp + v], 1e-5) << "position " << t << " token " << v;
+  }
+  EXPECT_EQ(cache.len, T);
+  EXPECT_THROW(m.decode_step(cache, 1), Error);  // full
 }
 
 TEST(Gpt, OverfitsAFixedBatch) {

@@ -1,7 +1,9 @@
 #include "loom/nn/gpt.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 
 #include "loom/core/error.h"
@@ -269,6 +271,71 @@ void Gpt<T>::backward(GptActivations<T>& a, double loss_scale) {
       d_resid_, cpu::DropoutSpec{&stream, a.ctx.sample0, dropout_site(-1, DropoutSite::kEmbedding)},
       B, Tn, C);
   cpu::encoder_backward(grad(*wte_), grad(*wpe_), d_resid_, a.tokens, B, Tn, C);
+}
+
+template <typename T>
+KvCache<T> Gpt<T>::make_kv_cache() const {
+  const size_t C = static_cast<size_t>(config_.n_embd), L = static_cast<size_t>(config_.n_layer);
+  const size_t Tn = static_cast<size_t>(config_.seq_len);
+  KvCache<T> c;
+  c.k.resize(L * Tn * C), c.v.resize(L * Tn * C);
+  c.x.resize(C), c.ln.resize(C), c.stat.resize(2), c.qkv.resize(3 * C), c.att.resize(C);
+  c.fch.resize(4 * C), c.fch_gelu.resize(4 * C), c.out.resize(C), c.scores.resize(Tn);
+  c.logits.resize(static_cast<size_t>(config_.padded_vocab()));
+  return c;
+}
+
+template <typename T>
+const T* Gpt<T>::decode_step(KvCache<T>& c, int32_t token) {
+  const int64_t C = config_.n_embd, NH = config_.n_head, hs = C / NH, Tn = config_.seq_len;
+  const int64_t pos = c.len;
+  LOOM_CHECK(pos < Tn, "KV cache full: position {} of seq_len {}", pos, Tn);
+  LOOM_CHECK(token >= 0 && token < config_.vocab_size, "token {} outside the vocabulary {}", token,
+             config_.vocab_size);
+  const T* wte = param(*wte_);
+  const T* wpe = param(*wpe_);
+  for (int64_t i = 0; i < C; ++i) c.x[i] = wte[token * C + i] + wpe[pos * C + i];
+  for (int l = 0; l < config_.n_layer; ++l) {
+    const LayerParams& p = lp_[l];
+    T* K = c.k.data() + l * Tn * C;
+    T* V = c.v.data() + l * Tn * C;
+    cpu::layernorm_forward(c.ln.data(), &c.stat[0], &c.stat[1], c.x.data(), param(*p.ln1_w),
+                           param(*p.ln1_b), 1, C);
+    cpu::matmul_forward(c.qkv.data(), c.ln.data(), param(*p.attn_w), param(*p.attn_b), 1, C, 3 * C);
+    std::copy(c.qkv.begin() + C, c.qkv.begin() + 2 * C, K + pos * C);
+    std::copy(c.qkv.begin() + 2 * C, c.qkv.end(), V + pos * C);
+    const T scale = T(1) / std::sqrt(T(hs));
+    for (int64_t h = 0; h < NH; ++h) {
+      const T* q = c.qkv.data() + h * hs;
+      T mx = -std::numeric_limits<T>::infinity();
+      for (int64_t j = 0; j <= pos; ++j) {
+        T dot = 0;
+        for (int64_t d = 0; d < hs; ++d) dot += q[d] * K[j * C + h * hs + d];
+        c.scores[j] = dot * scale;
+        mx = std::max(mx, c.scores[j]);
+      }
+      T sum = 0;
+      for (int64_t j = 0; j <= pos; ++j) sum += (c.scores[j] = std::exp(c.scores[j] - mx));
+      T* y = c.att.data() + h * hs;
+      std::fill(y, y + hs, T(0));
+      for (int64_t j = 0; j <= pos; ++j)
+        for (int64_t d = 0; d < hs; ++d) y[d] += c.scores[j] / sum * V[j * C + h * hs + d];
+    }
+    cpu::matmul_forward(c.out.data(), c.att.data(), param(*p.proj_w), param(*p.proj_b), 1, C, C);
+    for (int64_t i = 0; i < C; ++i) c.x[i] += c.out[i];
+    cpu::layernorm_forward(c.ln.data(), &c.stat[0], &c.stat[1], c.x.data(), param(*p.ln2_w),
+                           param(*p.ln2_b), 1, C);
+    cpu::matmul_forward(c.fch.data(), c.ln.data(), param(*p.fc_w), param(*p.fc_b), 1, C, 4 * C);
+    cpu::gelu_forward(c.fch_gelu.data(), c.fch.data(), 4 * C);
+    cpu::matmul_forward(c.out.data(), c.fch_gelu.data(), param(*p.fcproj_w), param(*p.fcproj_b), 1,
+                        4 * C, C);
+    for (int64_t i = 0; i < C; ++i) c.x[i] += c.out[i];
+  }
+  cpu::layernorm_forward(c.ln.data(), &c.stat[0], &c.stat[1], c.x.data(), param(*lnf_w_),
+                         param(*lnf_b_), 1, C);
+  cpu::matmul_nt_forward(c.logits.data(), c.ln.data(), wte, 1, C, config_.padded_vocab());
+  c.len = pos + 1;
+  return c.logits.data();
 }
 
 template <typename T>

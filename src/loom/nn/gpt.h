@@ -55,6 +55,15 @@ struct GptActivations {
   StepContext ctx;
 };
 
+// Keys and values of every layer for one sequence being decoded, plus the
+// one-row scratch a decoding step needs.
+template <typename T>
+struct KvCache {
+  int64_t len = 0;      // positions filled
+  std::vector<T> k, v;  // per layer (seq_len, C)
+  std::vector<T> x, ln, stat, qkv, att, fch, fch_gelu, out, scores, logits;
+};
+
 template <typename T>
 class Gpt {
  public:
@@ -81,6 +90,12 @@ class Gpt {
                  const StepContext& ctx);
   // Accumulates into grads() the gradient of loss_scale * mean loss.
   void backward(GptActivations<T>& a, double loss_scale);
+
+  // Incremental decoding: feeds `token` at position cache.len (< seq_len)
+  // and returns the logits (padded_vocab) for the next position. Equal to the
+  // full forward's logits at that position, without recomputing the prefix.
+  KvCache<T> make_kv_cache() const;
+  const T* decode_step(KvCache<T>& cache, int32_t token);
 
   // Model FLOPs per token for training (6 x params + 12 x layers x T x C),
   // the numerator of MFU; never counts recomputation.

@@ -25,6 +25,9 @@ class AdamW {
   // One update of every parameter with rate `lr`; `step` is 1-based.
   void step(float* params, const float* grads, double lr, int64_t step);
   const OptimizerConfig& config() const { return config_; }
+  // First and second moments, laid out like the flat parameter buffer.
+  float* exp_avg() const { return m_.as<float>(); }
+  float* exp_avg_sq() const { return v_.as<float>(); }
 
  private:
   struct Range {

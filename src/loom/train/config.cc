@@ -66,6 +66,9 @@ const std::vector<KeySpec>& schema() {
       {"train.sample_prompt", Kind::kString},
       {"train.sample_temperature", Kind::kNumber, 0, 100},
       {"train.sample_top_k", Kind::kInt, 0, 1 << 30},
+      {"checkpoint.dir", Kind::kString},
+      {"checkpoint.every", Kind::kInt, 0, kMaxInt},
+      {"checkpoint.keep_last", Kind::kInt, 0, kMaxInt},
       {"log.every", Kind::kInt, 1, kMaxInt},
       {"log.peak_gflops", Kind::kNumber, 0, 1e300},
   };
@@ -330,6 +333,9 @@ json to_json(const Config& c) {
                 {"sample_prompt", c.train.sample_prompt},
                 {"sample_temperature", c.train.sample_temperature},
                 {"sample_top_k", c.train.sample_top_k}};
+  j["checkpoint"] = {{"dir", c.checkpoint.dir},
+                     {"every", c.checkpoint.every},
+                     {"keep_last", c.checkpoint.keep_last}};
   j["log"] = {{"every", c.log.every}, {"peak_gflops", c.log.peak_gflops}};
   return j;
 }
@@ -413,6 +419,9 @@ Config parse_config(const std::string& text, const std::string& source,
   if (!d.synthetic && d.train.empty())
     fail(source, "data.train: no token file given (set data.train, or data.synthetic: true)");
 
+  c.checkpoint.dir = get_or<std::string>(j, "checkpoint.dir", "");
+  c.checkpoint.every = get_or<int64_t>(j, "checkpoint.every", 0);
+  c.checkpoint.keep_last = get_or<int64_t>(j, "checkpoint.keep_last", 0);
   c.log.every = get_or<int64_t>(j, "log.every", 1);
   c.log.peak_gflops = get_or<double>(j, "log.peak_gflops", 0.0);
   c.resolved = to_json(c);

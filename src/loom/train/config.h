@@ -33,6 +33,12 @@ struct TrainConfig {
   int64_t sample_top_k = 40;
 };
 
+struct CheckpointConfig {
+  std::string dir;        // "" : <run folder>/checkpoints
+  int64_t every = 0;      // save every this many steps and at the end; 0: never
+  int64_t keep_last = 0;  // keep the newest this many; 0: all
+};
+
 struct LogConfig {
   int64_t every = 1;
   double peak_gflops = 0;  // the MFU denominator; 0: measured at start
@@ -49,6 +55,7 @@ struct Config {
   SchedulerConfig scheduler;
   DataConfig data;
   TrainConfig train;
+  CheckpointConfig checkpoint;
   LogConfig log;
   nlohmann::json resolved;  // every key with its value in effect
 };

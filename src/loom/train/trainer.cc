@@ -8,11 +8,14 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <sstream>
 
 #include "loom/core/error.h"
 #include "loom/core/rng.h"
 #include "loom/profile/gemm_peak.h"
+#include "loom/train/checkpoint.h"
 #include "loom/train/fs.h"
+#include "loom/train/generate.h"
 
 namespace loom {
 
@@ -70,7 +73,9 @@ Trainer::Trainer(Config config, RunOptions options, ThreadConfig threads)
   if (config_.train.eval_every > 0 && !val_data_)
     LOOM_FAIL(kConfig, "train.eval_every is {} but there is no validation data (set data.val)",
               config_.train.eval_every);
-  if (!options_.out_dir.empty()) {
+  LOOM_CHECK_KIND(kConfig, options_.resume.empty() || options_.init_from.empty(),
+                  "--resume and --init-from exclude each other");
+  if (!options_.out_dir.empty() && options_.resume.empty()) {
     std::error_code ec;
     if (fs::exists(options_.out_dir, ec) && !fs::is_empty(options_.out_dir, ec) &&
         !options_.overwrite)
@@ -80,6 +85,15 @@ Trainer::Trainer(Config config, RunOptions options, ThreadConfig threads)
                 options_.out_dir);
   }
   model_.init(seed);
+  if (!options_.init_from.empty()) load_hf_weights(options_.init_from, model_);
+  if (!options_.resume.empty()) {
+    std::string dir = resolve_checkpoint(options_.resume, checkpoint_root());
+    TrainerState st = load_checkpoint(dir, model_, &optimizer_);
+    LOOM_CHECK_KIND(kConfig, st.seed == seed,
+                    "{}: saved with train.seed {} but the config has {}; a resumed run must keep "
+                    "its seed to see the same data", dir, st.seed, seed);
+    step_ = st.step;
+  }
   acts_ = model_.make_activations(config_.micro_batch, m.seq_len);
   const size_t bt = static_cast<size_t>(config_.micro_batch * m.seq_len);
   inputs_.resize(bt);
@@ -137,51 +151,18 @@ double Trainer::evaluate() {
   return sum / static_cast<double>(config_.train.eval_steps);
 }
 
-std::string Trainer::sample(const std::string& prompt, int64_t n, double temperature, int64_t top_k,
-                            uint64_t seed) {
+std::string Trainer::sample(const std::string& prompt, int64_t n, double temperature,
+                            int64_t top_k, uint64_t seed) {
   LOOM_CHECK_KIND(kUnsupported, tokenizer_ != nullptr,
                   "sampling needs the data's tokenizer (meta.json beside data.train)");
-  const GptConfig& m = config_.model;
   std::vector<uint32_t> ids = tokenizer_->encode(prompt.empty() ? "\n" : prompt);
-  const size_t prompt_len = ids.size();
-  GptActivations<float> a = model_.make_activations(1, m.seq_len);
-  std::vector<int32_t> window;
-  std::vector<std::pair<float, int>> ranked(static_cast<size_t>(m.vocab_size));
-  for (int64_t k = 0; k < n; ++k) {
-    // No key/value cache here: each token reruns the model over its window.
-    size_t len = std::min<size_t>(ids.size(), static_cast<size_t>(m.seq_len));
-    window.assign(ids.end() - static_cast<std::ptrdiff_t>(len), ids.end());
-    a.Tn = static_cast<int64_t>(len);
-    model_.forward(a, window.data(), nullptr, StepContext{seed, 0, 0, false});
-    const float* logits = a.logits + (len - 1) * static_cast<size_t>(m.padded_vocab());
-    int next = 0;
-    for (int v = 0; v < m.vocab_size; ++v) ranked[v] = {logits[v], v};
-    if (temperature <= 0) {
-      next = std::max_element(ranked.begin(), ranked.end())->second;
-    } else {
-      size_t keep =
-          top_k > 0 ? std::min<size_t>(static_cast<size_t>(top_k), ranked.size()) : ranked.size();
-      std::partial_sort(ranked.begin(), ranked.begin() + static_cast<std::ptrdiff_t>(keep),
-                        ranked.end(), [](auto& x, auto& y) { return x.first > y.first; });
-      double total = 0;
-      std::vector<double> p(keep);
-      for (size_t i = 0; i < keep; ++i)
-        total += p[i] = std::exp((ranked[i].first - ranked[0].first) / temperature);
-      auto bits = philox4x32({static_cast<uint32_t>(k), 0x73616d70u, 0, 0},
-                             {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)});
-      double u = uniform_from_bits(bits[0]) * total;
-      next = ranked[keep - 1].second;
-      for (size_t i = 0; i < keep; ++i) {
-        if ((u -= p[i]) < 0) {
-          next = ranked[i].second;
-          break;
-        }
-      }
-    }
-    ids.push_back(static_cast<uint32_t>(next));
-  }
-  return tokenizer_->decode(
-      std::vector<uint32_t>(ids.begin() + static_cast<std::ptrdiff_t>(prompt_len), ids.end()));
+  return tokenizer_->decode(generate(model_, ids, SampleOptions{n, temperature, top_k, seed}));
+}
+
+std::string Trainer::checkpoint_root() const {
+  if (!config_.checkpoint.dir.empty()) return config_.checkpoint.dir;
+  return options_.out_dir.empty() ? std::string()
+                                  : (fs::path(options_.out_dir) / "checkpoints").string();
 }
 
 void Trainer::open_run_folder() {
@@ -189,8 +170,27 @@ void Trainer::open_run_folder() {
   write_file_atomic((fs::path(options_.out_dir) / "config.resolved.json").string(),
                     config_.resolved.dump(2) + "\n");
   std::string path = (fs::path(options_.out_dir) / "metrics.jsonl").string();
-  metrics_.open(path, std::ios::trunc);
+  // A resumed run keeps the metrics of the steps its checkpoint covers and
+  // drops any written after it by the interrupted run.
+  std::string kept;
+  std::error_code ec;
+  if (step_ > 0 && fs::exists(path, ec)) {
+    std::istringstream lines(read_file(path));
+    for (std::string line; std::getline(lines, line);) {
+      json j = json::parse(line, nullptr, false);
+      if (!j.is_discarded() && j.value("step", int64_t{0}) <= step_) kept += line + "\n";
+    }
+  }
+  write_file_atomic(path, kept);
+  metrics_.open(path, std::ios::app);
   LOOM_CHECK_KIND(kIo, metrics_.good(), "{}: cannot open for writing", path);
+}
+
+void Trainer::save(double lr) {
+  TrainerState st{step_, lr, 1.0, config_.train.seed, tokenizer_ ? tokenizer_->name() : ""};
+  std::string dir = save_checkpoint(checkpoint_root(), model_, &optimizer_, st, config_.resolved,
+                                    config_.checkpoint.keep_last);
+  if (!options_.quiet && !tty_) std::printf("loom: checkpoint %s\n", dir.c_str());
 }
 
 void Trainer::write_metrics(const StepResult& r) {
@@ -220,10 +220,10 @@ void Trainer::write_metrics(const StepResult& r) {
   metrics_.flush();
 }
 
-void Trainer::show_progress(const StepResult& r, double elapsed) {
+void Trainer::show_progress(const StepResult& r, double elapsed, int64_t done) {
   if (options_.quiet) return;
   const int64_t total = config_.train.steps;
-  double eta = elapsed / static_cast<double>(r.step) * static_cast<double>(total - r.step);
+  double eta = elapsed / static_cast<double>(done) * static_cast<double>(total - r.step);
   std::string val = r.val_loss ? format(" | val {}", std::round(*r.val_loss * 1e4) / 1e4) : "";
   if (tty_) {
     const int width = 24;
@@ -260,14 +260,18 @@ std::vector<StepResult> Trainer::run() {
   }
   std::vector<StepResult> results;
   const auto t0 = std::chrono::steady_clock::now();
-  for (int64_t s = 0; s < config_.train.steps; ++s) {
+  if (step_ > 0 && !options_.quiet)
+    std::printf("loom: resumed from %s at step %ld\n", options_.resume.c_str(), long(step_));
+  const int64_t total = config_.train.steps, every = config_.checkpoint.every;
+  const bool checkpoints = every > 0 && !checkpoint_root().empty();
+  while (step_ < total) {
     StepResult r = train_step();
-    const int64_t every = config_.train.eval_every;
-    if (every > 0 && (r.step % every == 0 || r.step == config_.train.steps))
-      r.val_loss = evaluate();
+    const int64_t eval = config_.train.eval_every;
+    if (eval > 0 && (r.step % eval == 0 || r.step == total)) r.val_loss = evaluate();
     write_metrics(r);
-    show_progress(r, seconds_since(t0));
     results.push_back(r);
+    show_progress(r, seconds_since(t0), static_cast<int64_t>(results.size()));
+    if (checkpoints && (r.step % every == 0 || r.step == total)) save(r.lr);
   }
   if (!options_.quiet) print_summary(results, seconds_since(t0));
   return results;

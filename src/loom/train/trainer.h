@@ -23,6 +23,8 @@ struct RunOptions {
   std::string out_dir;     // empty: write nothing (benchmarks)
   bool overwrite = false;  // allow a non-empty existing out_dir
   bool quiet = false;      // no progress output
+  std::string resume;      // checkpoint folder or "latest"; "" starts fresh
+  std::string init_from;   // Hugging Face GPT-2 safetensors to start from
 };
 
 struct StepResult {
@@ -55,8 +57,10 @@ class Trainer {
 
  private:
   void open_run_folder();
+  std::string checkpoint_root() const;
+  void save(double lr);
   void write_metrics(const StepResult& r);
-  void show_progress(const StepResult& r, double elapsed);
+  void show_progress(const StepResult& r, double elapsed, int64_t done);
   void print_summary(const std::vector<StepResult>& results, double elapsed);
 
   Config config_;

@@ -1,0 +1,232 @@
+#include "loom/train/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <regex>
+
+#include "loom/core/error.h"
+#include "loom/train/fs.h"
+#include "loom/train/safetensors.h"
+#include "loom/train/sha256.h"
+
+namespace loom {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kFiles[] = {"model.safetensors", "optimizer.safetensors",
+                                  "trainer_state.json", "config.resolved.json"};
+
+void fsync_path(const fs::path& p) {
+  int fd = ::open(p.c_str(), O_RDONLY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+// The Hugging Face shape of a parameter: wte without its padding rows.
+std::vector<int64_t> hf_shape(const Gpt<float>& model, const Param& p) {
+  std::vector<int64_t> s;
+  for (int i = 0; i < p.shape.rank(); ++i) s.push_back(p.shape[i]);
+  if (p.name == "transformer.wte.weight") s[0] = model.config().vocab_size;
+  return s;
+}
+
+int64_t numel(const std::vector<int64_t>& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+std::string shape_str(const std::vector<int64_t>& s) { return json(s).dump(); }
+
+// Copies entry `e` (any float dtype) into dst (count elements).
+void copy_entry(const SafetensorsEntry& e, float* dst, int64_t count) {
+  convert(e.data, e.dtype, dst, DType::kF32, static_cast<size_t>(count));
+}
+
+}  // namespace
+
+std::string save_checkpoint(const std::string& root, const Gpt<float>& model, const AdamW* optimizer,
+                            const TrainerState& state, const json& config, int64_t keep_last) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%08ld", static_cast<long>(state.step));
+  const fs::path final_dir = fs::path(root) / name;
+  const fs::path tmp = fs::path(root) / (std::string(".") + name + ".tmp");
+  fs::create_directories(root);
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+
+  std::vector<SafetensorsEntry> params;
+  for (const Param& p : model.layout().params()) {
+    std::vector<int64_t> shape = hf_shape(model, p);
+    params.push_back({p.name, DType::kF32, shape, model.param(p),
+                      static_cast<size_t>(numel(shape)) * sizeof(float)});
+  }
+  // The LM head is tied to wte; Hugging Face's state dict names it too.
+  SafetensorsEntry head = params.front();
+  head.name = "lm_head.weight";
+  params.push_back(head);
+  write_safetensors((tmp / "model.safetensors").string(), params, {{"format", "pt"}});
+
+  std::vector<SafetensorsEntry> moments;
+  if (optimizer != nullptr) {
+    for (const char* kind : {"exp_avg", "exp_avg_sq"}) {
+      const float* base = std::string(kind) == "exp_avg" ? optimizer->exp_avg()
+                                                         : optimizer->exp_avg_sq();
+      for (const Param& p : model.layout().params()) {
+        std::vector<int64_t> shape;
+        for (int i = 0; i < p.shape.rank(); ++i) shape.push_back(p.shape[i]);
+        moments.push_back({std::string(kind) + "." + p.name, DType::kF32, shape,
+                           base + p.offset, static_cast<size_t>(p.numel) * sizeof(float)});
+      }
+    }
+  }
+  write_safetensors((tmp / "optimizer.safetensors").string(), moments);
+  json st = {{"step", state.step},       {"lr", state.lr},
+             {"loss_scale", state.loss_scale}, {"seed", state.seed},
+             {"tokenizer", state.tokenizer},
+             {"data", {{"next_step", state.step}, {"sampler", "philox(seed, step, sample)"}}}};
+  write_file_atomic((tmp / "trainer_state.json").string(), st.dump(2) + "\n");
+  write_file_atomic((tmp / "config.resolved.json").string(), config.dump(2) + "\n");
+
+  json manifest = {{"format", "loom checkpoint v1"}, {"step", state.step}, {"files", json::object()}};
+  for (const char* f : kFiles) {
+    std::string bytes = read_file((tmp / f).string());
+    manifest["files"][f] = {{"bytes", bytes.size()}, {"sha256", sha256_hex(bytes)}};
+  }
+  write_file_atomic((tmp / "manifest.json").string(), manifest.dump(2) + "\n");
+  fsync_path(tmp);
+  fs::remove_all(final_dir);  // a checkpoint of the same step from an earlier attempt
+  fs::rename(tmp, final_dir);
+  fsync_path(root);
+  write_file_atomic((fs::path(root) / "latest").string(), std::string(name) + "\n");
+
+  if (keep_last > 0) {
+    std::vector<fs::path> all;
+    for (const auto& entry : fs::directory_iterator(root))
+      if (entry.is_directory() && entry.path().filename().string().starts_with("step-"))
+        all.push_back(entry.path());
+    std::sort(all.begin(), all.end());
+    for (size_t i = 0; i + static_cast<size_t>(keep_last) < all.size(); ++i) fs::remove_all(all[i]);
+  }
+  return final_dir.string();
+}
+
+std::string resolve_checkpoint(const std::string& dir_or_latest, const std::string& root) {
+  if (dir_or_latest != "latest") return dir_or_latest;
+  fs::path pointer = fs::path(root) / "latest";
+  std::error_code ec;
+  LOOM_CHECK_KIND(kIo, fs::exists(pointer, ec), "--resume latest: no checkpoint in {} ({} is missing)",
+                  root, pointer.string());
+  std::string name = read_file(pointer.string());
+  name.erase(name.find_last_not_of(" \n") + 1);
+  return (fs::path(root) / name).string();
+}
+
+void verify_checkpoint(const std::string& dir) {
+  const fs::path d(dir);
+  std::error_code ec;
+  LOOM_CHECK_KIND(kIo, fs::is_directory(d, ec), "{}: not a checkpoint folder", dir);
+  LOOM_CHECK_KIND(kData, fs::exists(d / "manifest.json", ec),
+                  "{}: no manifest.json (incomplete or not a checkpoint)", dir);
+  json m = json::parse(read_file((d / "manifest.json").string()), nullptr, false);
+  LOOM_CHECK_KIND(kData, !m.is_discarded() && m.contains("files"), "{}: unreadable manifest.json",
+                  (d / "manifest.json").string());
+  for (const auto& [file, info] : m["files"].items()) {
+    fs::path p = d / file;
+    LOOM_CHECK_KIND(kData, fs::exists(p, ec), "{}: missing (listed in manifest.json)", p.string());
+    std::string bytes = read_file(p.string());
+    LOOM_CHECK_KIND(kData, bytes.size() == info["bytes"].get<size_t>(),
+                    "{}: {} bytes, manifest says {}", p.string(), bytes.size(),
+                    info["bytes"].get<size_t>());
+    LOOM_CHECK_KIND(kData, sha256_hex(bytes) == info["sha256"].get<std::string>(),
+                    "{}: checksum mismatch (SHA-256 differs from manifest.json)", p.string());
+  }
+}
+
+json read_checkpoint_config(const std::string& dir) {
+  return json::parse(read_file((fs::path(dir) / "config.resolved.json").string()));
+}
+
+TrainerState read_trainer_state(const std::string& dir) {
+  json j = json::parse(read_file((fs::path(dir) / "trainer_state.json").string()));
+  TrainerState s;
+  s.step = j.at("step").get<int64_t>();
+  s.lr = j.at("lr").get<double>();
+  s.loss_scale = j.at("loss_scale").get<double>();
+  s.seed = j.at("seed").get<uint64_t>();
+  s.tokenizer = j.at("tokenizer").get<std::string>();
+  return s;
+}
+
+TrainerState load_checkpoint(const std::string& dir, Gpt<float>& model, AdamW* optimizer) {
+  verify_checkpoint(dir);
+  const fs::path d(dir);
+  SafetensorsFile weights((d / "model.safetensors").string());
+  for (const Param& p : model.layout().params()) {
+    const SafetensorsEntry* e = weights.find(p.name);
+    LOOM_CHECK_KIND(kData, e != nullptr, "{}: no tensor '{}'", weights.path(), p.name);
+    std::vector<int64_t> want = hf_shape(model, p);
+    LOOM_CHECK_KIND(kData, e->shape == want, "{}: '{}' has shape {} but the config needs {}",
+                    weights.path(), p.name, shape_str(e->shape), shape_str(want));
+    copy_entry(*e, model.param(p), numel(want));
+  }
+  if (optimizer != nullptr) {
+    SafetensorsFile moments((d / "optimizer.safetensors").string());
+    for (const char* kind : {"exp_avg", "exp_avg_sq"}) {
+      float* base = std::string(kind) == "exp_avg" ? optimizer->exp_avg() : optimizer->exp_avg_sq();
+      for (const Param& p : model.layout().params()) {
+        std::string name = std::string(kind) + "." + p.name;
+        const SafetensorsEntry* e = moments.find(name);
+        LOOM_CHECK_KIND(kData, e != nullptr, "{}: no tensor '{}'", moments.path(), name);
+        LOOM_CHECK_KIND(kData, numel(e->shape) == p.numel, "{}: '{}' has shape {}, expected {}",
+                        moments.path(), name, shape_str(e->shape), p.shape.str());
+        copy_entry(*e, base + p.offset, p.numel);
+      }
+    }
+  }
+  return read_trainer_state(dir);
+}
+
+void load_hf_weights(const std::string& path, Gpt<float>& model) {
+  SafetensorsFile f(path);
+  const GptConfig& c = model.config();
+  // The model's shape as the file describes it, checked key by key.
+  const SafetensorsEntry* wte = f.find("transformer.wte.weight");
+  const SafetensorsEntry* wpe = f.find("transformer.wpe.weight");
+  LOOM_CHECK_KIND(kData, wte && wpe && wte->shape.size() == 2 && wpe->shape.size() == 2,
+                  "{}: not a GPT-2 state dict (needs transformer.wte.weight and "
+                  "transformer.wpe.weight)", path);
+  int n_layer = 0;
+  std::regex layer_re(R"(^transformer\.h\.(\d+)\.)");
+  for (const auto& e : f.entries()) {
+    std::smatch m;
+    if (std::regex_search(e.name, m, layer_re)) n_layer = std::max(n_layer, std::stoi(m[1]) + 1);
+  }
+  auto check = [&](const char* key, int64_t file_value, int64_t config_value) {
+    LOOM_CHECK_KIND(kConfig, file_value == config_value, "--init-from {}: the file has {} {} but "
+                    "the config's {} is {}", path, key, file_value, key, config_value);
+  };
+  check("model.n_layer", n_layer, c.n_layer);
+  check("model.n_embd", wte->shape[1], c.n_embd);
+  check("model.vocab_size", wte->shape[0], c.vocab_size);
+  check("model.seq_len", wpe->shape[0], c.seq_len);
+  for (const Param& p : model.layout().params()) {
+    const SafetensorsEntry* e = f.find(p.name);
+    LOOM_CHECK_KIND(kData, e != nullptr, "{}: no tensor '{}'", path, p.name);
+    std::vector<int64_t> want = hf_shape(model, p);
+    LOOM_CHECK_KIND(kData, e->shape == want, "{}: '{}' has shape {} but the config needs {}", path,
+                    p.name, shape_str(e->shape), shape_str(want));
+    copy_entry(*e, model.param(p), numel(want));
+  }
+}
+
+}  // namespace loom

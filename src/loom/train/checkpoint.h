@@ -1,0 +1,51 @@
+// Checkpoints: a folder per save, written under a temporary name, fsynced and
+// renamed, so an interrupted save never damages an earlier checkpoint.
+//   model.safetensors       Hugging Face GPT2LMHeadModel names and shapes (f32)
+//   optimizer.safetensors   AdamW moments: exp_avg.<name>, exp_avg_sq.<name>
+//   trainer_state.json      step, lr, loss scale, seed, data position, tokenizer
+//   config.resolved.json    the run's config
+//   manifest.json           size and SHA-256 of every file above
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "loom/nn/gpt.h"
+#include "loom/optim/adamw.h"
+
+namespace loom {
+
+struct TrainerState {
+  int64_t step = 0;  // optimizer steps completed
+  double lr = 0;
+  double loss_scale = 1.0;
+  uint64_t seed = 0;
+  std::string tokenizer;  // "" when the data had none (synthetic)
+};
+
+// Saves step `state.step` into `root`/step-NNNNNNNN, points `root`/latest at
+// it, and removes all but the newest `keep_last` (0 keeps all). Returns the folder.
+std::string save_checkpoint(const std::string& root, const Gpt<float>& model, const AdamW* optimizer,
+                            const TrainerState& state, const nlohmann::json& config,
+                            int64_t keep_last);
+
+// A checkpoint folder, or `root` + "/latest" resolved through the pointer file.
+std::string resolve_checkpoint(const std::string& dir_or_latest, const std::string& root);
+
+// Verifies the manifest (every file present, sizes and SHA-256 equal).
+void verify_checkpoint(const std::string& dir);
+
+nlohmann::json read_checkpoint_config(const std::string& dir);
+TrainerState read_trainer_state(const std::string& dir);
+
+// Loads parameters (and moments when `optimizer` is given) after verifying;
+// shapes must match the model. Returns the trainer state.
+TrainerState load_checkpoint(const std::string& dir, Gpt<float>& model, AdamW* optimizer);
+
+// Loads Hugging Face GPT-2 weights (f32, f16 or bf16) from a safetensors file
+// into `model`, checking the file's shapes against the config's keys.
+void load_hf_weights(const std::string& path, Gpt<float>& model);
+
+}  // namespace loom

@@ -1,0 +1,123 @@
+#include "loom/train/safetensors.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <nlohmann/json.hpp>
+
+#include "loom/core/error.h"
+#include "loom/train/fs.h"
+
+namespace loom {
+
+using nlohmann::json;
+
+namespace {
+const char* st_dtype(DType t) {
+  switch (t) {
+    case DType::kF32: return "F32";
+    case DType::kBF16: return "BF16";
+    case DType::kF16: return "F16";
+  }
+  return "?";
+}
+}  // namespace
+
+void write_safetensors(const std::string& path, const std::vector<SafetensorsEntry>& entries,
+                       const std::map<std::string, std::string>& metadata) {
+  json header = json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  size_t offset = 0;
+  for (const auto& e : entries) {
+    header[e.name] = {{"dtype", st_dtype(e.dtype)},
+                      {"shape", e.shape},
+                      {"data_offsets", {offset, offset + e.bytes}}};
+    offset += e.bytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // align the data to 8 bytes
+  std::string out(8 + text.size() + offset, '\0');
+  uint64_t n = text.size();
+  std::memcpy(out.data(), &n, 8);
+  std::memcpy(out.data() + 8, text.data(), text.size());
+  char* data = out.data() + 8 + text.size();
+  for (const auto& e : entries) {
+    std::memcpy(data, e.data, e.bytes);
+    data += e.bytes;
+  }
+  write_file_atomic(path, out);
+}
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  bytes_ = read_file(path);
+  auto fail = [&](const std::string& why) { LOOM_FAIL(kData, "{}: {}", path, why); };
+  if (bytes_.size() < 8) fail(format("truncated safetensors file ({} bytes)", bytes_.size()));
+  uint64_t n = 0;
+  std::memcpy(&n, bytes_.data(), 8);
+  if (n > bytes_.size() - 8)
+    fail(format("header length {} is beyond the file ({} bytes)", n, bytes_.size()));
+  json header = json::parse(bytes_.begin() + 8, bytes_.begin() + 8 + static_cast<int64_t>(n),
+                            nullptr, false);
+  if (header.is_discarded() || !header.is_object()) fail("header is not a JSON object");
+  const size_t data_size = bytes_.size() - 8 - n;
+  const char* data = bytes_.data() + 8 + n;
+  for (const auto& [name, v] : header.items()) {
+    if (name == "__metadata__") {
+      if (v.is_object())
+        for (const auto& [k, s] : v.items())
+          if (s.is_string()) metadata_[k] = s.get<std::string>();
+      continue;
+    }
+    if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") ||
+        !v.contains("data_offsets") || !v["data_offsets"].is_array() ||
+        v["data_offsets"].size() != 2 || !v["shape"].is_array())
+      fail(format("tensor '{}': malformed header entry", name));
+    SafetensorsEntry e;
+    e.name = name;
+    std::string dt = v["dtype"].is_string() ? v["dtype"].get<std::string>() : "";
+    if (dt == "F32") e.dtype = DType::kF32;
+    else if (dt == "BF16") e.dtype = DType::kBF16;
+    else if (dt == "F16") e.dtype = DType::kF16;
+    else fail(format("tensor '{}': unsupported dtype {}", name, v["dtype"].dump()));
+    size_t numel = 1;
+    for (const json& d : v["shape"]) {
+      if (!d.is_number_unsigned()) fail(format("tensor '{}': bad shape {}", name, v["shape"].dump()));
+      e.shape.push_back(d.get<int64_t>());
+      numel *= d.get<size_t>();
+    }
+    const json& off = v["data_offsets"];
+    if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+      fail(format("tensor '{}': bad data_offsets {}", name, off.dump()));
+    size_t begin = off[0].get<size_t>(), end = off[1].get<size_t>();
+    if (begin > end || end > data_size)
+      fail(format("tensor '{}': data_offsets [{}, {}] outside the data ({} bytes; truncated file?)",
+                  name, begin, end, data_size));
+    if (end - begin != numel * dtype_size(e.dtype))
+      fail(format("tensor '{}': {} bytes for shape {} of {} (expected {})", name, end - begin,
+                  v["shape"].dump(), dt, numel * dtype_size(e.dtype)));
+    e.data = data + begin;
+    e.bytes = end - begin;
+    entries_.push_back(e);
+  }
+  // Sorted by offset, tensors must tile the data exactly.
+  std::vector<const SafetensorsEntry*> by_offset;
+  for (const auto& e : entries_) by_offset.push_back(&e);
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](auto* a, auto* b) { return a->data < b->data; });
+  const char* expect = data;
+  for (const auto* e : by_offset) {
+    if (static_cast<const char*>(e->data) != expect)
+      fail(format("tensor '{}': data_offsets overlap or leave a gap", e->name));
+    expect += e->bytes;
+  }
+  if (expect != data + data_size)
+    fail(format("{} trailing bytes after the last tensor", data + data_size - expect));
+}
+
+const SafetensorsEntry* SafetensorsFile::find(const std::string& name) const {
+  for (const auto& e : entries_)
+    if (e.name == name) return &e;
+  return nullptr;
+}
+
+}  // namespace loom

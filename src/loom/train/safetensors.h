@@ -1,0 +1,46 @@
+// safetensors files: an 8-byte little-endian header length N, N bytes of JSON
+// ({"name": {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__":
+// {...}}), then the raw tensor bytes, offsets relative to the end of the
+// header. The format Hugging Face and PyTorch read with safetensors.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "loom/core/dtype.h"
+
+namespace loom {
+
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;  // writer: source bytes; reader: into the file's bytes
+  size_t bytes = 0;
+};
+
+// Writes entries in the given order, atomically (temporary file, fsync, rename).
+void write_safetensors(const std::string& path, const std::vector<SafetensorsEntry>& entries,
+                       const std::map<std::string, std::string>& metadata = {});
+
+// Reads and validates a whole file: header length within the file, valid
+// JSON, known dtypes, shapes matching byte sizes, offsets inside the data,
+// non-overlapping and covering it. Errors name the file and the tensor.
+class SafetensorsFile {
+ public:
+  explicit SafetensorsFile(const std::string& path);
+  const std::vector<SafetensorsEntry>& entries() const { return entries_; }
+  const SafetensorsEntry* find(const std::string& name) const;  // null when absent
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::string bytes_;
+  std::vector<SafetensorsEntry> entries_;
+  std::map<std::string, std::string> metadata_;
+};
+
+}  // namespace loom

@@ -1,0 +1,170 @@
+// Checkpoints and safetensors: round trips, verification, and every kind of
+// damaged file rejected with its name and the reason.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "loom/core/error.h"
+#include "loom/train/checkpoint.h"
+#include "loom/train/fs.h"
+#include "loom/train/generate.h"
+#include "loom/train/safetensors.h"
+
+namespace loom {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    char tmpl[] = "/tmp/loom-test-XXXXXX";
+    path = mkdtemp(tmpl);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+GptConfig small() {
+  GptConfig c;
+  c.n_layer = 2, c.n_embd = 16, c.n_head = 2, c.vocab_size = 50, c.seq_len = 8;
+  return c;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+#define EXPECT_HAS(haystack, needle) \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
+
+TEST(Checkpoint, RoundTripRestoresParamsMomentsAndState) {
+  TempDir tmp;
+  Gpt<float> a(small());
+  a.init(1);
+  AdamW opt(a.layout(), OptimizerConfig{});
+  for (int64_t i = 0; i < a.num_params(); ++i) {
+    opt.exp_avg()[i] = 0.001f * static_cast<float>(i % 97);
+    opt.exp_avg_sq()[i] = 0.002f * static_cast<float>(i % 89);
+  }
+  TrainerState st{7, 0.5, 1.0, 1, "byte"};
+  std::string dir = save_checkpoint(tmp.path.string(), a, &opt, st, {{"model", 1}}, 0);
+  EXPECT_EQ(fs::path(dir).filename(), "step-00000007");
+  EXPECT_EQ(resolve_checkpoint("latest", tmp.path.string()), dir);
+
+  Gpt<float> b(small());
+  AdamW opt_b(b.layout(), OptimizerConfig{});
+  TrainerState got = load_checkpoint(dir, b, &opt_b);
+  EXPECT_EQ(got.step, 7);
+  EXPECT_EQ(got.tokenizer, "byte");
+  EXPECT_EQ(std::memcmp(a.params(), b.params(), a.num_params() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(opt.exp_avg(), opt_b.exp_avg(), a.num_params() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(opt.exp_avg_sq(), opt_b.exp_avg_sq(), a.num_params() * sizeof(float)), 0);
+
+  // Hugging Face names and shapes: Conv1D (in, out), wte unpadded, lm_head tied.
+  SafetensorsFile f((fs::path(dir) / "model.safetensors").string());
+  EXPECT_EQ(f.find("transformer.wte.weight")->shape, (std::vector<int64_t>{50, 16}));
+  EXPECT_EQ(f.find("transformer.h.1.attn.c_attn.weight")->shape, (std::vector<int64_t>{16, 48}));
+  EXPECT_EQ(f.find("lm_head.weight")->shape, (std::vector<int64_t>{50, 16}));
+  EXPECT_EQ(f.entries().size(), 2u + 24u + 2u + 1u);
+}
+
+TEST(Checkpoint, KeepLastPrunesAndChecksumsCatchDamage) {
+  TempDir tmp;
+  Gpt<float> m(small());
+  m.init(2);
+  for (int64_t s = 1; s <= 4; ++s)
+    save_checkpoint(tmp.path.string(), m, nullptr, TrainerState{s, 0, 1, 2, ""}, {}, 2);
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(tmp.path)) names.push_back(e.path().filename());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"latest", "step-00000003", "step-00000004"}));
+
+  fs::path model = tmp.path / "step-00000004" / "model.safetensors";
+  std::string bytes = read_file(model.string());
+  bytes[bytes.size() - 3] ^= 0x40;
+  std::ofstream(model, std::ios::binary) << bytes;
+  Gpt<float> other(small());
+  EXPECT_HAS(error_of([&] { load_checkpoint((tmp.path / "step-00000004").string(), other, nullptr); }),
+             "model.safetensors: checksum mismatch");
+  fs::remove(tmp.path / "step-00000003" / "manifest.json");
+  EXPECT_HAS(error_of([&] { verify_checkpoint((tmp.path / "step-00000003").string()); }),
+             "no manifest.json");
+}
+
+TEST(Checkpoint, ShapeMismatchNamesTheTensor) {
+  TempDir tmp;
+  Gpt<float> m(small());
+  std::string dir = save_checkpoint(tmp.path.string(), m, nullptr, TrainerState{1, 0, 1, 0, ""}, {}, 0);
+  GptConfig wider = small();
+  wider.n_embd = 32;
+  Gpt<float> w(wider);
+  EXPECT_HAS(error_of([&] { load_checkpoint(dir, w, nullptr); }),
+             "'transformer.wte.weight' has shape [50,16] but the config needs [50,32]");
+  GptConfig deeper = small();
+  deeper.n_layer = 3;
+  Gpt<float> d(deeper);
+  EXPECT_HAS(error_of([&] { load_hf_weights(dir + "/model.safetensors", d); }),
+             "the file has model.n_layer 2 but the config's model.n_layer is 3");
+  Gpt<float> same(small());
+  load_hf_weights(dir + "/model.safetensors", same);
+  EXPECT_EQ(std::memcmp(same.params(), m.params(), m.num_params() * sizeof(float)), 0);
+}
+
+// A raw safetensors file from a header string and a data size.
+void write_raw(const fs::path& p, const std::string& header, size_t data_bytes) {
+  std::string out(8, '\0');
+  uint64_t n = header.size();
+  std::memcpy(out.data(), &n, 8);
+  out += header + std::string(data_bytes, '\0');
+  std::ofstream(p, std::ios::binary) << out;
+}
+
+TEST(Safetensors, DamagedFilesAreRejectedWithTheReason) {
+  TempDir tmp;
+  fs::path p = tmp.path / "x.safetensors";
+  auto err = [&] { return error_of([&] { SafetensorsFile f(p.string()); }); };
+  write_raw(p, R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 8);
+  EXPECT_EQ(SafetensorsFile(p.string()).entries().size(), 1u);
+  std::ofstream(p, std::ios::binary) << std::string("\x10\x00\x00", 3);
+  EXPECT_HAS(err(), "truncated safetensors file (3 bytes)");
+  std::string big(8, '\0');
+  big[0] = 100;
+  std::ofstream(p, std::ios::binary) << big + "{}";
+  EXPECT_HAS(err(), "header length 100 is beyond the file (10 bytes)");
+  write_raw(p, R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 4);
+  EXPECT_HAS(err(), "tensor 'a': data_offsets [0, 8] outside the data (4 bytes; truncated file?)");
+  write_raw(p, R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},
+                  "b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12);
+  EXPECT_HAS(err(), "data_offsets overlap or leave a gap");
+  write_raw(p, R"({"a":{"dtype":"F16","shape":[2],"data_offsets":[0,8]}})", 8);
+  EXPECT_HAS(err(), "tensor 'a': 8 bytes for shape [2] of F16 (expected 4)");
+  write_raw(p, R"({"a":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}})", 8);
+  EXPECT_HAS(err(), "tensor 'a': unsupported dtype \"I64\"");
+  write_raw(p, R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 8);
+  EXPECT_HAS(err(), "4 trailing bytes after the last tensor");
+  write_raw(p, "not json", 0);
+  EXPECT_HAS(err(), "header is not a JSON object");
+}
+
+TEST(Generate, GreedyIsDeterministicAndSurvivesAFullContext) {
+  Gpt<float> m(small());
+  m.init(9);
+  SampleOptions greedy{20, 0.0, 0, 1};  // 20 > seq_len 8: the cache restarts
+  auto a = generate(m, {1, 2, 3}, greedy);
+  auto b = generate(m, {1, 2, 3}, greedy);
+  EXPECT_EQ(a.size(), 20u);
+  EXPECT_EQ(a, b);
+  SampleOptions sampled{20, 1.0, 10, 5};
+  EXPECT_EQ(generate(m, {4}, sampled), generate(m, {4}, sampled));
+  EXPECT_HAS(error_of([&] { generate(m, {60}, greedy); }), "prompt token 60 is beyond");
+}
+
+}  // namespace
+}  // namespace loom
