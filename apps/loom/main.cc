@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   loom::app::add_bench_command(app);
   loom::app::add_prepare_data_command(app);
   loom::app::add_generate_command(app);
+  loom::app::add_tokenize_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -57,6 +57,7 @@ const std::vector<KeySpec>& schema() {
       {"data.train", Kind::kString},
       {"data.val", Kind::kString},
       {"data.synthetic", Kind::kBool},
+      {"data.sampling", Kind::kString, 0, 0, {"random", "sequential"}},
       {"train.name", Kind::kString},
       {"train.steps", Kind::kInt, 1, kMaxInt},
       {"train.seed", Kind::kInt, 0, kMaxInt},
@@ -323,7 +324,10 @@ json to_json(const Config& c) {
                 {"n_head", c.model.n_head},   {"vocab_size", c.model.vocab_size},
                 {"seq_len", c.model.seq_len}, {"dropout", c.model.dropout}};
   j["parallel"] = {{"data", c.data_parallel}};
-  j["data"] = {{"train", c.data.train}, {"val", c.data.val}, {"synthetic", c.data.synthetic}};
+  j["data"] = {{"train", c.data.train},
+               {"val", c.data.val},
+               {"synthetic", c.data.synthetic},
+               {"sampling", c.data.sampling}};
   j["train"] = {{"name", c.train.name},
                 {"steps", c.train.steps},
                 {"seed", c.train.seed},
@@ -416,6 +420,7 @@ Config parse_config(const std::string& text, const std::string& source,
   d.train = get_or<std::string>(j, "data.train", "");
   d.val = get_or<std::string>(j, "data.val", "");
   d.synthetic = get_or<bool>(j, "data.synthetic", false);
+  d.sampling = get_or<std::string>(j, "data.sampling", "random");
   if (!d.synthetic && d.train.empty())
     fail(source, "data.train: no token file given (set data.train, or data.synthetic: true)");
 

@@ -19,6 +19,7 @@ namespace loom {
 struct DataConfig {
   std::string train, val;  // token files; empty with synthetic
   bool synthetic = false;
+  std::string sampling = "random";  // random | sequential (epoch-style)
 };
 
 struct TrainConfig {

@@ -44,8 +44,11 @@ class SyntheticSource : public BatchSource {
 class TokenFileSource : public BatchSource {
  public:
   TokenFileSource(const std::string& path, const std::string& what, uint64_t seed, int vocab,
-                  int seq_len)
-      : file_(path), key_(data_key(seed, 0x77696e64u)) {
+                  int seq_len, Sampling sampling, uint64_t samples_per_step)
+      : file_(path),
+        key_(data_key(seed, 0x77696e64u)),
+        sampling_(sampling),
+        samples_per_step_(samples_per_step) {
     LOOM_CHECK_KIND(kData, file_.size() >= static_cast<uint64_t>(seq_len) + 1,
                     "{} {}: {} tokens, fewer than one window of model.seq_len + 1 = {}", what, path,
                     file_.size(), seq_len + 1);
@@ -64,12 +67,18 @@ class TokenFileSource : public BatchSource {
                     "{}: {} tokens, fewer than one window of {}", file_.path(), file_.size(),
                     Tn + 1);
     const uint64_t starts = file_.size() - static_cast<uint64_t>(Tn);
+    const uint64_t windows = (file_.size() - 1) / static_cast<uint64_t>(Tn);
     for (int64_t b = 0; b < B; ++b) {
       uint64_t s = sample0 + static_cast<uint64_t>(b);
-      auto r = philox4x32({static_cast<uint32_t>(step), static_cast<uint32_t>(step >> 32),
-                           static_cast<uint32_t>(s), static_cast<uint32_t>(s >> 32)},
-                          key_);
-      uint64_t start = ((static_cast<uint64_t>(r[0]) << 32) | r[1]) % starts;
+      uint64_t start = 0;
+      if (sampling_ == Sampling::kSequential) {
+        start = (step * samples_per_step_ + s) % windows * static_cast<uint64_t>(Tn);
+      } else {
+        auto r = philox4x32({static_cast<uint32_t>(step), static_cast<uint32_t>(step >> 32),
+                             static_cast<uint32_t>(s), static_cast<uint32_t>(s >> 32)},
+                            key_);
+        start = ((static_cast<uint64_t>(r[0]) << 32) | r[1]) % starts;
+      }
       for (int64_t t = 0; t < Tn; ++t) {
         inputs[b * Tn + t] = static_cast<int32_t>(file_[start + t]);
         targets[b * Tn + t] = static_cast<int32_t>(file_[start + t + 1]);
@@ -83,6 +92,8 @@ class TokenFileSource : public BatchSource {
  private:
   TokenFile file_;
   PhiloxKey key_;
+  Sampling sampling_;
+  uint64_t samples_per_step_;
 };
 
 }  // namespace
@@ -93,8 +104,10 @@ std::unique_ptr<BatchSource> make_synthetic_source(uint64_t seed, int vocab_size
 
 std::unique_ptr<BatchSource> make_token_file_source(const std::string& path,
                                                     const std::string& what, uint64_t seed,
-                                                    int vocab_size, int seq_len) {
-  return std::make_unique<TokenFileSource>(path, what, seed, vocab_size, seq_len);
+                                                    int vocab_size, int seq_len, Sampling sampling,
+                                                    uint64_t samples_per_step) {
+  return std::make_unique<TokenFileSource>(path, what, seed, vocab_size, seq_len, sampling,
+                                           samples_per_step);
 }
 
 }  // namespace loom

@@ -1,6 +1,7 @@
 #include "loom/train/tokenizer.h"
 
 #include "loom/core/error.h"
+#include "loom/train/gpt2_tokenizer.h"
 
 namespace loom {
 
@@ -28,7 +29,8 @@ class ByteTokenizer : public Tokenizer {
 
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& name) {
   if (name == "byte") return std::make_unique<ByteTokenizer>();
-  LOOM_FAIL(kConfig, "unknown tokenizer '{}' (this build has: byte)", name);
+  if (name == "gpt2") return std::make_unique<Gpt2Tokenizer>(gpt2_vocab_dir());
+  LOOM_FAIL(kConfig, "unknown tokenizer '{}' (expected byte or gpt2)", name);
 }
 
 }  // namespace loom

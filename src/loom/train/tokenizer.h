@@ -19,6 +19,7 @@ class Tokenizer {
 };
 
 // "byte": each byte of the UTF-8 text is a token (vocabulary 256).
+// "gpt2": GPT-2's byte-level BPE (vocabulary 50257), files from gpt2_vocab_dir().
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& name);
 
 }  // namespace loom

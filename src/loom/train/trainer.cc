@@ -63,11 +63,14 @@ Trainer::Trainer(Config config, RunOptions options, ThreadConfig threads)
     train_data_ = make_synthetic_source(seed, m.vocab_size);
     val_data_ = make_synthetic_source(seed + 1, m.vocab_size);
   } else {
-    train_data_ =
-        make_token_file_source(config_.data.train, "data.train", seed, m.vocab_size, m.seq_len);
+    const Sampling sampling =
+        config_.data.sampling == "sequential" ? Sampling::kSequential : Sampling::kRandom;
+    const uint64_t per_step = static_cast<uint64_t>(config_.train_batch_size);
+    train_data_ = make_token_file_source(config_.data.train, "data.train", seed, m.vocab_size,
+                                         m.seq_len, sampling, per_step);
     if (!config_.data.val.empty())
-      val_data_ =
-          make_token_file_source(config_.data.val, "data.val", seed, m.vocab_size, m.seq_len);
+      val_data_ = make_token_file_source(config_.data.val, "data.val", seed, m.vocab_size,
+                                         m.seq_len, sampling, per_step);
     tokenizer_ = tokenizer_for(config_.data.train);
   }
   if (config_.train.eval_every > 0 && !val_data_)
