@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up, builds, prepares the demo data (the text of Debian's fortunes
-# package, byte-level) and trains configs/demo.json, then prints a sample.
+# package, byte-level), trains configs/demo.json into runs/demo (with
+# checkpoints), then samples text from the last checkpoint.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -14,3 +15,9 @@ if [[ ! -f data/fortunes/meta.json ]]; then
     $(printf -- '--input %s ' "${files[@]}")
 fi
 "$loom" train --config configs/demo.json --out runs/demo --overwrite "$@"
+checkpoint=runs/demo/checkpoints/$(cat runs/demo/checkpoints/latest)
+echo
+echo "--- sample from $checkpoint (loom generate, temperature 0.8) ---"
+"$loom" generate --checkpoint "$checkpoint" --prompt "The " --max-tokens 300 \
+  --temperature 0.8 --top-k 40 --seed 1
+echo "---"

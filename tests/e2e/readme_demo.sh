@@ -7,7 +7,7 @@ out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 scripts/demo.sh | tee "$out"
 grep -q "loom: done in" "$out" || { echo "FAIL: no summary"; exit 1; }
-grep -q -- "--- sample" "$out" || { echo "FAIL: no sample"; exit 1; }
+grep -q -- "--- sample from runs/demo/checkpoints/step-00000500" "$out" || { echo "FAIL: no sample"; exit 1; }
 python3 - <<'PY'
 import json
 lines = [json.loads(l) for l in open("runs/demo/metrics.jsonl")]
