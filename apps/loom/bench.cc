@@ -141,9 +141,12 @@ void run_tokenize_bench(const TokenizeBenchArgs& a) {
     LOOM_CHECK(back == text, "decode(encode(text)) differs from the text");
     decode_mbps = double(text.size()) / 1e6 / s;
   }
-  nlohmann::json j = {{"tokenizer", a.tokenizer}, {"bytes", text.size()},
-                      {"tokens", tokens},         {"load_s", load_s},
-                      {"encode_mb_per_s", median(mbps)}, {"decode_mb_per_s", decode_mbps}};
+  nlohmann::json j = {{"tokenizer", a.tokenizer},
+                      {"bytes", text.size()},
+                      {"tokens", tokens},
+                      {"load_s", load_s},
+                      {"encode_mb_per_s", median(mbps)},
+                      {"decode_mb_per_s", decode_mbps}};
   std::printf("%s\n", a.json ? j.dump().c_str() : j.dump(2).c_str());
 }
 

@@ -87,6 +87,23 @@ expect_error "'transformer.wte.weight' has shape [256,32] but the config needs [
 expect_error "--resume latest: no checkpoint in $WORK/none/checkpoints" \
   "$LOOM" train --config "$WORK/cfg.json" --out "$WORK/none" --resume latest
 
+# --init-from: a new run starts from the trained weights (Hugging Face layout).
+"$LOOM" train --config "$WORK/cfg.json" --set train.steps=1 --set checkpoint.every=0 \
+  --out "$WORK/init" --init-from "$WORK/a/checkpoints/step-00000012/model.safetensors" >/dev/null
+python3 - "$WORK/a/metrics.jsonl" "$WORK/init/metrics.jsonl" <<'PY' || fail "--init-from did not load the weights"
+import json, sys
+trained = [json.loads(l) for l in open(sys.argv[1])][-1]["loss"]
+first = [json.loads(l) for l in open(sys.argv[2])][0]["loss"]
+assert first < trained + 0.5 and first < 5.0, (first, trained)
+print(f"ok: --init-from first loss {first:.3f} (trained run ended at {trained:.3f})")
+PY
+expect_error "the file has model.n_layer 2 but the config's model.n_layer is 3" \
+  "$LOOM" train --config "$WORK/cfg.json" --set model.n_layer=3 --out "$WORK/init3" \
+  --init-from "$WORK/a/checkpoints/step-00000012/model.safetensors"
+head -c 100 "$WORK/a/checkpoints/step-00000012/model.safetensors" > "$WORK/cut.safetensors"
+expect_error "cut.safetensors: header length" \
+  "$LOOM" train --config "$WORK/cfg.json" --out "$WORK/init4" --init-from "$WORK/cut.safetensors"
+
 # kill -9 at arbitrary moments of a run that saves every step: every complete
 # checkpoint still verifies, and the run resumes from the latest.
 cat > "$WORK/big.json" <<JSON

@@ -50,6 +50,8 @@ expect_error "$WORK/empty.txt: file is empty" \
 printf 'abc\xff\xfedef' > "$WORK/latin.txt"
 expect_error "$WORK/latin.txt: not valid UTF-8 at byte offset 3" \
   "$LOOM" prepare-data --input "$WORK/latin.txt" --out "$WORK/p1"
+expect_error "$WORK/nowhere.txt: no such file or folder" \
+  "$LOOM" prepare-data --input "$WORK/text" --input "$WORK/nowhere.txt" --out "$WORK/p1"
 [[ ! -e "$WORK/p1" ]] || fail "prepare-data wrote output after an error"
 expect_error "$WORK/tiny/train.bin: already exists" \
   "$LOOM" prepare-data --input "$WORK/text" --out "$WORK/tiny"

@@ -91,8 +91,9 @@ TEST(Checkpoint, KeepLastPrunesAndChecksumsCatchDamage) {
   bytes[bytes.size() - 3] ^= 0x40;
   std::ofstream(model, std::ios::binary) << bytes;
   Gpt<float> other(small());
-  EXPECT_HAS(error_of([&] { load_checkpoint((tmp.path / "step-00000004").string(), other, nullptr); }),
-             "model.safetensors: checksum mismatch");
+  EXPECT_HAS(
+      error_of([&] { load_checkpoint((tmp.path / "step-00000004").string(), other, nullptr); }),
+      "model.safetensors: checksum mismatch");
   fs::remove(tmp.path / "step-00000003" / "manifest.json");
   EXPECT_HAS(error_of([&] { verify_checkpoint((tmp.path / "step-00000003").string()); }),
              "no manifest.json");
@@ -101,7 +102,8 @@ TEST(Checkpoint, KeepLastPrunesAndChecksumsCatchDamage) {
 TEST(Checkpoint, ShapeMismatchNamesTheTensor) {
   TempDir tmp;
   Gpt<float> m(small());
-  std::string dir = save_checkpoint(tmp.path.string(), m, nullptr, TrainerState{1, 0, 1, 0, ""}, {}, 0);
+  std::string dir =
+      save_checkpoint(tmp.path.string(), m, nullptr, TrainerState{1, 0, 1, 0, ""}, {}, 0);
   GptConfig wider = small();
   wider.n_embd = 32;
   Gpt<float> w(wider);
@@ -141,7 +143,8 @@ TEST(Safetensors, DamagedFilesAreRejectedWithTheReason) {
   write_raw(p, R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 4);
   EXPECT_HAS(err(), "tensor 'a': data_offsets [0, 8] outside the data (4 bytes; truncated file?)");
   write_raw(p, R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},
-                  "b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12);
+                  "b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+            12);
   EXPECT_HAS(err(), "data_offsets overlap or leave a gap");
   write_raw(p, R"({"a":{"dtype":"F16","shape":[2],"data_offsets":[0,8]}})", 8);
   EXPECT_HAS(err(), "tensor 'a': 8 bytes for shape [2] of F16 (expected 4)");

@@ -66,11 +66,13 @@ TEST(TokenFile, DamageIsReportedWithTheFile) {
             std::string::npos);
   write_token_file(f.path, iota(100), 256);
   EXPECT_NE(error_of([&] { make_token_file_source(f.path, "data.train", 1, 50, 8); })
-                .find("data.train " + f.path + ": the file's vocabulary (256) is larger than "
+                .find("data.train " + f.path +
+                      ": the file's vocabulary (256) is larger than "
                       "model.vocab_size (50)"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { write_token_file(f.path, {1, 300}, 256); })
-                .find("token 300 at index 1 is beyond vocabulary 256"),
+  EXPECT_NE(error_of([&] {
+              write_token_file(f.path, {1, 300}, 256);
+            }).find("token 300 at index 1 is beyond vocabulary 256"),
             std::string::npos);
 }
 

@@ -19,8 +19,8 @@ const Gpt2Tokenizer& gpt2() {
 }
 
 TEST(Gpt2Tokenizer, MatchesReferenceEncodings) {
-  auto j = nlohmann::json::parse(read_file(std::string(LOOM_SOURCE_DIR) +
-                                           "/tests/fixtures/gpt2_encodings.json"));
+  auto j = nlohmann::json::parse(
+      read_file(std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/gpt2_encodings.json"));
   ASSERT_GE(j["cases"].size(), 30u);
   EXPECT_EQ(gpt2().vocab_size(), 50257u);
   for (const auto& c : j["cases"]) {
@@ -80,10 +80,10 @@ TEST(Gpt2Tokenizer, EveryByteRoundTrips) {
 TEST(Utf8, FindsTheFirstInvalidOffset) {
   EXPECT_EQ(find_invalid_utf8("plain ascii"), std::string::npos);
   EXPECT_EQ(find_invalid_utf8("caf\xc3\xa9 \xf0\x9f\x98\x80"), std::string::npos);
-  EXPECT_EQ(find_invalid_utf8("ab\xc3"), 2u);            // truncated sequence
-  EXPECT_EQ(find_invalid_utf8("ab\xc0\xafz"), 2u);       // overlong
-  EXPECT_EQ(find_invalid_utf8("x\xed\xa0\x80"), 1u);     // surrogate
-  EXPECT_EQ(find_invalid_utf8("\x80"), 0u);              // stray continuation
+  EXPECT_EQ(find_invalid_utf8("ab\xc3"), 2u);         // truncated sequence
+  EXPECT_EQ(find_invalid_utf8("ab\xc0\xafz"), 2u);    // overlong
+  EXPECT_EQ(find_invalid_utf8("x\xed\xa0\x80"), 1u);  // surrogate
+  EXPECT_EQ(find_invalid_utf8("\x80"), 0u);           // stray continuation
 }
 
 }  // namespace

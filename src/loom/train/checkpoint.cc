@@ -45,7 +45,9 @@ int64_t numel(const std::vector<int64_t>& s) {
   return n;
 }
 
-std::string shape_str(const std::vector<int64_t>& s) { return json(s).dump(); }
+std::string shape_str(const std::vector<int64_t>& s) {
+  return json(s).dump();
+}
 
 // Copies entry `e` (any float dtype) into dst (count elements).
 void copy_entry(const SafetensorsEntry& e, float* dst, int64_t count) {
@@ -54,8 +56,9 @@ void copy_entry(const SafetensorsEntry& e, float* dst, int64_t count) {
 
 }  // namespace
 
-std::string save_checkpoint(const std::string& root, const Gpt<float>& model, const AdamW* optimizer,
-                            const TrainerState& state, const json& config, int64_t keep_last) {
+std::string save_checkpoint(const std::string& root, const Gpt<float>& model,
+                            const AdamW* optimizer, const TrainerState& state, const json& config,
+                            int64_t keep_last) {
   char name[32];
   std::snprintf(name, sizeof name, "step-%08ld", static_cast<long>(state.step));
   const fs::path final_dir = fs::path(root) / name;
@@ -79,25 +82,28 @@ std::string save_checkpoint(const std::string& root, const Gpt<float>& model, co
   std::vector<SafetensorsEntry> moments;
   if (optimizer != nullptr) {
     for (const char* kind : {"exp_avg", "exp_avg_sq"}) {
-      const float* base = std::string(kind) == "exp_avg" ? optimizer->exp_avg()
-                                                         : optimizer->exp_avg_sq();
+      const float* base =
+          std::string(kind) == "exp_avg" ? optimizer->exp_avg() : optimizer->exp_avg_sq();
       for (const Param& p : model.layout().params()) {
         std::vector<int64_t> shape;
         for (int i = 0; i < p.shape.rank(); ++i) shape.push_back(p.shape[i]);
-        moments.push_back({std::string(kind) + "." + p.name, DType::kF32, shape,
-                           base + p.offset, static_cast<size_t>(p.numel) * sizeof(float)});
+        moments.push_back({std::string(kind) + "." + p.name, DType::kF32, shape, base + p.offset,
+                           static_cast<size_t>(p.numel) * sizeof(float)});
       }
     }
   }
   write_safetensors((tmp / "optimizer.safetensors").string(), moments);
-  json st = {{"step", state.step},       {"lr", state.lr},
-             {"loss_scale", state.loss_scale}, {"seed", state.seed},
+  json st = {{"step", state.step},
+             {"lr", state.lr},
+             {"loss_scale", state.loss_scale},
+             {"seed", state.seed},
              {"tokenizer", state.tokenizer},
              {"data", {{"next_step", state.step}, {"sampler", "philox(seed, step, sample)"}}}};
   write_file_atomic((tmp / "trainer_state.json").string(), st.dump(2) + "\n");
   write_file_atomic((tmp / "config.resolved.json").string(), config.dump(2) + "\n");
 
-  json manifest = {{"format", "loom checkpoint v1"}, {"step", state.step}, {"files", json::object()}};
+  json manifest = {
+      {"format", "loom checkpoint v1"}, {"step", state.step}, {"files", json::object()}};
   for (const char* f : kFiles) {
     std::string bytes = read_file((tmp / f).string());
     manifest["files"][f] = {{"bytes", bytes.size()}, {"sha256", sha256_hex(bytes)}};
@@ -124,8 +130,8 @@ std::string resolve_checkpoint(const std::string& dir_or_latest, const std::stri
   if (dir_or_latest != "latest") return dir_or_latest;
   fs::path pointer = fs::path(root) / "latest";
   std::error_code ec;
-  LOOM_CHECK_KIND(kIo, fs::exists(pointer, ec), "--resume latest: no checkpoint in {} ({} is missing)",
-                  root, pointer.string());
+  LOOM_CHECK_KIND(kIo, fs::exists(pointer, ec),
+                  "--resume latest: no checkpoint in {} ({} is missing)", root, pointer.string());
   std::string name = read_file(pointer.string());
   name.erase(name.find_last_not_of(" \n") + 1);
   return (fs::path(root) / name).string();
@@ -204,7 +210,8 @@ void load_hf_weights(const std::string& path, Gpt<float>& model) {
   const SafetensorsEntry* wpe = f.find("transformer.wpe.weight");
   LOOM_CHECK_KIND(kData, wte && wpe && wte->shape.size() == 2 && wpe->shape.size() == 2,
                   "{}: not a GPT-2 state dict (needs transformer.wte.weight and "
-                  "transformer.wpe.weight)", path);
+                  "transformer.wpe.weight)",
+                  path);
   int n_layer = 0;
   std::regex layer_re(R"(^transformer\.h\.(\d+)\.)");
   for (const auto& e : f.entries()) {
@@ -212,8 +219,10 @@ void load_hf_weights(const std::string& path, Gpt<float>& model) {
     if (std::regex_search(e.name, m, layer_re)) n_layer = std::max(n_layer, std::stoi(m[1]) + 1);
   }
   auto check = [&](const char* key, int64_t file_value, int64_t config_value) {
-    LOOM_CHECK_KIND(kConfig, file_value == config_value, "--init-from {}: the file has {} {} but "
-                    "the config's {} is {}", path, key, file_value, key, config_value);
+    LOOM_CHECK_KIND(kConfig, file_value == config_value,
+                    "--init-from {}: the file has {} {} but "
+                    "the config's {} is {}",
+                    path, key, file_value, key, config_value);
   };
   check("model.n_layer", n_layer, c.n_layer);
   check("model.n_embd", wte->shape[1], c.n_embd);

@@ -27,9 +27,9 @@ struct TrainerState {
 
 // Saves step `state.step` into `root`/step-NNNNNNNN, points `root`/latest at
 // it, and removes all but the newest `keep_last` (0 keeps all). Returns the folder.
-std::string save_checkpoint(const std::string& root, const Gpt<float>& model, const AdamW* optimizer,
-                            const TrainerState& state, const nlohmann::json& config,
-                            int64_t keep_last);
+std::string save_checkpoint(const std::string& root, const Gpt<float>& model,
+                            const AdamW* optimizer, const TrainerState& state,
+                            const nlohmann::json& config, int64_t keep_last);
 
 // A checkpoint folder, or `root` + "/latest" resolved through the pointer file.
 std::string resolve_checkpoint(const std::string& dir_or_latest, const std::string& root);

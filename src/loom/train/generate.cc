@@ -8,22 +8,22 @@
 
 namespace loom {
 
-int sample_token(const float* logits, int vocab, double temperature, int64_t top_k,
-                 uint64_t seed, uint64_t draw) {
+int sample_token(const float* logits, int vocab, double temperature, int64_t top_k, uint64_t seed,
+                 uint64_t draw) {
   if (temperature <= 0) return static_cast<int>(std::max_element(logits, logits + vocab) - logits);
   std::vector<std::pair<float, int>> ranked(static_cast<size_t>(vocab));
   for (int v = 0; v < vocab; ++v) ranked[v] = {logits[v], v};
-  size_t keep = top_k > 0 ? std::min<size_t>(static_cast<size_t>(top_k), ranked.size())
-                          : ranked.size();
+  size_t keep =
+      top_k > 0 ? std::min<size_t>(static_cast<size_t>(top_k), ranked.size()) : ranked.size();
   std::partial_sort(ranked.begin(), ranked.begin() + static_cast<std::ptrdiff_t>(keep),
                     ranked.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   std::vector<double> p(keep);
   double total = 0;
   for (size_t i = 0; i < keep; ++i)
     total += p[i] = std::exp((ranked[i].first - ranked[0].first) / temperature);
-  auto bits = philox4x32({static_cast<uint32_t>(draw), static_cast<uint32_t>(draw >> 32),
-                          0x73616d70u, 0},
-                         {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)});
+  auto bits =
+      philox4x32({static_cast<uint32_t>(draw), static_cast<uint32_t>(draw >> 32), 0x73616d70u, 0},
+                 {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)});
   double u = uniform_from_bits(bits[0]) * total;
   for (size_t i = 0; i < keep; ++i)
     if ((u -= p[i]) < 0) return ranked[i].second;

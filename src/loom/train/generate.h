@@ -21,7 +21,7 @@ std::vector<uint32_t> generate(Gpt<float>& model, const std::vector<uint32_t>& p
                                const SampleOptions& options);
 
 // The next token from one row of logits (the first `vocab` entries count).
-int sample_token(const float* logits, int vocab, double temperature, int64_t top_k,
-                 uint64_t seed, uint64_t draw);
+int sample_token(const float* logits, int vocab, double temperature, int64_t top_k, uint64_t seed,
+                 uint64_t draw);
 
 }  // namespace loom

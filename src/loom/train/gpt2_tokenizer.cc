@@ -110,7 +110,8 @@ Gpt2Tokenizer::Gpt2Tokenizer(const std::string& dir) {
   std::error_code ec;
   LOOM_CHECK_KIND(kIo, fs::exists(enc_path, ec) && fs::exists(bpe_path, ec),
                   "gpt2 tokenizer: {} needs encoder.json and vocab.bpe (scripts/setup.sh fetches "
-                  "them; or set LOOM_GPT2_DIR)", dir);
+                  "them; or set LOOM_GPT2_DIR)",
+                  dir);
   nlohmann::json enc = nlohmann::json::parse(read_file(enc_path), nullptr, false);
   LOOM_CHECK_KIND(kData, enc.is_object() && !enc.empty(), "{}: not a JSON object", enc_path);
   std::unordered_map<std::string, uint32_t> encoder;
@@ -157,8 +158,10 @@ std::vector<std::string_view> Gpt2Tokenizer::pretokenize(std::string_view s) {
     if (s[i] == '\'' && i + 1 < n) {
       char a = s[i + 1], b = i + 2 < n ? s[i + 2] : '\0';
       size_t len = 0;
-      if (a == 's' || a == 't' || a == 'm' || a == 'd') len = 2;
-      else if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) len = 3;
+      if (a == 's' || a == 't' || a == 'm' || a == 'd')
+        len = 2;
+      else if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l'))
+        len = 3;
       if (len > 0) {
         out.push_back(s.substr(i, len));
         i += len;
@@ -249,8 +252,8 @@ std::vector<uint32_t> Gpt2Tokenizer::encode(std::string_view text) const {
 std::string Gpt2Tokenizer::decode(const std::vector<uint32_t>& ids) const {
   std::string out;
   for (uint32_t id : ids) {
-    LOOM_CHECK_KIND(kData, id < decoder_.size(),
-                    "token id {} is beyond the gpt2 vocabulary ({})", id, decoder_.size());
+    LOOM_CHECK_KIND(kData, id < decoder_.size(), "token id {} is beyond the gpt2 vocabulary ({})",
+                    id, decoder_.size());
     const std::string& t = decoder_[id];
     int32_t cp = 0;
     for (size_t i = 0; i < t.size();) {

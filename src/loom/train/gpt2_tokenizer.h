@@ -35,10 +35,10 @@ class Gpt2Tokenizer : public Tokenizer {
     using is_transparent = void;
     size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
   };
-  std::vector<std::string> decoder_;      // id -> token text (byte-to-unicode form)
-  uint32_t byte_id_[256] = {};            // id of each single byte
+  std::vector<std::string> decoder_;  // id -> token text (byte-to-unicode form)
+  uint32_t byte_id_[256] = {};        // id of each single byte
   std::unordered_map<uint64_t, std::pair<uint32_t, uint32_t>> merges_;  // (a, b) -> (rank, ab)
-  std::vector<int> unicode_to_byte_;      // code point -> byte, -1 if none
+  std::vector<int> unicode_to_byte_;  // code point -> byte, -1 if none
   mutable std::unordered_map<std::string, std::vector<uint32_t>, Hash, std::equal_to<>> cache_;
 };
 

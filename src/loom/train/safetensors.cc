@@ -15,9 +15,12 @@ using nlohmann::json;
 namespace {
 const char* st_dtype(DType t) {
   switch (t) {
-    case DType::kF32: return "F32";
-    case DType::kBF16: return "BF16";
-    case DType::kF16: return "F16";
+    case DType::kF32:
+      return "F32";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kF16:
+      return "F16";
   }
   return "?";
 }
@@ -56,8 +59,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   std::memcpy(&n, bytes_.data(), 8);
   if (n > bytes_.size() - 8)
     fail(format("header length {} is beyond the file ({} bytes)", n, bytes_.size()));
-  json header = json::parse(bytes_.begin() + 8, bytes_.begin() + 8 + static_cast<int64_t>(n),
-                            nullptr, false);
+  json header =
+      json::parse(bytes_.begin() + 8, bytes_.begin() + 8 + static_cast<int64_t>(n), nullptr, false);
   if (header.is_discarded() || !header.is_object()) fail("header is not a JSON object");
   const size_t data_size = bytes_.size() - 8 - n;
   const char* data = bytes_.data() + 8 + n;
@@ -75,13 +78,18 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     SafetensorsEntry e;
     e.name = name;
     std::string dt = v["dtype"].is_string() ? v["dtype"].get<std::string>() : "";
-    if (dt == "F32") e.dtype = DType::kF32;
-    else if (dt == "BF16") e.dtype = DType::kBF16;
-    else if (dt == "F16") e.dtype = DType::kF16;
-    else fail(format("tensor '{}': unsupported dtype {}", name, v["dtype"].dump()));
+    if (dt == "F32")
+      e.dtype = DType::kF32;
+    else if (dt == "BF16")
+      e.dtype = DType::kBF16;
+    else if (dt == "F16")
+      e.dtype = DType::kF16;
+    else
+      fail(format("tensor '{}': unsupported dtype {}", name, v["dtype"].dump()));
     size_t numel = 1;
     for (const json& d : v["shape"]) {
-      if (!d.is_number_unsigned()) fail(format("tensor '{}': bad shape {}", name, v["shape"].dump()));
+      if (!d.is_number_unsigned())
+        fail(format("tensor '{}': bad shape {}", name, v["shape"].dump()));
       e.shape.push_back(d.get<int64_t>());
       numel *= d.get<size_t>();
     }
@@ -102,8 +110,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   // Sorted by offset, tensors must tile the data exactly.
   std::vector<const SafetensorsEntry*> by_offset;
   for (const auto& e : entries_) by_offset.push_back(&e);
-  std::sort(by_offset.begin(), by_offset.end(),
-            [](auto* a, auto* b) { return a->data < b->data; });
+  std::sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) { return a->data < b->data; });
   const char* expect = data;
   for (const auto* e : by_offset) {
     if (static_cast<const char*>(e->data) != expect)

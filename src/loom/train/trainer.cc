@@ -94,7 +94,8 @@ Trainer::Trainer(Config config, RunOptions options, ThreadConfig threads)
     TrainerState st = load_checkpoint(dir, model_, &optimizer_);
     LOOM_CHECK_KIND(kConfig, st.seed == seed,
                     "{}: saved with train.seed {} but the config has {}; a resumed run must keep "
-                    "its seed to see the same data", dir, st.seed, seed);
+                    "its seed to see the same data",
+                    dir, st.seed, seed);
     step_ = st.step;
   }
   acts_ = model_.make_activations(config_.micro_batch, m.seq_len);
@@ -154,8 +155,8 @@ double Trainer::evaluate() {
   return sum / static_cast<double>(config_.train.eval_steps);
 }
 
-std::string Trainer::sample(const std::string& prompt, int64_t n, double temperature,
-                            int64_t top_k, uint64_t seed) {
+std::string Trainer::sample(const std::string& prompt, int64_t n, double temperature, int64_t top_k,
+                            uint64_t seed) {
   LOOM_CHECK_KIND(kUnsupported, tokenizer_ != nullptr,
                   "sampling needs the data's tokenizer (meta.json beside data.train)");
   std::vector<uint32_t> ids = tokenizer_->encode(prompt.empty() ? "\n" : prompt);

@@ -59,8 +59,8 @@ inline int64_t visible(int64_t i0, int64_t i, int64_t j0, int64_t nk) {
 // Inside the OpenMP region each thread owns whole (batch, head) pairs; the
 // block GEMMs run single-threaded there (OpenBLAS does not nest threads).
 template <typename T>
-void attention_forward(T* out, T* lse, const T* qkv, int64_t B, int64_t Tn, int64_t C,
-                       int64_t NH, const AttentionDropout& dropout) {
+void attention_forward(T* out, T* lse, const T* qkv, int64_t B, int64_t Tn, int64_t C, int64_t NH,
+                       const AttentionDropout& dropout) {
   const int64_t hs = C / NH;
   const T scale = T(1) / std::sqrt(T(hs));
 #pragma omp parallel
@@ -120,9 +120,8 @@ void attention_forward(T* out, T* lse, const T* qkv, int64_t B, int64_t Tn, int6
 }
 
 template <typename T>
-void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse,
-                        int64_t B, int64_t Tn, int64_t C, int64_t NH,
-                        const AttentionDropout& dropout) {
+void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse, int64_t B,
+                        int64_t Tn, int64_t C, int64_t NH, const AttentionDropout& dropout) {
   const int64_t hs = C / NH;
   const T scale = T(1) / std::sqrt(T(hs));
 #pragma omp parallel
@@ -175,8 +174,8 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
             // dv_j += (p keep)^T dO_i; dq_i += dS k_j; dk_j += dS^T q_i
             gemm<T>(true, false, nk, hs, nq, T(1), s.data(), kBlock, dO.data() + i0 * hs, hs, T(1),
                     dv.data() + j0 * hs, hs);
-            gemm<T>(false, false, nq, hs, nk, T(1), dp.data(), kBlock, tiles.k.data() + j0 * hs,
-                    hs, T(1), dq.data() + i0 * hs, hs);
+            gemm<T>(false, false, nq, hs, nk, T(1), dp.data(), kBlock, tiles.k.data() + j0 * hs, hs,
+                    T(1), dq.data() + i0 * hs, hs);
             gemm<T>(true, false, nk, hs, nq, T(1), dp.data(), kBlock, tiles.q.data() + i0 * hs, hs,
                     T(1), dk.data() + j0 * hs, hs);
           }
