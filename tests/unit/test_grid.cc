@@ -1,0 +1,99 @@
+// The rank grid without processes: Megatron-LM's order for many shapes, every
+// group a partition of the world, and invalid shapes rejected with numbers.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+
+#include "loom/comm/grid.h"
+#include "loom/core/error.h"
+
+namespace loom {
+namespace {
+
+using V = std::vector<int>;
+
+TEST(Grid, MegatronOrderTensorFastestThenDataThenPipeline) {
+  // 16 ranks, tp 2, pp 4 -> dp 2; Megatron-LM's documented example.
+  Grid g({16, 2, 4, 1});
+  EXPECT_EQ(g.shape().dp(), 2);
+  EXPECT_EQ(g.all_groups("tp"), (std::vector<V>{{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9},
+                                                 {10, 11}, {12, 13}, {14, 15}}));
+  EXPECT_EQ(g.all_groups("dp"), (std::vector<V>{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10},
+                                                 {9, 11}, {12, 14}, {13, 15}}));
+  EXPECT_EQ(g.all_groups("pp"), (std::vector<V>{{0, 4, 8, 12}, {1, 5, 9, 13}, {2, 6, 10, 14},
+                                                 {3, 7, 11, 15}}));
+  EXPECT_EQ(g.embedding_group(5), (V{1, 13}));
+  EXPECT_EQ(g.model_parallel_group(0), (V{0, 1, 4, 5, 8, 9, 12, 13}));
+  GridCoord c = g.coord(11);
+  EXPECT_EQ(c.tp, 1);
+  EXPECT_EQ(c.dp, 1);
+  EXPECT_EQ(c.pp, 2);
+  EXPECT_EQ(g.rank_of(1, 1, 2), 11);
+}
+
+TEST(Grid, ExpertGroupsAreCarvedOutOfDataParallel) {
+  Grid g({8, 1, 1, 4});  // dp 8, ep 4
+  EXPECT_EQ(g.all_groups("ep"), (std::vector<V>{{0, 1, 2, 3}, {4, 5, 6, 7}}));
+  EXPECT_EQ(g.all_groups("ep_dp"), (std::vector<V>{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  Grid h({16, 2, 2, 2});  // dp 4, ep 2: within each dp group
+  EXPECT_EQ(h.dp_group(1), (V{1, 3, 5, 7}));
+  EXPECT_EQ(h.ep_group(5), (V{5, 7}));
+  EXPECT_EQ(h.ep_dp_group(5), (V{1, 5}));
+}
+
+TEST(Grid, EveryKindPartitionsTheWorldForManyShapes) {
+  for (int world : {1, 2, 4, 6, 8, 12, 16, 24, 32, 64}) {
+    for (int tp = 1; tp <= world; ++tp) {
+      for (int pp = 1; tp * pp <= world; ++pp) {
+        if (world % (tp * pp) != 0) continue;
+        int dp = world / (tp * pp);
+        for (int ep = 1; ep <= dp; ++ep) {
+          if (dp % ep != 0) continue;
+          Grid g({world, tp, pp, ep});
+          for (const char* kind : {"tp", "dp", "pp", "mp", "ep", "ep_dp"}) {
+            std::vector<int> count(world, 0);
+            for (const auto& group : g.all_groups(kind))
+              for (int r : group) count[r]++;
+            for (int r = 0; r < world; ++r)
+              ASSERT_EQ(count[r], 1) << kind << " world " << world << " tp " << tp << " pp " << pp;
+          }
+          for (int r = 0; r < world; ++r) {
+            GridCoord c = g.coord(r);
+            ASSERT_EQ(g.rank_of(c.tp, c.dp, c.pp), r);
+            ASSERT_EQ(static_cast<int>(g.tp_group(r).size()), tp);
+            ASSERT_EQ(static_cast<int>(g.dp_group(r).size()), dp);
+            ASSERT_EQ(static_cast<int>(g.pp_group(r).size()), pp);
+            ASSERT_EQ(static_cast<int>(g.ep_group(r).size()), ep);
+            auto tpg = g.tp_group(r);
+            ASSERT_TRUE(std::find(tpg.begin(), tpg.end(), r) != tpg.end());
+          }
+        }
+      }
+    }
+  }
+}
+
+std::string error_of(GridShape s) {
+  try {
+    Grid g(s);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(Grid, InvalidShapesGiveNumbersAndNearestChoices) {
+  EXPECT_EQ(error_of({6, 4, 1, 1}),
+            "world size 6 is not divisible by parallel.tensor 4 x parallel.pipeline 1 = 4; with "
+            "parallel.pipeline 1, parallel.tensor must divide 6: 1, 2, 3, 6 (nearest: 3 or 6)");
+  EXPECT_EQ(error_of({8, 1, 3, 1}),
+            "world size 8 is not divisible by parallel.tensor 1 x parallel.pipeline 3 = 3; "
+            "parallel.pipeline must divide the world size: 1, 2, 4, 8 (nearest: 2 or 4)");
+  EXPECT_EQ(error_of({8, 2, 1, 3}),
+            "parallel.expert 3 does not divide the data-parallel size 4 (world 8 / (tp 2 x pp "
+            "1)); valid expert sizes: 1, 2, 4; nearest: 2 or 4");
+}
+
+}  // namespace
+}  // namespace loom
