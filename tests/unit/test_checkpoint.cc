@@ -11,6 +11,7 @@
 #include "loom/train/fs.h"
 #include "loom/train/generate.h"
 #include "loom/train/safetensors.h"
+#include "test_util.h"
 
 namespace loom {
 namespace {
@@ -32,17 +33,7 @@ GptConfig small() {
   return c;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
-#define EXPECT_HAS(haystack, needle) \
-  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
+using test::error_of;
 
 TEST(Checkpoint, RoundTripRestoresParamsMomentsAndState) {
   TempDir tmp;

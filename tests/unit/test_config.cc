@@ -6,6 +6,7 @@
 
 #include "loom/core/error.h"
 #include "loom/train/config.h"
+#include "test_util.h"
 
 namespace loom {
 namespace {
@@ -18,16 +19,8 @@ const char* kBase = R"({
 
 std::string error_of(const std::string& text, std::vector<std::string> overrides = {},
                      int world = 1) {
-  try {
-    parse_config(text, "cfg.json", overrides, world);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
+  return test::error_of([&] { parse_config(text, "cfg.json", overrides, world); });
 }
-
-#define EXPECT_HAS(haystack, needle) \
-  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
 
 TEST(Config, ResolvesDefaults) {
   Config c = parse_config(kBase, "cfg.json", {});

@@ -11,6 +11,7 @@
 #include "loom/train/data.h"
 #include "loom/train/fs.h"
 #include "loom/train/token_file.h"
+#include "test_util.h"
 
 namespace loom {
 namespace {
@@ -34,14 +35,7 @@ std::vector<uint32_t> iota(uint32_t n) {
   return v;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 TEST(TokenFile, RoundTripsBothWidths) {
   TempFile f;

@@ -17,12 +17,12 @@ TEST(Grid, MegatronOrderTensorFastestThenDataThenPipeline) {
   // 16 ranks, tp 2, pp 4 -> dp 2; Megatron-LM's documented example.
   Grid g({16, 2, 4, 1});
   EXPECT_EQ(g.shape().dp(), 2);
-  EXPECT_EQ(g.all_groups("tp"), (std::vector<V>{{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9},
-                                                 {10, 11}, {12, 13}, {14, 15}}));
-  EXPECT_EQ(g.all_groups("dp"), (std::vector<V>{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10},
-                                                 {9, 11}, {12, 14}, {13, 15}}));
-  EXPECT_EQ(g.all_groups("pp"), (std::vector<V>{{0, 4, 8, 12}, {1, 5, 9, 13}, {2, 6, 10, 14},
-                                                 {3, 7, 11, 15}}));
+  EXPECT_EQ(g.all_groups("tp"),
+            (std::vector<V>{{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}, {12, 13}, {14, 15}}));
+  EXPECT_EQ(g.all_groups("dp"),
+            (std::vector<V>{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}}));
+  EXPECT_EQ(g.all_groups("pp"),
+            (std::vector<V>{{0, 4, 8, 12}, {1, 5, 9, 13}, {2, 6, 10, 14}, {3, 7, 11, 15}}));
   EXPECT_EQ(g.embedding_group(5), (V{1, 13}));
   EXPECT_EQ(g.model_parallel_group(0), (V{0, 1, 4, 5, 8, 9, 12, 13}));
   GridCoord c = g.coord(11);

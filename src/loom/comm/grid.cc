@@ -43,8 +43,10 @@ Grid::Grid(GridShape s) : shape_(s) {
                      nearest_divisors(s.world / s.pp, s.tp))
             : format("parallel.pipeline must divide the world size: {} (nearest: {})",
                      divisors(s.world), nearest_divisors(s.world, s.pp));
-    LOOM_FAIL(kConfig, "world size {} is not divisible by parallel.tensor {} x parallel.pipeline {} = {}; {}",
-              s.world, s.tp, s.pp, s.tp * s.pp, hint);
+    LOOM_FAIL(
+        kConfig,
+        "world size {} is not divisible by parallel.tensor {} x parallel.pipeline {} = {}; {}",
+        s.world, s.tp, s.pp, s.tp * s.pp, hint);
   }
   const int dp = s.dp();
   LOOM_CHECK_KIND(kConfig, dp % s.ep == 0,
@@ -121,14 +123,22 @@ std::vector<std::vector<int>> Grid::all_groups(const std::string& kind) const {
   std::vector<std::vector<int>> out;
   for (int r = 0; r < shape_.world; ++r) {
     std::vector<int> g;
-    if (kind == "tp") g = tp_group(r);
-    else if (kind == "dp") g = dp_group(r);
-    else if (kind == "pp") g = pp_group(r);
-    else if (kind == "mp") g = model_parallel_group(r);
-    else if (kind == "embedding") g = embedding_group(r);
-    else if (kind == "ep") g = ep_group(r);
-    else if (kind == "ep_dp") g = ep_dp_group(r);
-    else LOOM_FAIL(kInternal, "unknown group kind '{}'", kind);
+    if (kind == "tp")
+      g = tp_group(r);
+    else if (kind == "dp")
+      g = dp_group(r);
+    else if (kind == "pp")
+      g = pp_group(r);
+    else if (kind == "mp")
+      g = model_parallel_group(r);
+    else if (kind == "embedding")
+      g = embedding_group(r);
+    else if (kind == "ep")
+      g = ep_group(r);
+    else if (kind == "ep_dp")
+      g = ep_dp_group(r);
+    else
+      LOOM_FAIL(kInternal, "unknown group kind '{}'", kind);
     if (seen.insert(g).second) out.push_back(g);
   }
   return out;

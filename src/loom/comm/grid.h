@@ -19,8 +19,8 @@ struct GridShape {
 
 struct GridCoord {
   int tp = 0, dp = 0, pp = 0;
-  int ep = 0;       // index inside the expert-parallel group
-  int ep_dp = 0;    // index inside the expert-data-parallel group
+  int ep = 0;     // index inside the expert-parallel group
+  int ep_dp = 0;  // index inside the expert-data-parallel group
 };
 
 class Grid {
@@ -38,9 +38,9 @@ class Grid {
   std::vector<int> dp_group(int rank) const;
   std::vector<int> pp_group(int rank) const;
   std::vector<int> model_parallel_group(int rank) const;  // same dp index: tp x pp ranks
-  std::vector<int> embedding_group(int rank) const;  // first and last stage of the pp group
-  std::vector<int> ep_group(int rank) const;         // ep consecutive dp ranks
-  std::vector<int> ep_dp_group(int rank) const;      // dp ranks holding the same experts
+  std::vector<int> embedding_group(int rank) const;       // first and last stage of the pp group
+  std::vector<int> ep_group(int rank) const;              // ep consecutive dp ranks
+  std::vector<int> ep_dp_group(int rank) const;           // dp ranks holding the same experts
 
   // All groups of one kind, each once, for creating communicators in the same
   // order on every rank. kind: "tp", "dp", "pp", "mp", "embedding", "ep", "ep_dp".
