@@ -1,0 +1,486 @@
+#include "loom/comm/mpi/mpi_process_group.h"
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+
+#include "loom/comm/algorithms/allreduce.h"
+#include "loom/core/error.h"
+#include "loom/core/memory.h"
+
+namespace loom {
+
+namespace {
+
+constexpr int kQueryTag = 1, kReplyTagBase = 1000;
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+int as_int(size_t n, const char* what) {
+  LOOM_CHECK_KIND(kUnsupported, n <= static_cast<size_t>(INT_MAX),
+                  "{} of {} elements exceeds MPI's int count", what, n);
+  return static_cast<int>(n);
+}
+
+// Raw transport type: reductions of bf16/f16 go through f32 (see reduce_f32).
+MPI_Datatype transport_type(DType t) {
+  return t == DType::kF32 ? MPI_FLOAT : MPI_UINT16_T;
+}
+
+MPI_Op mpi_op(ReduceOp op) {
+  return op == ReduceOp::kMax ? MPI_MAX : MPI_SUM;
+}
+
+int kind_code(const std::string& kind) {
+  static const char* kKinds[] = {"allreduce", "reducescatter", "allgather", "broadcast",
+                                 "alltoall",  "barrier",       "send",      "recv"};
+  for (int i = 0; i < 8; ++i)
+    if (kind == kKinds[i]) return i;
+  return -1;
+}
+
+// Runs a reduction in f32: bf16 and f16 inputs are widened into a comm-category
+// buffer and the result narrowed back, so accumulation is always f32.
+struct F32View {
+  Buffer owned;
+  float* data = nullptr;
+  F32View(const void* src, DType t, size_t n) {
+    if (t == DType::kF32) {
+      data = const_cast<float*>(static_cast<const float*>(src));
+      return;
+    }
+    owned = Buffer(n * sizeof(float), MemCategory::kComm);
+    data = owned.as<float>();
+    convert(src, t, data, DType::kF32, n);
+  }
+  F32View(size_t n) : owned(n * sizeof(float), MemCategory::kComm), data(owned.as<float>()) {}
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------- runtime ---
+
+MpiRuntime::MpiRuntime(int* argc, char*** argv) {
+  int provided = 0;
+  MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size_);
+  if (provided < MPI_THREAD_MULTIPLE)
+    abort(format("this MPI library provides thread level {} but loom needs MPI_THREAD_MULTIPLE",
+                 provided));
+  MPI_Comm_dup(MPI_COMM_WORLD, &control_);
+  watchdog_ = std::thread([this] { serve_queries(); });
+}
+
+MpiRuntime::~MpiRuntime() {
+  stop_ = true;
+  watchdog_.join();
+  MPI_Barrier(control_);
+  MPI_Comm_free(&control_);
+  MPI_Finalize();
+}
+
+std::shared_ptr<MpiProcessGroup> MpiRuntime::world(const CommOptions& options) {
+  MPI_Comm comm;
+  MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+  return std::make_shared<MpiProcessGroup>(this, comm, "world", options);
+}
+
+void MpiRuntime::abort(const std::string& message, int code) {
+  std::fprintf(stderr, "loom: rank %d: %s\n", world_rank_, message.c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
+}
+
+void MpiRuntime::register_group(MpiProcessGroup* g) {
+  std::lock_guard<std::mutex> lock(groups_mu_);
+  g->id_ = next_group_id_++;
+  groups_.push_back(g);
+}
+
+void MpiRuntime::unregister_group(MpiProcessGroup* g) {
+  std::lock_guard<std::mutex> lock(groups_mu_);
+  groups_.erase(std::remove(groups_.begin(), groups_.end(), g), groups_.end());
+}
+
+// Answers "how many operations has your group <id> started?" from other
+// ranks whose operation timed out.
+void MpiRuntime::serve_queries() {
+  while (!stop_) {
+    int flag = 0;
+    MPI_Status st;
+    MPI_Iprobe(MPI_ANY_SOURCE, kQueryTag, control_, &flag, &st);
+    if (!flag) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      continue;
+    }
+    int id = -1;
+    MPI_Recv(&id, 1, MPI_INT, st.MPI_SOURCE, kQueryTag, control_, MPI_STATUS_IGNORE);
+    uint64_t started = 0;
+    {
+      std::lock_guard<std::mutex> lock(groups_mu_);
+      for (MpiProcessGroup* g : groups_)
+        if (g->id() == id) started = g->started();
+    }
+    MPI_Send(&started, 1, MPI_UINT64_T, st.MPI_SOURCE, kReplyTagBase + id, control_);
+  }
+}
+
+// ------------------------------------------------------------------ group ---
+
+MpiProcessGroup::MpiProcessGroup(MpiRuntime* runtime, MPI_Comm comm, std::string name,
+                                 CommOptions options)
+    : runtime_(runtime), comm_(comm), name_(std::move(name)), options_(std::move(options)) {
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+  MPI_Group mine, world;
+  MPI_Comm_group(comm_, &mine);
+  MPI_Comm_group(MPI_COMM_WORLD, &world);
+  std::vector<int> local(static_cast<size_t>(size_));
+  for (int i = 0; i < size_; ++i) local[i] = i;
+  members_.resize(static_cast<size_t>(size_));
+  MPI_Group_translate_ranks(mine, size_, local.data(), world, members_.data());
+  MPI_Group_free(&mine);
+  MPI_Group_free(&world);
+  // Nodes: MPI's shared-memory split, or blocks of comm.ranks_per_node to
+  // emulate several nodes on one machine.
+  if (options_.ranks_per_node > 0)
+    MPI_Comm_split(comm_, rank_ / options_.ranks_per_node, rank_, &node_comm_);
+  else
+    MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node_comm_);
+  int local_rank = 0;
+  MPI_Comm_rank(node_comm_, &local_rank);
+  MPI_Comm_split(comm_, local_rank, rank_, &cross_comm_);
+  runtime_->register_group(this);
+  worker_ = std::thread([this] { run_worker(); });
+}
+
+MpiProcessGroup::~MpiProcessGroup() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  worker_.join();
+  runtime_->unregister_group(this);
+  MPI_Comm_free(&node_comm_);
+  MPI_Comm_free(&cross_comm_);
+  MPI_Comm_free(&comm_);
+}
+
+std::shared_ptr<MpiProcessGroup> MpiProcessGroup::split(const std::vector<std::vector<int>>& groups,
+                                                        const std::string& name) {
+  int color = -1, key = 0;
+  for (size_t g = 0; g < groups.size(); ++g)
+    for (size_t k = 0; k < groups[g].size(); ++k)
+      if (groups[g][k] == rank_) color = static_cast<int>(g), key = static_cast<int>(k);
+  LOOM_CHECK(color >= 0, "rank {} of group '{}' is in none of the groups of '{}'", rank_, name_,
+             name);
+  MPI_Comm comm;
+  MPI_Comm_split(comm_, color, key, &comm);
+  return std::make_shared<MpiProcessGroup>(runtime_, comm, name, options_);
+}
+
+std::string MpiProcessGroup::Op::describe() const {
+  std::string s = format("{} #{} ({} x {}", kind, seq, count, dtype_name(dtype));
+  if (kind == "allreduce" || kind == "reducescatter")
+    s += format(", {}", reduce_op_name(static_cast<ReduceOp>(arg)));
+  if (kind == "broadcast") s += format(", root {}", arg);
+  if (kind == "send" || kind == "recv") s += format(", peer {}", arg);
+  return s + ")";
+}
+
+WorkPtr MpiProcessGroup::enqueue(Op op, std::function<void(const Op&)> body) {
+  op.seq = ++next_seq_;
+  auto work = std::make_shared<Work>();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back([this, op, body = std::move(body), work] {
+      started_ = op.seq;
+      auto t0 = Clock::now();
+      try {
+        if (options_.debug && op.kind != "send" && op.kind != "recv") check_descriptors(op);
+        body(op);
+        work->finish(since(t0));
+      } catch (const Error& e) {
+        work->fail(format("group '{}' rank {}: {}: {}", name_, rank_, op.describe(), e.what()));
+      }
+    });
+  }
+  cv_.notify_one();
+  return work;
+}
+
+void MpiProcessGroup::run_worker() {
+  for (;;) {
+    std::function<void()> task;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stop requested and nothing left
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    task();
+  }
+}
+
+void MpiProcessGroup::wait_requests(MPI_Request* reqs, int n, const Op& op) {
+  if (n == 0) return;
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(options_.timeout_s));
+  for (int spins = 0;; ++spins) {
+    int done = 0;
+    MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE);
+    if (done) return;
+    if (Clock::now() > deadline) timed_out(op);
+    // Spin briefly for latency, then sleep so the compute threads keep the cores.
+    if (spins < 2000)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+void MpiProcessGroup::timed_out(const Op& op) {
+  // Ask every other member how far its copy of this group got.
+  const int n = size_;
+  std::vector<uint64_t> answers(static_cast<size_t>(n), 0);
+  std::vector<MPI_Request> reqs;
+  std::vector<int> asked;
+  int id = id_;
+  for (int i = 0; i < n; ++i) {
+    if (i == rank_) continue;
+    int world_rank = members_[i];
+    reqs.emplace_back();
+    MPI_Isend(&id, 1, MPI_INT, world_rank, kQueryTag, runtime_->control_, &reqs.back());
+    reqs.emplace_back();
+    MPI_Irecv(&answers[i], 1, MPI_UINT64_T, world_rank, kReplyTagBase + id, runtime_->control_,
+              &reqs.back());
+    asked.push_back(i);
+  }
+  auto until = Clock::now() + std::chrono::seconds(2);
+  std::vector<int> answered(reqs.size(), 0);
+  while (Clock::now() < until) {
+    bool all = true;
+    for (size_t k = 0; k < reqs.size(); ++k) {
+      if (!answered[k]) MPI_Test(&reqs[k], &answered[k], MPI_STATUS_IGNORE);
+      all = all && answered[k];
+    }
+    if (all) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::string missing, silent;
+  for (size_t a = 0; a < asked.size(); ++a) {
+    int i = asked[a];
+    if (!answered[2 * a + 1]) {
+      silent += format("{}{} (world {})", silent.empty() ? "" : ", ", i, members_[i]);
+    } else if (answers[i] < op.seq) {
+      missing += format("{}{} (world {}, at #{})", missing.empty() ? "" : ", ", i, members_[i],
+                        answers[i]);
+    }
+  }
+  std::string report = format(
+      "comm timeout: {} in group '{}' (size {}) did not complete within comm.timeout_s = {} s; "
+      "ranks that had not arrived: {}; ranks that did not answer: {}",
+      op.describe(), name_, size_, options_.timeout_s, missing.empty() ? "none" : missing,
+      silent.empty() ? "none" : silent);
+  runtime_->abort(report, 3);
+}
+
+void MpiProcessGroup::check_descriptors(const Op& op) {
+  int64_t mine[5] = {kind_code(op.kind), static_cast<int64_t>(op.count),
+                     static_cast<int64_t>(op.dtype), op.arg, static_cast<int64_t>(op.seq)};
+  std::vector<int64_t> all(static_cast<size_t>(5 * size_));
+  MPI_Request req;
+  MPI_Iallgather(mine, 5, MPI_INT64_T, all.data(), 5, MPI_INT64_T, comm_, &req);
+  wait_requests(&req, 1, op);
+  static const char* kKinds[] = {"allreduce", "reducescatter", "allgather", "broadcast",
+                                 "alltoall",  "barrier",       "send",      "recv"};
+  for (int r = 0; r < size_; ++r) {
+    const int64_t* d = all.data() + 5 * r;
+    if (std::equal(d, d + 5, mine)) continue;
+    Op other;
+    other.kind = d[0] >= 0 && d[0] < 8 ? kKinds[d[0]] : "unknown";
+    other.count = static_cast<size_t>(d[1]);
+    other.dtype = static_cast<DType>(d[2]);
+    other.arg = static_cast<int>(d[3]);
+    other.seq = static_cast<uint64_t>(d[4]);
+    LOOM_FAIL(kComm,
+              "mismatched collectives at position #{}: rank {} called {} but rank {} "
+              "called {}",
+              op.seq, rank_, op.describe(), r, other.describe());
+  }
+}
+
+// ------------------------------------------------------------ collectives ---
+
+WorkPtr MpiProcessGroup::all_reduce(const void* in, void* out, size_t count, DType t, ReduceOp op) {
+  return all_reduce_with(options_.allreduce, in, out, count, t, op);
+}
+
+std::string MpiProcessGroup::choose_algorithm(size_t bytes) const {
+  // Crossover points measured with `loom bench comm` on 2 and 4 ranks of one
+  // machine (docs/performance.md): MPI's own algorithm for small messages,
+  // the pipelined ring above.
+  if (size_ <= 1) return "mpi";
+  return bytes >= (size_t{1} << 20) ? "ring" : "mpi";
+}
+
+WorkPtr MpiProcessGroup::all_reduce_with(const std::string& algo, const void* in, void* out,
+                                         size_t count, DType t, ReduceOp op) {
+  LOOM_CHECK_KIND(
+      kConfig,
+      algo == "mpi" || algo == "ring" || algo == "rhd" || algo == "hierarchical" || algo == "auto",
+      "comm.allreduce: unknown algorithm '{}' (mpi, ring, rhd, hierarchical, auto)", algo);
+  Op o{"allreduce", count, t, static_cast<int>(op)};
+  return enqueue(o, [this, algo, in, out, count, t, op](const Op& o) {
+    std::string a = algo == "auto" ? choose_algorithm(count * dtype_size(t)) : algo;
+    // f32 works on `out` directly; bf16 and f16 on a widened f32 copy of `in`.
+    F32View src(in, t, count);
+    float* res = t == DType::kF32 ? static_cast<float*>(out) : src.data;
+    if (a == "mpi") {
+      MPI_Request req;
+      MPI_Iallreduce(src.data == res ? MPI_IN_PLACE : src.data, res, as_int(count, "all-reduce"),
+                     MPI_FLOAT, mpi_op(op), comm_, &req);
+      wait_requests(&req, 1, o);
+      if (op == ReduceOp::kAvg)
+        for (size_t i = 0; i < count; ++i) res[i] /= static_cast<float>(size_);
+      if (t != DType::kF32) convert(res, DType::kF32, out, t, count);
+      return;
+    }
+    // loom's algorithms reduce in place.
+    if (res != src.data) std::memcpy(res, src.data, count * sizeof(float));
+    F32View work(res, DType::kF32, count);
+    auto wait = [this, &o](MPI_Request* r, int n) { wait_requests(r, n, o); };
+    ReduceOp base = op == ReduceOp::kMax ? ReduceOp::kMax : ReduceOp::kSum;
+    algo::P2p g{comm_, rank_, size_, wait};
+    if (a == "ring") {
+      algo::ring_all_reduce(g, work.data, count, base);
+    } else if (a == "rhd") {
+      algo::rhd_all_reduce(g, work.data, count, base);
+    } else {
+      int node_size = 0, node_rank = 0, cross_size = 0, cross_rank = 0;
+      MPI_Comm_size(node_comm_, &node_size);
+      MPI_Comm_rank(node_comm_, &node_rank);
+      MPI_Comm_size(cross_comm_, &cross_size);
+      MPI_Comm_rank(cross_comm_, &cross_rank);
+      if (node_size * cross_size != size_) {
+        algo::ring_all_reduce(g, work.data, count, base);  // unequal nodes: flat ring
+      } else {
+        algo::hierarchical_all_reduce(algo::P2p{node_comm_, node_rank, node_size, wait},
+                                      algo::P2p{cross_comm_, cross_rank, cross_size, wait},
+                                      work.data, count, base);
+      }
+    }
+    if (op == ReduceOp::kAvg)
+      for (size_t i = 0; i < count; ++i) work.data[i] /= static_cast<float>(size_);
+    if (t != DType::kF32) convert(work.data, DType::kF32, out, t, count);
+  });
+}
+
+WorkPtr MpiProcessGroup::reduce_scatter(const void* in, void* out, size_t count, DType t,
+                                        ReduceOp op) {
+  return enqueue(Op{"reducescatter", count, t, static_cast<int>(op)}, [=, this](const Op& o) {
+    const size_t total = count * static_cast<size_t>(size_);
+    F32View buf(in, t, total);
+    F32View res(count);
+    MPI_Request req;
+    MPI_Ireduce_scatter_block(buf.data, res.data, as_int(count, "reduce-scatter"), MPI_FLOAT,
+                              mpi_op(op), comm_, &req);
+    wait_requests(&req, 1, o);
+    if (op == ReduceOp::kAvg)
+      for (size_t i = 0; i < count; ++i) res.data[i] /= static_cast<float>(size_);
+    convert(res.data, DType::kF32, out, t, count);
+  });
+}
+
+WorkPtr MpiProcessGroup::all_gather(const void* in, void* out, size_t count, DType t) {
+  return enqueue(Op{"allgather", count, t, 0}, [=, this](const Op& o) {
+    const size_t bytes = count * dtype_size(t);
+    char* dst = static_cast<char*>(out);
+    const bool in_place = in == dst + static_cast<size_t>(rank_) * bytes;
+    const int n = as_int(count, "all-gather");
+    MPI_Request req;
+    MPI_Iallgather(in_place ? MPI_IN_PLACE : in, n, transport_type(t), out, n, transport_type(t),
+                   comm_, &req);
+    wait_requests(&req, 1, o);
+  });
+}
+
+WorkPtr MpiProcessGroup::broadcast(void* buf, size_t count, DType t, int root) {
+  LOOM_CHECK(root >= 0 && root < size_, "broadcast root {} outside group '{}' of size {}", root,
+             name_, size_);
+  return enqueue(Op{"broadcast", count, t, root}, [=, this](const Op& o) {
+    MPI_Request req;
+    MPI_Ibcast(buf, as_int(count, "broadcast"), transport_type(t), root, comm_, &req);
+    wait_requests(&req, 1, o);
+  });
+}
+
+WorkPtr MpiProcessGroup::all_to_all(const void* in, const std::vector<size_t>& send_counts,
+                                    void* out, const std::vector<size_t>& recv_counts, DType t) {
+  LOOM_CHECK(send_counts.size() == static_cast<size_t>(size_) &&
+                 recv_counts.size() == static_cast<size_t>(size_),
+             "all-to-all needs {} send and receive counts, got {} and {}", size_,
+             send_counts.size(), recv_counts.size());
+  size_t total = 0;
+  for (size_t c : send_counts) total += c;
+  return enqueue(Op{"alltoall", total, t, 0}, [=, this](const Op& o) {
+    std::vector<int> sc(static_cast<size_t>(size_)), sd(sc.size()), rc(sc.size()), rd(sc.size());
+    size_t so = 0, ro = 0;
+    for (int r = 0; r < size_; ++r) {
+      sc[r] = as_int(send_counts[r], "all-to-all"), sd[r] = as_int(so, "all-to-all offset");
+      rc[r] = as_int(recv_counts[r], "all-to-all"), rd[r] = as_int(ro, "all-to-all offset");
+      so += send_counts[r], ro += recv_counts[r];
+    }
+    // In place: MPI needs distinct buffers, so send from a copy.
+    Buffer copy;
+    const void* src = in;
+    if (in == out) {
+      copy = Buffer(so * dtype_size(t), MemCategory::kComm);
+      std::memcpy(copy.data(), in, so * dtype_size(t));
+      src = copy.data();
+    }
+    MPI_Request req;
+    MPI_Ialltoallv(src, sc.data(), sd.data(), transport_type(t), out, rc.data(), rd.data(),
+                   transport_type(t), comm_, &req);
+    wait_requests(&req, 1, o);
+  });
+}
+
+WorkPtr MpiProcessGroup::send(const void* buf, size_t count, DType t, int peer, int tag) {
+  LOOM_CHECK(tag >= 0 && tag < algo::kAlgoTagBase, "tag {} outside [0, {})", tag,
+             algo::kAlgoTagBase);
+  return enqueue(Op{"send", count, t, peer}, [=, this](const Op& o) {
+    MPI_Request req;
+    MPI_Isend(buf, as_int(count, "send"), transport_type(t), peer, tag, comm_, &req);
+    wait_requests(&req, 1, o);
+  });
+}
+
+WorkPtr MpiProcessGroup::recv(void* buf, size_t count, DType t, int peer, int tag) {
+  LOOM_CHECK(tag >= 0 && tag < algo::kAlgoTagBase, "tag {} outside [0, {})", tag,
+             algo::kAlgoTagBase);
+  return enqueue(Op{"recv", count, t, peer}, [=, this](const Op& o) {
+    MPI_Request req;
+    MPI_Irecv(buf, as_int(count, "recv"), transport_type(t), peer, tag, comm_, &req);
+    wait_requests(&req, 1, o);
+  });
+}
+
+WorkPtr MpiProcessGroup::barrier() {
+  return enqueue(Op{"barrier", 0, DType::kF32, 0}, [=, this](const Op& o) {
+    MPI_Request req;
+    MPI_Ibarrier(comm_, &req);
+    wait_requests(&req, 1, o);
+  });
+}
+
+}  // namespace loom

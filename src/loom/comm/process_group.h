@@ -1,0 +1,71 @@
+// ProcessGroup: the interface every parallel strategy talks through. A group
+// is an ordered set of ranks; each collective is asynchronous and returns a
+// Work whose wait() blocks until it completes and throws Error(kComm) when it
+// failed or timed out.
+//
+// Contract (as for every collective library): all members call the group's
+// collectives in the same order with matching sizes, dtypes and operations.
+// Different groups are independent: their operations may interleave in any
+// order across ranks. Buffers must stay valid and untouched until wait()
+// returns. `in == out` is allowed everywhere (in place).
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "loom/core/dtype.h"
+
+namespace loom {
+
+enum class ReduceOp { kSum, kAvg, kMax };
+const char* reduce_op_name(ReduceOp op);
+
+// Completion of one asynchronous operation.
+class Work {
+ public:
+  bool test() const;  // true once finished (successfully or not)
+  void wait();        // blocks; throws Error(kComm) with the reason on failure
+  // Seconds between the start of the operation on the worker and its end.
+  double seconds() const;
+
+  // Called by the backend.
+  void finish(double seconds);
+  void fail(const std::string& reason);
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::string error_;
+  double seconds_ = 0;
+};
+using WorkPtr = std::shared_ptr<Work>;
+
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const std::string& name() const = 0;
+
+  // out (count) = op over ranks of in (count).
+  virtual WorkPtr all_reduce(const void* in, void* out, size_t count, DType t, ReduceOp op) = 0;
+  // in (size * count) reduced; rank r receives block r into out (count).
+  virtual WorkPtr reduce_scatter(const void* in, void* out, size_t count, DType t, ReduceOp op) = 0;
+  // out (size * count) = every rank's in (count), in rank order.
+  virtual WorkPtr all_gather(const void* in, void* out, size_t count, DType t) = 0;
+  virtual WorkPtr broadcast(void* buf, size_t count, DType t, int root) = 0;
+  // Sends send_counts[r] elements to rank r (consecutive blocks of in) and
+  // receives recv_counts[r] from rank r (consecutive blocks of out).
+  virtual WorkPtr all_to_all(const void* in, const std::vector<size_t>& send_counts, void* out,
+                             const std::vector<size_t>& recv_counts, DType t) = 0;
+  virtual WorkPtr send(const void* buf, size_t count, DType t, int peer, int tag) = 0;
+  virtual WorkPtr recv(void* buf, size_t count, DType t, int peer, int tag) = 0;
+  virtual WorkPtr barrier() = 0;
+};
+
+}  // namespace loom
