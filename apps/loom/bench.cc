@@ -181,6 +181,8 @@ void add_bench_command(CLI::App& app) {
   tokenize->add_option("--reps", k->reps, "Timed repetitions")->check(CLI::PositiveNumber);
   tokenize->add_flag("--json", k->json, "One JSON object on stdout");
   tokenize->callback([k] { run_tokenize_bench(*k); });
+
+  add_bench_comm_command(*bench);
 }
 
 }  // namespace loom::app

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# A failing rank ends the whole job, never a hang: killed (kill -9), frozen
+# (SIGSTOP: its peers time out and report it as not answering), or alive but
+# late (its peers report it as not arrived). Each job must exit non-zero
+# within its bound, with the message.
+set -euo pipefail
+LOOM=${LOOM:?} PROBE=${PROBE:?}
+export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# Starts an mpirun job in the background; sets $job.
+start() { mpirun --oversubscribe -np 4 "$@" > "$WORK/out.txt" 2>&1 & job=$!; }
+# Waits for the job to end within $1 seconds; fails on a hang or a zero exit.
+finish_within() {
+  local limit=$1 t0=$SECONDS rc=0
+  while kill -0 "$job" 2>/dev/null; do
+    ((SECONDS - t0 <= limit)) || { kill -9 "$job"; fail "job still running after ${limit}s"; }
+    sleep 0.2
+  done
+  wait "$job" || rc=$?
+  ((rc != 0)) || fail "job exited 0"
+  echo "ended in $((SECONDS - t0)) s with exit $rc"
+}
+rank_pid() { pgrep -P "$job" | sort -n | sed -n "$(($1 + 1))p"; }
+
+long=(bench comm --op allreduce --algo ring --min 1M --max 1M --iters 1000000 --warmup 0)
+
+# 1. kill -9 of rank 2 in the middle of a long loop of all-reduces.
+start "$LOOM" "${long[@]}" --set comm.timeout_s=10
+sleep 3
+kill -9 "$(rank_pid 2)"
+finish_within 30
+grep -q "exited on signal 9" "$WORK/out.txt" || fail "no report of the killed rank: $(cat "$WORK/out.txt")"
+echo "ok: kill -9"
+
+# 2. SIGSTOP of rank 1: the others time out and name it.
+start "$LOOM" "${long[@]}" --set comm.timeout_s=3
+sleep 3
+frozen=$(rank_pid 1)
+kill -STOP "$frozen"
+finish_within 40
+kill -9 "$frozen" 2>/dev/null || true
+grep -q "comm timeout: allreduce #[0-9]* (262144 x f32, sum) in group 'world' (size 4) did not complete within comm.timeout_s = 3 s" "$WORK/out.txt" ||
+  fail "no timeout report: $(cat "$WORK/out.txt")"
+grep -q "ranks that did not answer: 1 (world 1)" "$WORK/out.txt" || fail "frozen rank not named: $(cat "$WORK/out.txt")"
+echo "ok: SIGSTOP"
+
+# 3. Rank 1 alive but late: reported as not arrived, with its position.
+start "$PROBE"
+finish_within 30
+grep -q "comm timeout: allreduce #2 (1000 x f32, sum) in group 'world'" "$WORK/out.txt" ||
+  fail "no timeout report: $(cat "$WORK/out.txt")"
+grep -q "ranks that had not arrived: 1 (world 1, at #1)" "$WORK/out.txt" ||
+  fail "late rank not named: $(cat "$WORK/out.txt")"
+echo "ok: late rank"
+echo PASS
