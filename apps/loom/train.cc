@@ -1,11 +1,13 @@
 // loom train --config FILE [--set key=value]... [--out DIR] [--overwrite]
 //            [--resume DIR|latest] [--init-from FILE.safetensors]
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "commands.h"
+#include "loom/comm/mpi/mpi_process_group.h"
 #include "loom/core/threads.h"
 #include "loom/train/config.h"
 #include "loom/train/trainer.h"
@@ -21,6 +23,26 @@ struct TrainArgs {
   std::string resume;
   std::string init_from;
 };
+
+bool launched_by_mpi() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;
+}
+
+void run_train(const TrainArgs& args, MpiRuntime* rt) {
+  const int world = rt ? rt->world_size() : 1;
+  Config config = load_config(args.config, args.overrides, world);
+  ThreadConfig threads = configure_threads();
+  RunOptions options;
+  options.out_dir =
+      args.out.empty() ? (std::filesystem::path("runs") / config.train.name).string() : args.out;
+  options.overwrite = args.overwrite;
+  options.resume = args.resume;
+  options.init_from = args.init_from;
+  if (rt) options.dp_group = rt->world(config.comm);
+  Trainer trainer(std::move(config), options, threads);
+  trainer.run();
+}
+
 }  // namespace
 
 void add_train_command(CLI::App& app) {
@@ -35,17 +57,17 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--init-from", args->init_from,
                   "Start from Hugging Face GPT-2 weights (a .safetensors file)");
   cmd->callback([args] {
-    Config config = load_config(args->config, args->overrides);
-    ThreadConfig threads = configure_threads();
-    RunOptions options;
-    options.out_dir = args->out.empty()
-                          ? (std::filesystem::path("runs") / config.train.name).string()
-                          : args->out;
-    options.overwrite = args->overwrite;
-    options.resume = args->resume;
-    options.init_from = args->init_from;
-    Trainer trainer(std::move(config), options, threads);
-    trainer.run();
+    // Under mpirun every rank is a data-parallel replica; otherwise one process.
+    if (launched_by_mpi()) {
+      MpiRuntime rt(nullptr, nullptr);
+      try {
+        run_train(*args, &rt);
+      } catch (const std::exception& e) {
+        rt.abort(e.what());  // other ranks may wait in a collective: end the job
+      }
+      return;
+    }
+    run_train(*args, nullptr);
   });
 }
 

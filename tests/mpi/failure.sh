@@ -55,4 +55,16 @@ grep -q "comm timeout: allreduce #2 (1000 x f32, sum) in group 'world'" "$WORK/o
 grep -q "ranks that had not arrived: 1 (world 1, at #1)" "$WORK/out.txt" ||
   fail "late rank not named: $(cat "$WORK/out.txt")"
 echo "ok: late rank"
+# 4. kill -9 of a rank during a data-parallel training run.
+cat > "$WORK/train.json" <<JSON
+{"train_batch_size": 8, "model": {"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 256, "seq_len": 32},
+ "data": {"synthetic": true}, "train": {"steps": 1000000}, "comm": {"timeout_s": 10},
+ "log": {"peak_gflops": 100}}
+JSON
+start "$LOOM" train --config "$WORK/train.json" --out "$WORK/run"
+sleep 4
+kill -9 "$(rank_pid 3)"
+finish_within 30
+grep -q "exited on signal 9" "$WORK/out.txt" || fail "no report of the killed rank: $(cat "$WORK/out.txt")"
+echo "ok: kill -9 during training"
 echo PASS

@@ -247,7 +247,8 @@ double Gpt<T>::forward(GptActivations<T>& a, const int32_t* tokens, const int32_
 }
 
 template <typename T>
-void Gpt<T>::backward(GptActivations<T>& a, double loss_scale) {
+void Gpt<T>::backward(GptActivations<T>& a, double loss_scale,
+                      const std::function<void(int64_t)>& on_ready) {
   LOOM_CHECK(a.targets != nullptr, "backward needs a forward pass with targets");
   const int64_t B = a.B, Tn = a.Tn, BT = B * Tn, C = config_.n_embd;
   const int64_t V = config_.vocab_size, Vp = config_.padded_vocab();
@@ -262,15 +263,18 @@ void Gpt<T>::backward(GptActivations<T>& a, double loss_scale) {
   const T* last = config_.n_layer > 0 ? a.layers.back().res3 : a.encoded;
   cpu::layernorm_backward(d_resid_, grad(*lnf_w_), grad(*lnf_b_), d_ln_, last, param(*lnf_w_),
                           a.lnf_mean, a.lnf_rstd, BT, C);
+  if (on_ready) on_ready(lnf_w_->offset);
   for (int l = config_.n_layer - 1; l >= 0; --l) {
     const T* x = l > 0 ? a.layers[l - 1].res3 : a.encoded;
     block_backward(l, a, x, d_resid_);
+    if (on_ready) on_ready(lp_[l].ln1_w->offset);
   }
   DropoutStream stream(a.ctx.seed, a.ctx.step, a.ctx.training ? config_.dropout : 0.0f);
   cpu::dropout_inplace(
       d_resid_, cpu::DropoutSpec{&stream, a.ctx.sample0, dropout_site(-1, DropoutSite::kEmbedding)},
       B, Tn, C);
   cpu::encoder_backward(grad(*wte_), grad(*wpe_), d_resid_, a.tokens, B, Tn, C);
+  if (on_ready) on_ready(0);
 }
 
 template <typename T>

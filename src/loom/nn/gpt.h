@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "loom/core/memory.h"
@@ -89,7 +90,10 @@ class Gpt {
   double forward(GptActivations<T>& a, const int32_t* tokens, const int32_t* targets,
                  const StepContext& ctx);
   // Accumulates into grads() the gradient of loss_scale * mean loss.
-  void backward(GptActivations<T>& a, double loss_scale);
+  // on_ready(from), when given, is called as backward goes: every gradient at
+  // flat offset >= from is final (data parallelism starts reducing those).
+  void backward(GptActivations<T>& a, double loss_scale,
+                const std::function<void(int64_t)>& on_ready = nullptr);
 
   // Incremental decoding: feeds `token` at position cache.len (< seq_len)
   // and returns the logits (padded_vocab) for the next position. Equal to the

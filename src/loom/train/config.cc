@@ -45,6 +45,13 @@ const std::vector<KeySpec>& schema() {
       {"scheduler.params.total_num_steps", Kind::kInt, 1, kMaxInt},
       {"scheduler.params.warmup_min_ratio", Kind::kNumber, 0, 1},
       {"scheduler.params.cos_min_ratio", Kind::kNumber, 0, 1},
+      {"zero_optimization.stage", Kind::kInt, 0, 3},
+      {"zero_optimization.reduce_bucket_size", Kind::kInt, 1, kMaxInt},
+      {"zero_optimization.overlap_comm", Kind::kBool},
+      {"comm.allreduce", Kind::kString, 0, 0, {"mpi", "ring", "rhd", "hierarchical", "auto"}},
+      {"comm.timeout_s", Kind::kNumber, 0, 1e300, {}, true},
+      {"comm.ranks_per_node", Kind::kInt, 0, 1 << 20},
+      {"comm.debug", Kind::kBool},
       {"fp16.enabled", Kind::kBool},
       {"bf16.enabled", Kind::kBool},
       {"model.n_layer", Kind::kInt, 1, 4096},
@@ -340,6 +347,13 @@ json to_json(const Config& c) {
   j["checkpoint"] = {{"dir", c.checkpoint.dir},
                      {"every", c.checkpoint.every},
                      {"keep_last", c.checkpoint.keep_last}};
+  j["zero_optimization"] = {{"stage", c.zero.stage},
+                            {"reduce_bucket_size", c.zero.reduce_bucket_size},
+                            {"overlap_comm", c.zero.overlap_comm}};
+  j["comm"] = {{"allreduce", c.comm.allreduce},
+               {"timeout_s", c.comm.timeout_s},
+               {"ranks_per_node", c.comm.ranks_per_node},
+               {"debug", c.comm.debug}};
   j["log"] = {{"every", c.log.every}, {"peak_gflops", c.log.peak_gflops}};
   return j;
 }
@@ -424,6 +438,18 @@ Config parse_config(const std::string& text, const std::string& source,
   if (!d.synthetic && d.train.empty())
     fail(source, "data.train: no token file given (set data.train, or data.synthetic: true)");
 
+  c.zero.stage = get_or<int>(j, "zero_optimization.stage", 0);
+  if (c.zero.stage > 0)
+    LOOM_FAIL(kUnsupported,
+              "{}: zero_optimization.stage {} is not supported by this build yet "
+              "(stage 0: replicated optimizer state)",
+              source, c.zero.stage);
+  c.zero.reduce_bucket_size = get_or<int64_t>(j, "zero_optimization.reduce_bucket_size", 500000000);
+  c.zero.overlap_comm = get_or<bool>(j, "zero_optimization.overlap_comm", true);
+  c.comm.allreduce = get_or<std::string>(j, "comm.allreduce", "mpi");
+  c.comm.timeout_s = get_or<double>(j, "comm.timeout_s", 600.0);
+  c.comm.ranks_per_node = get_or<int>(j, "comm.ranks_per_node", 0);
+  c.comm.debug = get_or<bool>(j, "comm.debug", false);
   c.checkpoint.dir = get_or<std::string>(j, "checkpoint.dir", "");
   c.checkpoint.every = get_or<int64_t>(j, "checkpoint.every", 0);
   c.checkpoint.keep_last = get_or<int64_t>(j, "checkpoint.keep_last", 0);

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/comm/mpi/mpi_process_group.h"
 #include "loom/nn/gpt.h"
 #include "loom/optim/adamw.h"
 #include "loom/optim/lr_schedule.h"
@@ -40,6 +41,13 @@ struct CheckpointConfig {
   int64_t keep_last = 0;  // keep the newest this many; 0: all
 };
 
+// DeepSpeed's zero_optimization section; stage 0 (plain data parallelism) here.
+struct ZeroConfig {
+  int stage = 0;
+  int64_t reduce_bucket_size = 500000000;  // elements, as DeepSpeed counts
+  bool overlap_comm = true;
+};
+
 struct LogConfig {
   int64_t every = 1;
   double peak_gflops = 0;  // the MFU denominator; 0: measured at start
@@ -57,6 +65,8 @@ struct Config {
   DataConfig data;
   TrainConfig train;
   CheckpointConfig checkpoint;
+  ZeroConfig zero;
+  CommOptions comm;
   LogConfig log;
   nlohmann::json resolved;  // every key with its value in effect
 };

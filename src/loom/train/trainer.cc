@@ -78,7 +78,19 @@ Trainer::Trainer(Config config, RunOptions options, ThreadConfig threads)
               config_.train.eval_every);
   LOOM_CHECK_KIND(kConfig, options_.resume.empty() || options_.init_from.empty(),
                   "--resume and --init-from exclude each other");
-  if (!options_.out_dir.empty() && options_.resume.empty()) {
+  if (options_.dp_group) {
+    dp_rank_ = options_.dp_group->rank();
+    dp_size_ = options_.dp_group->size();
+    writer_ = dp_rank_ == 0;
+    if (!writer_) options_.quiet = true;
+    LOOM_CHECK_KIND(kConfig, config_.data_parallel == dp_size_,
+                    "the config's data-parallel size {} differs from the group's {}",
+                    config_.data_parallel, dp_size_);
+    buckets_ =
+        std::make_unique<GradBuckets>(model_.layout(), options_.dp_group,
+                                      config_.zero.reduce_bucket_size, config_.zero.overlap_comm);
+  }
+  if (writer_ && !options_.out_dir.empty() && options_.resume.empty()) {
     std::error_code ec;
     if (fs::exists(options_.out_dir, ec) && !fs::is_empty(options_.out_dir, ec) &&
         !options_.overwrite)
@@ -116,17 +128,36 @@ StepResult Trainer::train_step() {
   model_.zero_grads();
   double loss_sum = 0;
   for (int64_t micro = 0; micro < accum; ++micro) {
-    // Global sample index: samples of a step are numbered across the whole
-    // batch (micro-batch, then data-parallel rank), the same for any layout.
-    StepContext ctx{config_.train.seed, static_cast<uint64_t>(step_),
-                    static_cast<uint64_t>(micro * B), true};
+    // Global sample index: the step's train_batch_size samples are numbered
+    // micro-batch by micro-batch, data-parallel rank within each, so every
+    // layout sees the same samples with the same dropout masks.
+    const int64_t first = (micro * dp_size_ + dp_rank_) * B;
+    StepContext ctx{config_.train.seed, static_cast<uint64_t>(step_), static_cast<uint64_t>(first),
+                    true};
     train_data_->fill(ctx.step, ctx.sample0, B, Tn, inputs_.data(), targets_.data());
     auto t0 = clock::now();
     loss_sum += model_.forward(acts_, inputs_.data(), targets_.data(), ctx);
     r.t_forward += seconds_since(t0);
     t0 = clock::now();
-    model_.backward(acts_, 1.0 / static_cast<double>(accum));
+    // Gradients are reduced once, during the last micro-batch's backward.
+    const bool reduce = buckets_ && micro == accum - 1;
+    if (reduce) buckets_->begin(model_.grads());
+    model_.backward(acts_, 1.0 / static_cast<double>(accum),
+                    reduce ? [this](int64_t from) { buckets_->ready_from(from); }
+                           : std::function<void(int64_t)>());
     r.t_backward += seconds_since(t0);
+    if (reduce) {
+      BucketStats st = buckets_->finish();
+      r.t_comm = st.comm_s;
+      r.t_comm_exposed = st.exposed_s;
+      r.comm_bytes = st.bytes;
+    }
+  }
+  if (options_.dp_group) {
+    // The step's loss over the global batch: the mean of the ranks' means.
+    float mean = static_cast<float>(loss_sum);
+    options_.dp_group->all_reduce(&mean, &mean, 1, DType::kF32, ReduceOp::kAvg)->wait();
+    loss_sum = mean;
   }
   auto t0 = clock::now();
   r.grad_norm = clip_grad_norm(model_.grads(), model_.num_params(), config_.gradient_clipping);
@@ -145,14 +176,18 @@ StepResult Trainer::train_step() {
 double Trainer::evaluate() {
   LOOM_CHECK(val_data_ != nullptr, "evaluate() without validation data");
   const int64_t B = config_.micro_batch, Tn = config_.model.seq_len;
-  double sum = 0;
-  for (int64_t i = 0; i < config_.train.eval_steps; ++i) {
-    // A fixed set of validation samples: step 0, samples numbered from i * B.
+  // A fixed set of validation batches (step 0, samples from i * B), shared
+  // out round-robin over the data-parallel ranks.
+  float sum_count[2] = {0, 0};
+  for (int64_t i = dp_rank_; i < config_.train.eval_steps; i += dp_size_) {
     StepContext ctx{config_.train.seed, 0, static_cast<uint64_t>(i * B), false};
     val_data_->fill(0, ctx.sample0, B, Tn, inputs_.data(), targets_.data());
-    sum += model_.forward(acts_, inputs_.data(), targets_.data(), ctx);
+    sum_count[0] += static_cast<float>(model_.forward(acts_, inputs_.data(), targets_.data(), ctx));
+    sum_count[1] += 1;
   }
-  return sum / static_cast<double>(config_.train.eval_steps);
+  if (options_.dp_group)
+    options_.dp_group->all_reduce(sum_count, sum_count, 2, DType::kF32, ReduceOp::kSum)->wait();
+  return sum_count[0] / sum_count[1];
 }
 
 std::string Trainer::sample(const std::string& prompt, int64_t n, double temperature, int64_t top_k,
@@ -216,10 +251,11 @@ void Trainer::write_metrics(const StepResult& r) {
               {"forward", r.t_forward},
               {"backward", r.t_backward},
               {"optimizer", r.t_optimizer},
-              {"comm", 0.0},
-              {"comm_exposed", 0.0},
+              {"comm", r.t_comm},
+              {"comm_exposed", r.t_comm_exposed},
               {"bubble", 0.0}}}};
   if (r.val_loss) j["val_loss"] = *r.val_loss;
+  j["comm_bytes"] = r.comm_bytes;
   metrics_ << j.dump() << "\n";
   metrics_.flush();
 }
@@ -247,7 +283,7 @@ void Trainer::show_progress(const StepResult& r, double elapsed, int64_t done) {
 }
 
 std::vector<StepResult> Trainer::run() {
-  if (!options_.out_dir.empty()) open_run_folder();
+  if (writer_ && !options_.out_dir.empty()) open_run_folder();
   const GptConfig& m = config_.model;
   if (!options_.quiet) {
     std::printf("loom: %s\n", describe(threads_).c_str());
@@ -257,9 +293,14 @@ std::vector<StepResult> Trainer::run() {
         "%.2fM parameters\n",
         m.n_layer, m.n_embd, m.n_head, m.vocab_size, m.padded_vocab(), m.seq_len,
         double(model_.num_params()) / 1e6);
-    std::printf("loom: data %s; batch %ld = micro-batch %ld x accumulation %ld\n",
-                train_data_->describe().c_str(), long(config_.train_batch_size),
-                long(config_.micro_batch), long(config_.grad_accum));
+    std::printf(
+        "loom: data %s; batch %ld = micro-batch %ld x accumulation %ld x data-parallel "
+        "%d\n",
+        train_data_->describe().c_str(), long(config_.train_batch_size), long(config_.micro_batch),
+        long(config_.grad_accum), dp_size_);
+    if (buckets_)
+      std::printf("loom: data parallel over %d ranks: %ld gradient buckets, overlap %s\n", dp_size_,
+                  long(buckets_->num_buckets()), config_.zero.overlap_comm ? "on" : "off");
     std::fflush(stdout);
   }
   std::vector<StepResult> results;
@@ -267,7 +308,7 @@ std::vector<StepResult> Trainer::run() {
   if (step_ > 0 && !options_.quiet)
     std::printf("loom: resumed from %s at step %ld\n", options_.resume.c_str(), long(step_));
   const int64_t total = config_.train.steps, every = config_.checkpoint.every;
-  const bool checkpoints = every > 0 && !checkpoint_root().empty();
+  const bool checkpoints = writer_ && every > 0 && !checkpoint_root().empty();
   while (step_ < total) {
     StepResult r = train_step();
     const int64_t eval = config_.train.eval_every;

@@ -13,6 +13,7 @@
 #include "loom/core/threads.h"
 #include "loom/nn/gpt.h"
 #include "loom/optim/adamw.h"
+#include "loom/parallel/data/grad_buckets.h"
 #include "loom/train/config.h"
 #include "loom/train/data.h"
 #include "loom/train/tokenizer.h"
@@ -25,6 +26,9 @@ struct RunOptions {
   bool quiet = false;      // no progress output
   std::string resume;      // checkpoint folder or "latest"; "" starts fresh
   std::string init_from;   // Hugging Face GPT-2 safetensors to start from
+  // The data-parallel group (all ranks of an mpirun job); null: one process.
+  // Rank 0 alone writes the run folder, metrics, checkpoints and progress.
+  std::shared_ptr<ProcessGroup> dp_group;
 };
 
 struct StepResult {
@@ -33,6 +37,7 @@ struct StepResult {
   double t_forward = 0, t_backward = 0, t_optimizer = 0, t_step = 0;  // seconds
   double tokens_per_s = 0, mfu = 0;
   std::optional<double> val_loss;
+  double t_comm = 0, t_comm_exposed = 0, comm_bytes = 0;  // data-parallel gradient reduction
 };
 
 class Trainer {
@@ -71,6 +76,9 @@ class Trainer {
   GptActivations<float> acts_;
   std::unique_ptr<BatchSource> train_data_, val_data_;
   std::unique_ptr<Tokenizer> tokenizer_;  // null when the data's tokenizer is unknown
+  int dp_rank_ = 0, dp_size_ = 1;
+  bool writer_ = true;                    // rank 0: writes outputs, shows progress
+  std::unique_ptr<GradBuckets> buckets_;  // with a data-parallel group
   std::vector<int32_t> inputs_, targets_;
   double peak_gflops_ = 0;
   int64_t step_ = 0;
