@@ -444,7 +444,7 @@ Config parse_config(const std::string& text, const std::string& source,
               "{}: zero_optimization.stage {} is not supported by this build yet "
               "(stage 0: replicated optimizer state)",
               source, c.zero.stage);
-  c.zero.reduce_bucket_size = get_or<int64_t>(j, "zero_optimization.reduce_bucket_size", 500000000);
+  c.zero.reduce_bucket_size = get_or<int64_t>(j, "zero_optimization.reduce_bucket_size", 1000000);
   c.zero.overlap_comm = get_or<bool>(j, "zero_optimization.overlap_comm", true);
   c.comm.allreduce = get_or<std::string>(j, "comm.allreduce", "mpi");
   c.comm.timeout_s = get_or<double>(j, "comm.timeout_s", 600.0);

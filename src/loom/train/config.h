@@ -44,7 +44,10 @@ struct CheckpointConfig {
 // DeepSpeed's zero_optimization section; stage 0 (plain data parallelism) here.
 struct ZeroConfig {
   int stage = 0;
-  int64_t reduce_bucket_size = 500000000;  // elements, as DeepSpeed counts
+  // Elements, as DeepSpeed counts. loom's default (1e6) is smaller than
+  // DeepSpeed's 5e8 so that models of a few million parameters still get
+  // several buckets to overlap with backward.
+  int64_t reduce_bucket_size = 1000000;
   bool overlap_comm = true;
 };
 
