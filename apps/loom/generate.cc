@@ -52,7 +52,7 @@ void add_generate_command(CLI::App& app) {
                     a->checkpoint);
     auto tokenizer = make_tokenizer(state.tokenizer);
     Gpt<float> model(model_config(read_checkpoint_config(a->checkpoint)));
-    load_checkpoint(a->checkpoint, model, nullptr);
+    load_checkpoint(a->checkpoint, model);
     auto ids = generate(model, tokenizer->encode(a->prompt), a->sample);
     std::printf("%s%s\n", a->prompt.c_str(), tokenizer->decode(ids).c_str());
   });

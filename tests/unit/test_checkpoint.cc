@@ -45,13 +45,14 @@ TEST(Checkpoint, RoundTripRestoresParamsMomentsAndState) {
     opt.exp_avg_sq()[i] = 0.002f * static_cast<float>(i % 89);
   }
   TrainerState st{7, 0.5, 1.0, 1, "byte"};
-  std::string dir = save_checkpoint(tmp.path.string(), a, &opt, st, {{"model", 1}}, 0);
+  std::string dir =
+      save_checkpoint(tmp.path.string(), a, opt.exp_avg(), opt.exp_avg_sq(), st, {{"model", 1}}, 0);
   EXPECT_EQ(fs::path(dir).filename(), "step-00000007");
   EXPECT_EQ(resolve_checkpoint("latest", tmp.path.string()), dir);
 
   Gpt<float> b(small());
   AdamW opt_b(b.layout(), OptimizerConfig{});
-  TrainerState got = load_checkpoint(dir, b, &opt_b);
+  TrainerState got = load_checkpoint(dir, b, opt_b.exp_avg(), opt_b.exp_avg_sq());
   EXPECT_EQ(got.step, 7);
   EXPECT_EQ(got.tokenizer, "byte");
   EXPECT_EQ(std::memcmp(a.params(), b.params(), a.num_params() * sizeof(float)), 0);
@@ -71,7 +72,7 @@ TEST(Checkpoint, KeepLastPrunesAndChecksumsCatchDamage) {
   Gpt<float> m(small());
   m.init(2);
   for (int64_t s = 1; s <= 4; ++s)
-    save_checkpoint(tmp.path.string(), m, nullptr, TrainerState{s, 0, 1, 2, ""}, {}, 2);
+    save_checkpoint(tmp.path.string(), m, nullptr, nullptr, TrainerState{s, 0, 1, 2, ""}, {}, 2);
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(tmp.path)) names.push_back(e.path().filename());
   std::sort(names.begin(), names.end());
@@ -82,9 +83,8 @@ TEST(Checkpoint, KeepLastPrunesAndChecksumsCatchDamage) {
   bytes[bytes.size() - 3] ^= 0x40;
   std::ofstream(model, std::ios::binary) << bytes;
   Gpt<float> other(small());
-  EXPECT_HAS(
-      error_of([&] { load_checkpoint((tmp.path / "step-00000004").string(), other, nullptr); }),
-      "model.safetensors: checksum mismatch");
+  EXPECT_HAS(error_of([&] { load_checkpoint((tmp.path / "step-00000004").string(), other); }),
+             "model.safetensors: checksum mismatch");
   fs::remove(tmp.path / "step-00000003" / "manifest.json");
   EXPECT_HAS(error_of([&] { verify_checkpoint((tmp.path / "step-00000003").string()); }),
              "no manifest.json");
@@ -94,11 +94,11 @@ TEST(Checkpoint, ShapeMismatchNamesTheTensor) {
   TempDir tmp;
   Gpt<float> m(small());
   std::string dir =
-      save_checkpoint(tmp.path.string(), m, nullptr, TrainerState{1, 0, 1, 0, ""}, {}, 0);
+      save_checkpoint(tmp.path.string(), m, nullptr, nullptr, TrainerState{1, 0, 1, 0, ""}, {}, 0);
   GptConfig wider = small();
   wider.n_embd = 32;
   Gpt<float> w(wider);
-  EXPECT_HAS(error_of([&] { load_checkpoint(dir, w, nullptr); }),
+  EXPECT_HAS(error_of([&] { load_checkpoint(dir, w); }),
              "'transformer.wte.weight' has shape [50,16] but the config needs [50,32]");
   GptConfig deeper = small();
   deeper.n_layer = 3;

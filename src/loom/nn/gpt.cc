@@ -26,7 +26,7 @@ void zero(T* p, int64_t n) {
 }  // namespace
 
 template <typename T>
-Gpt<T>::Gpt(const GptConfig& config) : config_(config) {
+Gpt<T>::Gpt(const GptConfig& config, int64_t buffer_multiple) : config_(config) {
   const int64_t C = config.n_embd, Vp = config.padded_vocab();
   auto add = [&](const std::string& name, Shape shape, bool decay, float std, float value) {
     return layout_.add(name, shape, decay, std, value);
@@ -69,7 +69,8 @@ Gpt<T>::Gpt(const GptConfig& config) : config_(config) {
   lnf_w_ = &ps[idx[k++]];
   lnf_b_ = &ps[idx[k++]];
 
-  size_t bytes = static_cast<size_t>(layout_.total()) * sizeof(T);
+  buffer_elements_ = (layout_.total() + buffer_multiple - 1) / buffer_multiple * buffer_multiple;
+  size_t bytes = static_cast<size_t>(buffer_elements_) * sizeof(T);
   params_ = Buffer(bytes, MemCategory::kParams);
   grads_ = Buffer(bytes, MemCategory::kGrads);
 }
@@ -95,7 +96,7 @@ void Gpt<T>::init(uint64_t seed) {
 
 template <typename T>
 void Gpt<T>::zero_grads() {
-  zero(grads(), layout_.total());
+  zero(grads(), buffer_elements_);
 }
 
 template <typename T>

@@ -68,11 +68,14 @@ struct KvCache {
 template <typename T>
 class Gpt {
  public:
-  explicit Gpt(const GptConfig& config);
+  // buffer_multiple: the flat buffers are padded to a multiple of it (ZeRO
+  // shards them into equal pieces); the padding stays zero.
+  explicit Gpt(const GptConfig& config, int64_t buffer_multiple = 1);
 
   const GptConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
   int64_t num_params() const { return layout_.total(); }
+  int64_t buffer_elements() const { return buffer_elements_; }
   T* params() const { return params_.as<T>(); }
   T* grads() const { return grads_.as<T>(); }
   T* param(const Param& p) const { return params() + p.offset; }
@@ -117,6 +120,7 @@ class Gpt {
 
   GptConfig config_;
   ParamLayout layout_;
+  int64_t buffer_elements_ = 0;
   Buffer params_, grads_;
   const Param *wte_, *wpe_, *lnf_w_, *lnf_b_;
   std::vector<LayerParams> lp_;

@@ -21,11 +21,18 @@ struct OptimizerConfig {
 
 class AdamW {
  public:
-  AdamW(const ParamLayout& layout, const OptimizerConfig& config);
-  // One update of every parameter with rate `lr`; `step` is 1-based.
+  // Updates the elements [shard_begin, shard_end) of the flat buffers and keeps
+  // moments for those alone (ZeRO stage 1 gives each data-parallel rank one
+  // shard); shard_end -1 means the whole layout.
+  AdamW(const ParamLayout& layout, const OptimizerConfig& config, int64_t shard_begin = 0,
+        int64_t shard_end = -1);
+  // One update of the shard with rate `lr`; `step` is 1-based. params and
+  // grads are the full flat buffers.
   void step(float* params, const float* grads, double lr, int64_t step);
   const OptimizerConfig& config() const { return config_; }
-  // First and second moments, laid out like the flat parameter buffer.
+  int64_t shard_begin() const { return shard_begin_; }
+  int64_t shard_end() const { return shard_end_; }
+  // First and second moments of the shard: element i is flat element shard_begin + i.
   float* exp_avg() const { return m_.as<float>(); }
   float* exp_avg_sq() const { return v_.as<float>(); }
 
@@ -35,7 +42,8 @@ class AdamW {
     bool decay;
   };
   OptimizerConfig config_;
-  std::vector<Range> ranges_;  // maximal runs of parameters with equal decay
+  int64_t shard_begin_ = 0, shard_end_ = 0;
+  std::vector<Range> ranges_;  // maximal runs of parameters with equal decay, within the shard
   Buffer m_, v_;
 };
 

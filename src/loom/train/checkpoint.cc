@@ -56,8 +56,8 @@ void copy_entry(const SafetensorsEntry& e, float* dst, int64_t count) {
 
 }  // namespace
 
-std::string save_checkpoint(const std::string& root, const Gpt<float>& model,
-                            const AdamW* optimizer, const TrainerState& state, const json& config,
+std::string save_checkpoint(const std::string& root, const Gpt<float>& model, const float* exp_avg,
+                            const float* exp_avg_sq, const TrainerState& state, const json& config,
                             int64_t keep_last) {
   char name[32];
   std::snprintf(name, sizeof name, "step-%08ld", static_cast<long>(state.step));
@@ -80,10 +80,9 @@ std::string save_checkpoint(const std::string& root, const Gpt<float>& model,
   write_safetensors((tmp / "model.safetensors").string(), params, {{"format", "pt"}});
 
   std::vector<SafetensorsEntry> moments;
-  if (optimizer != nullptr) {
+  if (exp_avg != nullptr && exp_avg_sq != nullptr) {
     for (const char* kind : {"exp_avg", "exp_avg_sq"}) {
-      const float* base =
-          std::string(kind) == "exp_avg" ? optimizer->exp_avg() : optimizer->exp_avg_sq();
+      const float* base = std::string(kind) == "exp_avg" ? exp_avg : exp_avg_sq;
       for (const Param& p : model.layout().params()) {
         std::vector<int64_t> shape;
         for (int i = 0; i < p.shape.rank(); ++i) shape.push_back(p.shape[i]);
@@ -173,7 +172,8 @@ TrainerState read_trainer_state(const std::string& dir) {
   return s;
 }
 
-TrainerState load_checkpoint(const std::string& dir, Gpt<float>& model, AdamW* optimizer) {
+TrainerState load_checkpoint(const std::string& dir, Gpt<float>& model, float* exp_avg,
+                             float* exp_avg_sq) {
   verify_checkpoint(dir);
   const fs::path d(dir);
   SafetensorsFile weights((d / "model.safetensors").string());
@@ -185,10 +185,10 @@ TrainerState load_checkpoint(const std::string& dir, Gpt<float>& model, AdamW* o
                     weights.path(), p.name, shape_str(e->shape), shape_str(want));
     copy_entry(*e, model.param(p), numel(want));
   }
-  if (optimizer != nullptr) {
+  if (exp_avg != nullptr && exp_avg_sq != nullptr) {
     SafetensorsFile moments((d / "optimizer.safetensors").string());
     for (const char* kind : {"exp_avg", "exp_avg_sq"}) {
-      float* base = std::string(kind) == "exp_avg" ? optimizer->exp_avg() : optimizer->exp_avg_sq();
+      float* base = std::string(kind) == "exp_avg" ? exp_avg : exp_avg_sq;
       for (const Param& p : model.layout().params()) {
         std::string name = std::string(kind) + "." + p.name;
         const SafetensorsEntry* e = moments.find(name);

@@ -26,9 +26,11 @@ struct TrainerState {
 };
 
 // Saves step `state.step` into `root`/step-NNNNNNNN, points `root`/latest at
-// it, and removes all but the newest `keep_last` (0 keeps all). Returns the folder.
-std::string save_checkpoint(const std::string& root, const Gpt<float>& model,
-                            const AdamW* optimizer, const TrainerState& state,
+// it, and removes all but the newest `keep_last` (0 keeps all). Returns the
+// folder. exp_avg and exp_avg_sq are the AdamW moments laid out like the whole
+// flat parameter buffer (not a shard), or null to write none.
+std::string save_checkpoint(const std::string& root, const Gpt<float>& model, const float* exp_avg,
+                            const float* exp_avg_sq, const TrainerState& state,
                             const nlohmann::json& config, int64_t keep_last);
 
 // A checkpoint folder, or `root` + "/latest" resolved through the pointer file.
@@ -40,9 +42,10 @@ void verify_checkpoint(const std::string& dir);
 nlohmann::json read_checkpoint_config(const std::string& dir);
 TrainerState read_trainer_state(const std::string& dir);
 
-// Loads parameters (and moments when `optimizer` is given) after verifying;
-// shapes must match the model. Returns the trainer state.
-TrainerState load_checkpoint(const std::string& dir, Gpt<float>& model, AdamW* optimizer);
+// Loads parameters (and the moments, into whole-layout buffers, when given)
+// after verifying; shapes must match the model. Returns the trainer state.
+TrainerState load_checkpoint(const std::string& dir, Gpt<float>& model, float* exp_avg = nullptr,
+                             float* exp_avg_sq = nullptr);
 
 // Loads Hugging Face GPT-2 weights (f32, f16 or bf16) from a safetensors file
 // into `model`, checking the file's shapes against the config's keys.

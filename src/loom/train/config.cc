@@ -439,10 +439,10 @@ Config parse_config(const std::string& text, const std::string& source,
     fail(source, "data.train: no token file given (set data.train, or data.synthetic: true)");
 
   c.zero.stage = get_or<int>(j, "zero_optimization.stage", 0);
-  if (c.zero.stage > 0)
+  if (c.zero.stage > 1)
     LOOM_FAIL(kUnsupported,
               "{}: zero_optimization.stage {} is not supported by this build yet "
-              "(stage 0: replicated optimizer state)",
+              "(0: replicated, 1: optimizer state sharded)",
               source, c.zero.stage);
   c.zero.reduce_bucket_size = get_or<int64_t>(j, "zero_optimization.reduce_bucket_size", 1000000);
   c.zero.overlap_comm = get_or<bool>(j, "zero_optimization.overlap_comm", true);

@@ -55,8 +55,9 @@ Trainer::Trainer(Config config, RunOptions options, ThreadConfig threads)
     : config_(std::move(config)),
       options_(std::move(options)),
       threads_(threads),
-      model_(config_.model),
-      optimizer_(model_.layout(), config_.optimizer) {
+      // ZeRO shards the flat buffers into equal pieces, one per rank.
+      model_(config_.model,
+             options_.dp_group && config_.zero.stage >= 1 ? options_.dp_group->size() : 1) {
   const GptConfig& m = config_.model;
   const uint64_t seed = config_.train.seed;
   if (config_.data.synthetic) {
@@ -90,6 +91,13 @@ Trainer::Trainer(Config config, RunOptions options, ThreadConfig threads)
         std::make_unique<GradBuckets>(model_.layout(), options_.dp_group,
                                       config_.zero.reduce_bucket_size, config_.zero.overlap_comm);
   }
+  if (sharded()) {
+    const int64_t shard = model_.buffer_elements() / dp_size_;
+    optimizer_ = std::make_unique<AdamW>(model_.layout(), config_.optimizer, dp_rank_ * shard,
+                                         (dp_rank_ + 1) * shard);
+  } else {
+    optimizer_ = std::make_unique<AdamW>(model_.layout(), config_.optimizer);
+  }
   if (writer_ && !options_.out_dir.empty() && options_.resume.empty()) {
     std::error_code ec;
     if (fs::exists(options_.out_dir, ec) && !fs::is_empty(options_.out_dir, ec) &&
@@ -103,7 +111,18 @@ Trainer::Trainer(Config config, RunOptions options, ThreadConfig threads)
   if (!options_.init_from.empty()) load_hf_weights(options_.init_from, model_);
   if (!options_.resume.empty()) {
     std::string dir = resolve_checkpoint(options_.resume, checkpoint_root());
-    TrainerState st = load_checkpoint(dir, model_, &optimizer_);
+    TrainerState st;
+    if (sharded()) {
+      // The file holds whole moments; keep this rank's shard.
+      const size_t n = static_cast<size_t>(model_.buffer_elements());
+      std::vector<float> m(n), v(n);
+      st = load_checkpoint(dir, model_, m.data(), v.data());
+      const int64_t b = optimizer_->shard_begin(), e = optimizer_->shard_end();
+      std::copy(m.begin() + b, m.begin() + e, optimizer_->exp_avg());
+      std::copy(v.begin() + b, v.begin() + e, optimizer_->exp_avg_sq());
+    } else {
+      st = load_checkpoint(dir, model_, optimizer_->exp_avg(), optimizer_->exp_avg_sq());
+    }
     LOOM_CHECK_KIND(kConfig, st.seed == seed,
                     "{}: saved with train.seed {} but the config has {}; a resumed run must keep "
                     "its seed to see the same data",
@@ -162,8 +181,20 @@ StepResult Trainer::train_step() {
   auto t0 = clock::now();
   r.grad_norm = clip_grad_norm(model_.grads(), model_.num_params(), config_.gradient_clipping);
   r.lr = learning_rate(config_.scheduler, config_.optimizer.lr, step_);
-  optimizer_.step(model_.params(), model_.grads(), r.lr, step_ + 1);
+  optimizer_->step(model_.params(), model_.grads(), r.lr, step_ + 1);
   r.t_optimizer = seconds_since(t0);
+  if (sharded()) {
+    // ZeRO stage 1: each rank updated its shard; gather the whole parameters.
+    const auto t1 = clock::now();
+    const int64_t shard = model_.buffer_elements() / dp_size_;
+    WorkPtr w = options_.dp_group->all_gather(model_.params() + dp_rank_ * shard, model_.params(),
+                                              static_cast<size_t>(shard), DType::kF32);
+    w->wait();
+    const double waited = seconds_since(t1);
+    r.t_comm += w->seconds();
+    r.t_comm_exposed += waited;
+    r.comm_bytes += double(dp_size_ - 1) / dp_size_ * double(model_.buffer_elements()) * 4.0;
+  }
   r.loss = loss_sum / static_cast<double>(accum);
   r.t_step = seconds_since(t_start);
   double tokens = static_cast<double>(config_.train_batch_size * Tn);
@@ -226,9 +257,22 @@ void Trainer::open_run_folder() {
 }
 
 void Trainer::save(double lr) {
+  // Moments as the whole layout: a shard per rank is gathered first (by every
+  // rank, since the gather is collective); rank 0 writes.
+  std::vector<float> m, v;
+  const float* exp_avg = optimizer_->exp_avg();
+  const float* exp_avg_sq = optimizer_->exp_avg_sq();
+  if (sharded()) {
+    const size_t n = static_cast<size_t>(model_.buffer_elements()), shard = n / dp_size_;
+    m.resize(n), v.resize(n);
+    options_.dp_group->all_gather(optimizer_->exp_avg(), m.data(), shard, DType::kF32)->wait();
+    options_.dp_group->all_gather(optimizer_->exp_avg_sq(), v.data(), shard, DType::kF32)->wait();
+    exp_avg = m.data(), exp_avg_sq = v.data();
+  }
+  if (!writer_) return;
   TrainerState st{step_, lr, 1.0, config_.train.seed, tokenizer_ ? tokenizer_->name() : ""};
-  std::string dir = save_checkpoint(checkpoint_root(), model_, &optimizer_, st, config_.resolved,
-                                    config_.checkpoint.keep_last);
+  std::string dir = save_checkpoint(checkpoint_root(), model_, exp_avg, exp_avg_sq, st,
+                                    config_.resolved, config_.checkpoint.keep_last);
   if (!options_.quiet && !tty_) std::printf("loom: checkpoint %s\n", dir.c_str());
 }
 
@@ -308,7 +352,7 @@ std::vector<StepResult> Trainer::run() {
   if (step_ > 0 && !options_.quiet)
     std::printf("loom: resumed from %s at step %ld\n", options_.resume.c_str(), long(step_));
   const int64_t total = config_.train.steps, every = config_.checkpoint.every;
-  const bool checkpoints = writer_ && every > 0 && !checkpoint_root().empty();
+  const bool checkpoints = (writer_ || sharded()) && every > 0 && !checkpoint_root().empty();
   while (step_ < total) {
     StepResult r = train_step();
     const int64_t eval = config_.train.eval_every;

@@ -64,6 +64,7 @@ class Trainer {
   void open_run_folder();
   std::string checkpoint_root() const;
   void save(double lr);
+  bool sharded() const { return options_.dp_group && config_.zero.stage >= 1; }
   void write_metrics(const StepResult& r);
   void show_progress(const StepResult& r, double elapsed, int64_t done);
   void print_summary(const std::vector<StepResult>& results, double elapsed);
@@ -72,7 +73,7 @@ class Trainer {
   RunOptions options_;
   ThreadConfig threads_;
   Gpt<float> model_;
-  AdamW optimizer_;
+  std::unique_ptr<AdamW> optimizer_;  // this rank's shard under ZeRO stage 1
   GptActivations<float> acts_;
   std::unique_ptr<BatchSource> train_data_, val_data_;
   std::unique_ptr<Tokenizer> tokenizer_;  // null when the data's tokenizer is unknown
