@@ -11,7 +11,7 @@ AdamW::AdamW(const ParamLayout& layout, const OptimizerConfig& config, int64_t s
              int64_t shard_end)
     : config_(config),
       shard_begin_(shard_begin),
-      shard_end_(shard_end < 0 ? layout.total() : std::min(shard_end, layout.total())) {
+      shard_end_(shard_end < 0 ? layout.total() : shard_end) {
   for (const Param& p : layout.params()) {
     if (!ranges_.empty() && ranges_.back().decay == p.decay) {
       ranges_.back().end = p.offset + p.numel;

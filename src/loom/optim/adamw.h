@@ -23,7 +23,8 @@ class AdamW {
  public:
   // Updates the elements [shard_begin, shard_end) of the flat buffers and keeps
   // moments for those alone (ZeRO stage 1 gives each data-parallel rank one
-  // shard); shard_end -1 means the whole layout.
+  // shard; the last may reach into the buffer's zero padding past the layout);
+  // shard_end -1 means the whole layout.
   AdamW(const ParamLayout& layout, const OptimizerConfig& config, int64_t shard_begin = 0,
         int64_t shard_end = -1);
   // One update of the shard with rate `lr`; `step` is 1-based. params and
