@@ -18,15 +18,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// A path in a fresh folder, removed afterwards.
 struct TempFile {
-  std::string path;
-  TempFile() {
-    char tmpl[] = "/tmp/loom-tokens-XXXXXX";
-    int fd = mkstemp(tmpl);
-    close(fd);
-    path = tmpl;
-  }
-  ~TempFile() { fs::remove(path); }
+  test::TempDir dir;
+  std::string path = dir.file("tokens.bin");
 };
 
 std::vector<uint32_t> iota(uint32_t n) {

@@ -1,6 +1,9 @@
 // Helpers shared by the unit tests.
 #pragma once
 
+#include <stdlib.h>
+
+#include <filesystem>
 #include <functional>
 #include <string>
 
@@ -17,6 +20,17 @@ inline std::string error_of(const std::function<void()>& f) {
   }
   return "(no error)";
 }
+
+// A fresh folder under /tmp, removed with everything in it.
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    char tmpl[] = "/tmp/loom-test-XXXXXX";
+    path = mkdtemp(tmpl);
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+  std::string file(const std::string& name) const { return (path / name).string(); }
+};
 
 }  // namespace loom::test
 

@@ -36,10 +36,13 @@ MPI_Op mpi_op(ReduceOp op) {
   return op == ReduceOp::kMax ? MPI_MAX : MPI_SUM;
 }
 
+// Operation names by the code the debug-mode descriptors carry.
+constexpr const char* kKinds[] = {"allreduce", "reducescatter", "allgather", "broadcast",
+                                  "alltoall",  "barrier",       "send",      "recv"};
+constexpr int kNumKinds = 8;
+
 int kind_code(const std::string& kind) {
-  static const char* kKinds[] = {"allreduce", "reducescatter", "allgather", "broadcast",
-                                 "alltoall",  "barrier",       "send",      "recv"};
-  for (int i = 0; i < 8; ++i)
+  for (int i = 0; i < kNumKinds; ++i)
     if (kind == kKinds[i]) return i;
   return -1;
 }
@@ -301,13 +304,11 @@ void MpiProcessGroup::check_descriptors(const Op& op) {
   MPI_Request req;
   MPI_Iallgather(mine, 5, MPI_INT64_T, all.data(), 5, MPI_INT64_T, comm_, &req);
   wait_requests(&req, 1, op);
-  static const char* kKinds[] = {"allreduce", "reducescatter", "allgather", "broadcast",
-                                 "alltoall",  "barrier",       "send",      "recv"};
   for (int r = 0; r < size_; ++r) {
     const int64_t* d = all.data() + 5 * r;
     if (std::equal(d, d + 5, mine)) continue;
     Op other;
-    other.kind = d[0] >= 0 && d[0] < 8 ? kKinds[d[0]] : "unknown";
+    other.kind = d[0] >= 0 && d[0] < kNumKinds ? kKinds[d[0]] : "unknown";
     other.count = static_cast<size_t>(d[1]);
     other.dtype = static_cast<DType>(d[2]);
     other.arg = static_cast<int>(d[3]);
