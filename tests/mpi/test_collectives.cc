@@ -137,16 +137,17 @@ TEST(Collectives, AllToAllWithPerRankCountsAndPointToPoint) {
   std::vector<float> out(want.size());
   g->all_to_all(in.data(), sc, out.data(), rc, DType::kF32)->wait();
   EXPECT_EQ(out, want);
-  // A ring of send/recv, posted together.
-  float token = static_cast<float>(r), got = -1;
-  auto s = g->send(&token, 1, DType::kF32, (r + 1) % p, 7);
-  auto v = g->recv(&got, 1, DType::kF32, (r - 1 + p) % p, 7);
+  // A ring of send/recv, every rank sending before it receives, with messages
+  // far beyond the eager limit: the send must not hold up the receive.
   if (p > 1) {
-    // Sends and receives run in order on the worker; with both queued the
-    // eager protocol lets the send complete first.
-    s->wait();
+    const size_t n = 4 << 20;
+    std::vector<float> token(n, static_cast<float>(r)), got(n, -1.0f);
+    auto s = g->send(token.data(), n, DType::kF32, (r + 1) % p, 7);
+    auto v = g->recv(got.data(), n, DType::kF32, (r - 1 + p) % p, 7);
     v->wait();
-    EXPECT_EQ(got, static_cast<float>((r - 1 + p) % p));
+    s->wait();
+    EXPECT_EQ(got[0], static_cast<float>((r - 1 + p) % p));
+    EXPECT_EQ(got[n - 1], static_cast<float>((r - 1 + p) % p));
   }
   g->barrier()->wait();
 }

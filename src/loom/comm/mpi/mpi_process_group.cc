@@ -220,13 +220,53 @@ WorkPtr MpiProcessGroup::enqueue(Op op, std::function<void(const Op&)> body) {
   return work;
 }
 
+WorkPtr MpiProcessGroup::enqueue_p2p(Op op, std::function<void(MPI_Request*)> post) {
+  op.seq = ++next_seq_;
+  auto work = std::make_shared<Work>();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back([this, op, post = std::move(post), work] {
+      started_ = op.seq;
+      PendingP2p p{MPI_REQUEST_NULL, work, op, Clock::now()};
+      post(&p.req);
+      p2p_.push_back(std::move(p));
+      poll_p2p();
+    });
+  }
+  cv_.notify_one();
+  return work;
+}
+
+void MpiProcessGroup::poll_p2p() {
+  for (size_t i = 0; i < p2p_.size();) {
+    int done = 0;
+    MPI_Test(&p2p_[i].req, &done, MPI_STATUS_IGNORE);
+    if (done) {
+      p2p_[i].work->finish(since(p2p_[i].start));
+      p2p_.erase(p2p_.begin() + static_cast<std::ptrdiff_t>(i));
+      continue;
+    }
+    if (since(p2p_[i].start) > options_.timeout_s) timed_out(p2p_[i].op);
+    ++i;
+  }
+}
+
 void MpiProcessGroup::run_worker() {
   for (;;) {
     std::function<void()> task;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stop requested and nothing left
+      // With requests in flight, wake up regularly to complete them.
+      if (p2p_.empty())
+        cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      else
+        cv_.wait_for(lock, std::chrono::microseconds(50), [this] { return !queue_.empty(); });
+      if (queue_.empty()) {
+        if (p2p_.empty() && stop_) return;  // stop requested and nothing left
+        lock.unlock();
+        poll_p2p();
+        continue;
+      }
       task = std::move(queue_.front());
       queue_.pop_front();
     }
@@ -242,6 +282,7 @@ void MpiProcessGroup::wait_requests(MPI_Request* reqs, int n, const Op& op) {
     int done = 0;
     MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE);
     if (done) return;
+    poll_p2p();
     if (Clock::now() > deadline) timed_out(op);
     // Spin briefly for latency, then sleep so the compute threads keep the cores.
     if (spins < 2000)
@@ -459,20 +500,18 @@ WorkPtr MpiProcessGroup::all_to_all(const void* in, const std::vector<size_t>& s
 WorkPtr MpiProcessGroup::send(const void* buf, size_t count, DType t, int peer, int tag) {
   LOOM_CHECK(tag >= 0 && tag < algo::kAlgoTagBase, "tag {} outside [0, {})", tag,
              algo::kAlgoTagBase);
-  return enqueue(Op{"send", count, t, peer}, [=, this](const Op& o) {
-    MPI_Request req;
-    MPI_Isend(buf, as_int(count, "send"), transport_type(t), peer, tag, comm_, &req);
-    wait_requests(&req, 1, o);
+  const int n = as_int(count, "send");
+  return enqueue_p2p(Op{"send", count, t, peer}, [=, this](MPI_Request* req) {
+    MPI_Isend(buf, n, transport_type(t), peer, tag, comm_, req);
   });
 }
 
 WorkPtr MpiProcessGroup::recv(void* buf, size_t count, DType t, int peer, int tag) {
   LOOM_CHECK(tag >= 0 && tag < algo::kAlgoTagBase, "tag {} outside [0, {})", tag,
              algo::kAlgoTagBase);
-  return enqueue(Op{"recv", count, t, peer}, [=, this](const Op& o) {
-    MPI_Request req;
-    MPI_Irecv(buf, as_int(count, "recv"), transport_type(t), peer, tag, comm_, &req);
-    wait_requests(&req, 1, o);
+  const int n = as_int(count, "recv");
+  return enqueue_p2p(Op{"recv", count, t, peer}, [=, this](MPI_Request* req) {
+    MPI_Irecv(buf, n, transport_type(t), peer, tag, comm_, req);
   });
 }
 

@@ -13,7 +13,9 @@
 // - polling is where the deadline is enforced: a blocking MPI call cannot be
 //   interrupted, a poll loop can give up, report and abort the job.
 // The poll loop spins briefly, then sleeps in short intervals, so a waiting
-// worker costs little CPU beside the compute threads.
+// worker costs little CPU beside the compute threads. Collectives complete in
+// queue order; sends and receives are posted in order and complete in the
+// background, so exchanges (everyone sends, then receives) cannot deadlock.
 //
 // Timeouts: an operation that has not completed within comm.timeout_s makes
 // this rank ask every member of the group (through a control communicator
@@ -27,6 +29,7 @@
 #include <mpi.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -126,6 +129,11 @@ class MpiProcessGroup : public ProcessGroup {
     std::string describe() const;
   };
   WorkPtr enqueue(Op op, std::function<void(const Op&)> body);
+  // Send and receive: the worker posts the request and goes on with the next
+  // operation; the request completes in the background (see poll_p2p), so a
+  // send queued before a receive cannot block it, whatever the message size.
+  WorkPtr enqueue_p2p(Op op, std::function<void(MPI_Request*)> post);
+  void poll_p2p();  // completes finished point-to-point requests; enforces their deadline
   void run_worker();
   // Polls until all requests complete; on the deadline, reports and aborts.
   void wait_requests(MPI_Request* reqs, int n, const Op& op);
@@ -148,6 +156,14 @@ class MpiProcessGroup : public ProcessGroup {
   uint64_t next_seq_ = 0;  // caller side
   // Node structure for the hierarchical all-reduce (sub-communicators of comm_).
   MPI_Comm node_comm_ = MPI_COMM_NULL, cross_comm_ = MPI_COMM_NULL;
+
+  struct PendingP2p {
+    MPI_Request req;
+    WorkPtr work;
+    Op op;
+    std::chrono::steady_clock::time_point start;
+  };
+  std::vector<PendingP2p> p2p_;  // worker thread only
 
   std::mutex mu_;
   std::condition_variable cv_;
