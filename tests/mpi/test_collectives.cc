@@ -182,17 +182,31 @@ TEST(Collectives, DebugModeNamesMismatchedCollectives) {
   opt.debug = true;
   auto g = runtime().world(opt);
   if (g->size() < 2) GTEST_SKIP();
-  std::vector<float> x(64, 1.0f), y(64 * g->size());
-  WorkPtr w = g->rank() == 0 ? g->all_reduce(x.data(), x.data(), 64, DType::kF32, ReduceOp::kSum)
-                             : g->all_gather(x.data(), y.data(), 64, DType::kF32);
+  const int p = g->size(), r = g->rank();
+  // Legitimate differences pass: all-to-all totals that differ per rank, and
+  // sends and receives that only some ranks make.
+  std::vector<size_t> sc(p), rc(p);
+  for (int q = 0; q < p; ++q)
+    sc[q] = static_cast<size_t>(r + 1), rc[q] = static_cast<size_t>(q + 1);
+  std::vector<float> in(static_cast<size_t>((r + 1) * p), 1.0f),
+      out(static_cast<size_t>(p * (p + 1) / 2));
+  g->all_to_all(in.data(), sc, out.data(), rc, DType::kF32)->wait();
+  float token = 1.0f;
+  if (r == 0) g->send(&token, 1, DType::kF32, 1, 3)->wait();
+  if (r == 1) g->recv(&token, 1, DType::kF32, 0, 3)->wait();
+  std::vector<float> x(64, 1.0f), y(64 * p);
+  g->all_reduce(x.data(), x.data(), 64, DType::kF32, ReduceOp::kSum)->wait();
+  // A real mismatch, at the third collective, is named on both sides.
+  WorkPtr w = r == 0 ? g->all_reduce(x.data(), x.data(), 64, DType::kF32, ReduceOp::kSum)
+                     : g->all_gather(x.data(), y.data(), 64, DType::kF32);
   try {
     w->wait();
     FAIL() << "no mismatch reported";
   } catch (const Error& e) {
     std::string what = e.what();
-    EXPECT_NE(what.find("mismatched collectives at position #1"), std::string::npos) << what;
-    EXPECT_NE(what.find(g->rank() == 0 ? "called allgather #1 (64 x f32)"
-                                       : "called allreduce #1 (64 x f32, sum)"),
+    EXPECT_NE(what.find("mismatched collectives at position #3"), std::string::npos) << what;
+    EXPECT_NE(what.find(r == 0 ? "called allgather #3 (64 x f32)"
+                               : "called allreduce #3 (64 x f32, sum)"),
               std::string::npos)
         << what;
   }

@@ -110,7 +110,10 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   // Sorted by offset, tensors must tile the data exactly.
   std::vector<const SafetensorsEntry*> by_offset;
   for (const auto& e : entries_) by_offset.push_back(&e);
-  std::sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) { return a->data < b->data; });
+  // By offset; an empty tensor sharing an offset goes first.
+  std::sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) {
+    return a->data != b->data ? a->data < b->data : a->bytes < b->bytes;
+  });
   const char* expect = data;
   for (const auto* e : by_offset) {
     if (static_cast<const char*>(e->data) != expect)

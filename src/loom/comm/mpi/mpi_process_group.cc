@@ -160,6 +160,13 @@ MpiProcessGroup::MpiProcessGroup(MpiRuntime* runtime, MPI_Comm comm, std::string
   int local_rank = 0;
   MPI_Comm_rank(node_comm_, &local_rank);
   MPI_Comm_split(comm_, local_rank, rank_, &cross_comm_);
+  // The hierarchical all-reduce needs nodes of one size; every member must
+  // reach the same verdict, so it is agreed on here, once.
+  int node_size = 0;
+  MPI_Comm_size(node_comm_, &node_size);
+  int range[2] = {node_size, -node_size};
+  MPI_Allreduce(MPI_IN_PLACE, range, 2, MPI_INT, MPI_MAX, comm_);
+  equal_nodes_ = range[0] == -range[1];
   runtime_->register_group(this);
   worker_ = std::thread([this] { run_worker(); });
 }
@@ -185,8 +192,12 @@ std::shared_ptr<MpiProcessGroup> MpiProcessGroup::split(const std::vector<std::v
       if (groups[g][k] == rank_) color = static_cast<int>(g), key = static_cast<int>(k);
   LOOM_CHECK(color >= 0, "rank {} of group '{}' is in none of the groups of '{}'", rank_, name_,
              name);
-  MPI_Comm comm;
-  MPI_Comm_split(comm_, color, key, &comm);
+  // MPI_Comm_split is a collective on comm_: it runs on the worker, in queue
+  // order with this group's other collectives.
+  MPI_Comm comm = MPI_COMM_NULL;
+  enqueue(Op{"split", groups.size(), DType::kF32, 0}, [&](const Op&) {
+    MPI_Comm_split(comm_, color, key, &comm);
+  })->wait();
   return std::make_shared<MpiProcessGroup>(runtime_, comm, name, options_);
 }
 
@@ -221,12 +232,14 @@ WorkPtr MpiProcessGroup::enqueue(Op op, std::function<void(const Op&)> body) {
 }
 
 WorkPtr MpiProcessGroup::enqueue_p2p(Op op, std::function<void(MPI_Request*)> post) {
-  op.seq = ++next_seq_;
+  // Numbered apart from the collectives: only two members take part, so they
+  // must not shift the collectives' positions that debug mode and the
+  // watchdog compare across the group.
+  op.seq = ++next_p2p_seq_;
   auto work = std::make_shared<Work>();
   {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.push_back([this, op, post = std::move(post), work] {
-      started_ = op.seq;
       PendingP2p p{MPI_REQUEST_NULL, work, op, Clock::now()};
       post(&p.req);
       p2p_.push_back(std::move(p));
@@ -276,8 +289,10 @@ void MpiProcessGroup::run_worker() {
 
 void MpiProcessGroup::wait_requests(MPI_Request* reqs, int n, const Op& op) {
   if (n == 0) return;
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(options_.timeout_s));
+  // Capped at 1e9 s (about 30 years) so the conversion cannot overflow.
+  const auto deadline =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                         std::chrono::duration<double>(std::min(options_.timeout_s, 1e9)));
   for (int spins = 0;; ++spins) {
     int done = 0;
     MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE);
@@ -339,8 +354,10 @@ void MpiProcessGroup::timed_out(const Op& op) {
 }
 
 void MpiProcessGroup::check_descriptors(const Op& op) {
-  int64_t mine[5] = {kind_code(op.kind), static_cast<int64_t>(op.count),
-                     static_cast<int64_t>(op.dtype), op.arg, static_cast<int64_t>(op.seq)};
+  // An all-to-all's total count differs from rank to rank by design.
+  const int64_t count = op.kind == "alltoall" ? 0 : static_cast<int64_t>(op.count);
+  int64_t mine[5] = {kind_code(op.kind), count, static_cast<int64_t>(op.dtype), op.arg,
+                     static_cast<int64_t>(op.seq)};
   std::vector<int64_t> all(static_cast<size_t>(5 * size_));
   MPI_Request req;
   MPI_Iallgather(mine, 5, MPI_INT64_T, all.data(), 5, MPI_INT64_T, comm_, &req);
@@ -413,7 +430,7 @@ WorkPtr MpiProcessGroup::all_reduce_with(const std::string& algo, const void* in
       MPI_Comm_rank(node_comm_, &node_rank);
       MPI_Comm_size(cross_comm_, &cross_size);
       MPI_Comm_rank(cross_comm_, &cross_rank);
-      if (node_size * cross_size != size_) {
+      if (!equal_nodes_) {
         algo::ring_all_reduce(g, work.data, count, base);  // unequal nodes: flat ring
       } else {
         algo::hierarchical_all_reduce(algo::P2p{node_comm_, node_rank, node_size, wait},

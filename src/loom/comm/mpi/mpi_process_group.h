@@ -114,7 +114,7 @@ class MpiProcessGroup : public ProcessGroup {
   WorkPtr recv(void* buf, size_t count, DType t, int peer, int tag) override;
   WorkPtr barrier() override;
 
-  // Operations this group has started (watchdog answers use it).
+  // Collectives this group has started (watchdog answers use it).
   uint64_t started() const { return started_.load(); }
   int id() const { return id_; }
 
@@ -153,7 +153,9 @@ class MpiProcessGroup : public ProcessGroup {
   int rank_ = 0, size_ = 1, id_ = 0;
   std::vector<int> members_;
   std::atomic<uint64_t> started_{0};
-  uint64_t next_seq_ = 0;  // caller side
+  uint64_t next_seq_ = 0;      // collectives, caller side
+  uint64_t next_p2p_seq_ = 0;  // sends and receives, caller side
+  bool equal_nodes_ = false;   // every node of this group has the same size
   // Node structure for the hierarchical all-reduce (sub-communicators of comm_).
   MPI_Comm node_comm_ = MPI_COMM_NULL, cross_comm_ = MPI_COMM_NULL;
 
