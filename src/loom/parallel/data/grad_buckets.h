@@ -1,0 +1,53 @@
+// Data-parallel gradient reduction in buckets: contiguous ranges of the flat
+// gradient buffer, formed in reverse parameter order (the order backward
+// finishes them), each averaged across the data-parallel group with an
+// asynchronous all-reduce as soon as backward has produced its last gradient,
+// so communication overlaps the rest of backward.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "loom/comm/process_group.h"
+#include "loom/nn/param.h"
+
+namespace loom {
+
+struct BucketStats {
+  double comm_s = 0;     // sum of the buckets' all-reduce times on the worker
+  double exposed_s = 0;  // time the caller waited for them after backward
+  double bytes = 0;      // bytes each rank sends (ring model: 2 (p - 1) / p per element byte)
+};
+
+class GradBuckets {
+ public:
+  // bucket_elements: DeepSpeed's reduce_bucket_size (elements); overlap:
+  // start each bucket during backward (else all after it).
+  GradBuckets(const ParamLayout& layout, std::shared_ptr<ProcessGroup> group,
+              int64_t bucket_elements, bool overlap);
+
+  // Before the backward whose gradients are final (the last micro-batch).
+  void begin(float* grads);
+  // Backward reports that every gradient at offset >= `from` is final.
+  void ready_from(int64_t from);
+  // After backward: starts what is left, waits for all, returns the timings.
+  BucketStats finish();
+
+  int64_t num_buckets() const { return static_cast<int64_t>(buckets_.size()); }
+
+ private:
+  struct Bucket {
+    int64_t begin, end;  // elements [begin, end) of the flat buffer
+    WorkPtr work;
+  };
+  void launch(Bucket& b);
+
+  std::shared_ptr<ProcessGroup> group_;
+  bool overlap_;
+  std::vector<Bucket> buckets_;  // in launch order: highest offsets first
+  size_t next_ = 0;              // first bucket not launched
+  float* grads_ = nullptr;
+};
+
+}  // namespace loom
