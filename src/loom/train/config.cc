@@ -231,27 +231,26 @@ std::pair<size_t, size_t> line_column(const std::string& text, size_t pos) {
   return {line, col};
 }
 
-template <typename T>
-T get_or(const json& j, const char* path, T fallback) {
+// The value at a dotted path ("model.n_layer"), or null when it is absent.
+const json* lookup(const json& j, const char* path) {
   const json* node = &j;
   std::stringstream ss(path);
   std::string part;
   while (std::getline(ss, part, '.')) {
-    if (!node->is_object() || !node->contains(part)) return fallback;
+    if (!node->is_object() || !node->contains(part)) return nullptr;
     node = &(*node)[part];
   }
-  return node->get<T>();
+  return node;
+}
+
+template <typename T>
+T get_or(const json& j, const char* path, T fallback) {
+  const json* v = lookup(j, path);
+  return v ? v->get<T>() : fallback;
 }
 
 bool has(const json& j, const char* path) {
-  const json* node = &j;
-  std::stringstream ss(path);
-  std::string part;
-  while (std::getline(ss, part, '.')) {
-    if (!node->is_object() || !node->contains(part)) return false;
-    node = &(*node)[part];
-  }
-  return true;
+  return lookup(j, path) != nullptr;
 }
 
 void resolve_batch(Config& c, const json& j, int world_size, const std::string& source) {
