@@ -26,7 +26,8 @@ void zero(T* p, int64_t n) {
 }  // namespace
 
 template <typename T>
-Gpt<T>::Gpt(const GptConfig& config, int64_t buffer_multiple) : config_(config) {
+Gpt<T>::Gpt(const GptConfig& config, GptStorage storage)
+    : config_(config), layout_(storage.unit_multiple) {
   const int64_t C = config.n_embd, Vp = config.padded_vocab();
   auto add = [&](const std::string& name, Shape shape, bool decay, float std, float value) {
     return layout_.add(name, shape, decay, std, value);
@@ -35,10 +36,12 @@ Gpt<T>::Gpt(const GptConfig& config, int64_t buffer_multiple) : config_(config) 
   // residual stream's variance does not grow with depth.
   const float proj_std = kInitStd / std::sqrt(2.0f * static_cast<float>(config.n_layer));
   std::vector<size_t> idx;
+  layout_.begin_unit("embeddings");
   idx.push_back(add("transformer.wte.weight", {Vp, C}, true, kInitStd, 0));
   idx.push_back(add("transformer.wpe.weight", {config.seq_len, C}, true, kInitStd, 0));
   for (int l = 0; l < config.n_layer; ++l) {
     std::string h = "transformer.h." + std::to_string(l) + ".";
+    layout_.begin_unit("h." + std::to_string(l));
     idx.push_back(add(h + "ln_1.weight", {C}, false, 0, 1));
     idx.push_back(add(h + "ln_1.bias", {C}, false, 0, 0));
     idx.push_back(add(h + "attn.c_attn.weight", {C, 3 * C}, true, kInitStd, 0));
@@ -52,6 +55,7 @@ Gpt<T>::Gpt(const GptConfig& config, int64_t buffer_multiple) : config_(config) 
     idx.push_back(add(h + "mlp.c_proj.weight", {4 * C, C}, true, proj_std, 0));
     idx.push_back(add(h + "mlp.c_proj.bias", {C}, false, 0, 0));
   }
+  layout_.begin_unit("ln_f");
   idx.push_back(add("transformer.ln_f.weight", {C}, false, 0, 1));
   idx.push_back(add("transformer.ln_f.bias", {C}, false, 0, 0));
 
@@ -69,34 +73,80 @@ Gpt<T>::Gpt(const GptConfig& config, int64_t buffer_multiple) : config_(config) 
   lnf_w_ = &ps[idx[k++]];
   lnf_b_ = &ps[idx[k++]];
 
-  buffer_elements_ = (layout_.total() + buffer_multiple - 1) / buffer_multiple * buffer_multiple;
-  size_t bytes = static_cast<size_t>(buffer_elements_) * sizeof(T);
-  params_ = Buffer(bytes, MemCategory::kParams);
-  grads_ = Buffer(bytes, MemCategory::kGrads);
+  const size_t n_units = layout_.units().size();
+  for (const Unit& u : layout_.units()) unit_begin_.push_back(u.begin);
+  unit_params_.assign(n_units, nullptr);
+  unit_grads_.assign(n_units, nullptr);
+  const size_t bytes = static_cast<size_t>(layout_.total()) * sizeof(T);
+  if (storage.params) allocate_params();
+  if (storage.grads) {
+    grads_ = Buffer(bytes, MemCategory::kGrads);
+    for (size_t u = 0; u < n_units; ++u) unit_grads_[u] = grads() + unit_begin_[u];
+  }
+}
+
+template <typename T>
+void Gpt<T>::allocate_params() {
+  if (!params_.data())
+    params_ = Buffer(static_cast<size_t>(layout_.total()) * sizeof(T), MemCategory::kParams);
+  for (size_t u = 0; u < unit_begin_.size(); ++u) unit_params_[u] = params() + unit_begin_[u];
+}
+
+template <typename T>
+void Gpt<T>::release_params() {
+  params_ = Buffer();
+  unit_params_.assign(unit_params_.size(), nullptr);
+}
+
+template <typename T>
+std::vector<int> Gpt<T>::unit_schedule(bool backward) const {
+  const int L = config_.n_layer, emb = 0, lnf = L + 1;
+  std::vector<int> s{emb};
+  for (int l = 0; l < L; ++l) s.push_back(unit_of_layer(l));
+  s.push_back(lnf);
+  s.push_back(emb);  // the tied LM head
+  if (backward) {
+    s.push_back(emb);
+    s.push_back(lnf);
+    for (int l = L - 1; l >= 0; --l) s.push_back(unit_of_layer(l));
+    s.push_back(emb);
+  }
+  return s;
 }
 
 template <typename T>
 void Gpt<T>::init(uint64_t seed) {
+  LOOM_CHECK(params() != nullptr, "Gpt::init without a full parameter buffer");
+  init_range(seed, 0, layout_.total(), params());
+}
+
+template <typename T>
+void Gpt<T>::init_range(uint64_t seed, int64_t begin, int64_t end, T* dst) const {
+  zero(dst, end - begin);
   const int64_t real_rows = config_.vocab_size;
   for (const Param& p : layout_.params()) {
-    T* dst = param(p);
+    // The part of p inside [begin, end), as element indices of p.
+    const int64_t lo = std::max<int64_t>(0, begin - p.offset);
+    const int64_t hi = std::min<int64_t>(p.numel, end - p.offset);
+    if (lo >= hi) continue;
+    T* out = dst + (p.offset - begin);
     if (p.init_std == 0) {
-      for (int64_t i = 0; i < p.numel; ++i) dst[i] = T(p.init_value);
+      for (int64_t i = lo; i < hi; ++i) out[i] = T(p.init_value);
       continue;
     }
     NormalStream stream(seed, p.name);
     // Padded vocabulary rows of wte stay zero: they are never looked up and
     // their logits are excluded from the loss.
-    int64_t limit = (&p == wte_) ? real_rows * p.shape[1] : p.numel;
+    const int64_t limit = std::min(hi, (&p == wte_) ? real_rows * p.shape[1] : p.numel);
 #pragma omp parallel for
-    for (int64_t i = 0; i < limit; ++i)
-      dst[i] = T(stream.at(static_cast<uint64_t>(i)) * p.init_std);
+    for (int64_t i = lo; i < limit; ++i)
+      out[i] = T(stream.at(static_cast<uint64_t>(i)) * p.init_std);
   }
 }
 
 template <typename T>
 void Gpt<T>::zero_grads() {
-  zero(grads(), buffer_elements_);
+  if (grads() != nullptr) zero(grads(), layout_.total());
 }
 
 template <typename T>
@@ -229,17 +279,26 @@ double Gpt<T>::forward(GptActivations<T>& a, const int32_t* tokens, const int32_
   a.ctx = ctx;
   DropoutStream stream(ctx.seed, ctx.step, ctx.training ? config_.dropout : 0.0f);
 
+  const int emb = 0, lnf = config_.n_layer + 1;
+  before(emb, Pass::kForward);
   cpu::encoder_forward(a.encoded, tokens, param(*wte_), param(*wpe_), B, Tn, C);
+  after(emb, Pass::kForward);
   cpu::dropout_inplace(
       a.encoded, cpu::DropoutSpec{&stream, ctx.sample0, dropout_site(-1, DropoutSite::kEmbedding)},
       B, Tn, C);
   const T* x = a.encoded;
   for (int l = 0; l < config_.n_layer; ++l) {
+    before(unit_of_layer(l), Pass::kForward);
     block_forward(l, a, x);
+    after(unit_of_layer(l), Pass::kForward);
     x = a.layers[l].res3;
   }
+  before(lnf, Pass::kForward);
   cpu::layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, x, param(*lnf_w_), param(*lnf_b_), BT, C);
+  after(lnf, Pass::kForward);
+  before(emb, Pass::kForward);
   cpu::matmul_nt_forward(a.logits, a.lnf, param(*wte_), BT, C, Vp);
+  after(emb, Pass::kForward);
   if (targets == nullptr) return 0.0;
   cpu::cross_entropy_forward(a.losses, a.ce_lse, a.logits, targets, BT, V, Vp);
   double sum = 0;
@@ -248,8 +307,7 @@ double Gpt<T>::forward(GptActivations<T>& a, const int32_t* tokens, const int32_
 }
 
 template <typename T>
-void Gpt<T>::backward(GptActivations<T>& a, double loss_scale,
-                      const std::function<void(int64_t)>& on_ready) {
+void Gpt<T>::backward(GptActivations<T>& a, double loss_scale) {
   LOOM_CHECK(a.targets != nullptr, "backward needs a forward pass with targets");
   const int64_t B = a.B, Tn = a.Tn, BT = B * Tn, C = config_.n_embd;
   const int64_t V = config_.vocab_size, Vp = config_.padded_vocab();
@@ -258,24 +316,30 @@ void Gpt<T>::backward(GptActivations<T>& a, double loss_scale,
   // d(mean loss)/d(loss_n) = 1 / BT, times the caller's scale (accumulation, loss scaling).
   std::vector<T> dloss(static_cast<size_t>(BT), T(loss_scale / static_cast<double>(BT)));
   cpu::cross_entropy_backward(a.logits, a.ce_lse, a.targets, dloss.data(), BT, V, Vp);
+  const int emb = 0, lnf = config_.n_layer + 1;
   zero(d_ln_, BT * C);
+  before(emb, Pass::kBackward);
   cpu::matmul_nt_backward(d_ln_, grad(*wte_), a.logits, a.lnf, param(*wte_), BT, C, Vp);
+  after(emb, Pass::kBackward);
   zero(d_resid_, BT * C);
   const T* last = config_.n_layer > 0 ? a.layers.back().res3 : a.encoded;
+  before(lnf, Pass::kBackward);
   cpu::layernorm_backward(d_resid_, grad(*lnf_w_), grad(*lnf_b_), d_ln_, last, param(*lnf_w_),
                           a.lnf_mean, a.lnf_rstd, BT, C);
-  if (on_ready) on_ready(lnf_w_->offset);
+  after(lnf, Pass::kBackward);
   for (int l = config_.n_layer - 1; l >= 0; --l) {
     const T* x = l > 0 ? a.layers[l - 1].res3 : a.encoded;
+    before(unit_of_layer(l), Pass::kBackward);
     block_backward(l, a, x, d_resid_);
-    if (on_ready) on_ready(lp_[l].ln1_w->offset);
+    after(unit_of_layer(l), Pass::kBackward);
   }
   DropoutStream stream(a.ctx.seed, a.ctx.step, a.ctx.training ? config_.dropout : 0.0f);
   cpu::dropout_inplace(
       d_resid_, cpu::DropoutSpec{&stream, a.ctx.sample0, dropout_site(-1, DropoutSite::kEmbedding)},
       B, Tn, C);
+  before(emb, Pass::kBackward);
   cpu::encoder_backward(grad(*wte_), grad(*wpe_), d_resid_, a.tokens, B, Tn, C);
-  if (on_ready) on_ready(0);
+  after(emb, Pass::kBackward);
 }
 
 template <typename T>

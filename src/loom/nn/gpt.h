@@ -65,24 +65,60 @@ struct KvCache {
   std::vector<T> x, ln, stat, qkv, att, fch, fch_gelu, out, scores, logits;
 };
 
+// Which pass uses a unit's parameters.
+enum class Pass { kForward, kBackward };
+
+// Called around every use of a unit's parameters (ZeRO stage 3 gathers them
+// before and releases them after) and, in backward, of its gradients (ZeRO
+// stages 0-2 reduce them after). A unit may be used more than once in a pass:
+// the embeddings open the forward and (tied LM head) close it; backward
+// starts and ends with them. unit_schedule() lists the uses in order.
+struct GptHooks {
+  std::function<void(int unit, Pass pass)> before, after;
+};
+
+// Where the model's parameters and gradients live. By default the model owns
+// full flat buffers; under ZeRO a data-parallel engine owns shards and binds
+// each unit's storage before the model uses it.
+struct GptStorage {
+  int64_t unit_multiple = 1;  // every unit padded to a multiple of this
+  bool params = true;         // allocate the full parameter buffer
+  bool grads = true;          // allocate the full gradient buffer
+};
+
 template <typename T>
 class Gpt {
  public:
-  // buffer_multiple: the flat buffers are padded to a multiple of it (ZeRO
-  // shards them into equal pieces); the padding stays zero.
-  explicit Gpt(const GptConfig& config, int64_t buffer_multiple = 1);
+  explicit Gpt(const GptConfig& config, GptStorage storage = {});
 
   const GptConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
+  // Elements of the flat buffers (parameters plus alignment and unit padding).
   int64_t num_params() const { return layout_.total(); }
-  int64_t buffer_elements() const { return buffer_elements_; }
-  T* params() const { return params_.as<T>(); }
-  T* grads() const { return grads_.as<T>(); }
-  T* param(const Param& p) const { return params() + p.offset; }
-  T* grad(const Param& p) const { return grads() + p.offset; }
+  // The full flat buffers; null when not allocated (see GptStorage).
+  T* params() const { return params_.template as<T>(); }
+  T* grads() const { return grads_.template as<T>(); }
+  T* param(const Param& p) const { return unit_params_[p.unit] + (p.offset - unit_begin_[p.unit]); }
+  T* grad(const Param& p) const { return unit_grads_[p.unit] + (p.offset - unit_begin_[p.unit]); }
+
+  // Points unit u's parameters (gradients) at `base`, which holds the unit's
+  // elements [begin, end) of the flat layout; null unbinds.
+  void bind_params(int u, T* base) { unit_params_[u] = base; }
+  void bind_grads(int u, T* base) { unit_grads_[u] = base; }
+  // Allocates the full parameter buffer if it is not, and binds every unit
+  // to it; release_params() frees it again (both for ZeRO stage 3).
+  void allocate_params();
+  void release_params();
+  void set_hooks(GptHooks hooks) { hooks_ = std::move(hooks); }
+  // Units in the order forward (and then backward) uses them.
+  std::vector<int> unit_schedule(bool backward) const;
+  int unit_of_layer(int l) const { return l + 1; }
 
   // Initialises every parameter from (seed, name, global element index).
   void init(uint64_t seed);
+  // Writes elements [begin, end) of the initialised flat buffer into dst
+  // (padding zero): a ZeRO shard initialises only what it holds.
+  void init_range(uint64_t seed, int64_t begin, int64_t end, T* dst) const;
   void zero_grads();
 
   // Activation store for micro-batches of (B, T), T <= seq_len.
@@ -92,11 +128,8 @@ class Gpt {
   // targets are given (else 0 and only logits are valid).
   double forward(GptActivations<T>& a, const int32_t* tokens, const int32_t* targets,
                  const StepContext& ctx);
-  // Accumulates into grads() the gradient of loss_scale * mean loss.
-  // on_ready(from), when given, is called as backward goes: every gradient at
-  // flat offset >= from is final (data parallelism starts reducing those).
-  void backward(GptActivations<T>& a, double loss_scale,
-                const std::function<void(int64_t)>& on_ready = nullptr);
+  // Accumulates into the gradients the gradient of loss_scale * mean loss.
+  void backward(GptActivations<T>& a, double loss_scale);
 
   // Incremental decoding: feeds `token` at position cache.len (< seq_len)
   // and returns the logits (padded_vocab) for the next position. Equal to the
@@ -117,11 +150,19 @@ class Gpt {
   // dresid (B,T,C): gradient of the block output in, of its input out.
   void block_backward(int l, GptActivations<T>& a, const T* x, T* dresid);
   void ensure_scratch(int64_t BT);
+  void before(int u, Pass pass) {
+    if (hooks_.before) hooks_.before(u, pass);
+  }
+  void after(int u, Pass pass) {
+    if (hooks_.after) hooks_.after(u, pass);
+  }
 
   GptConfig config_;
   ParamLayout layout_;
-  int64_t buffer_elements_ = 0;
   Buffer params_, grads_;
+  std::vector<int64_t> unit_begin_;
+  std::vector<T*> unit_params_, unit_grads_;
+  GptHooks hooks_;
   const Param *wte_, *wpe_, *lnf_w_, *lnf_b_;
   std::vector<LayerParams> lp_;
   // Gradient scratch shared by all layers, sized for the largest micro-batch.

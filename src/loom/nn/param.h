@@ -24,23 +24,45 @@ struct Param {
   Shard shard;         // the piece stored here
   int64_t offset = 0;  // first element in the flat buffers
   int64_t numel = 0;   // elements stored here
+  int unit = 0;        // the unit (see ParamLayout) it belongs to
   bool decay = false;  // weight decay applies (matrices and embeddings, not biases or norms)
   float init_std = 0;  // N(0, init_std); 0 means constant init_value
   float init_value = 0;
 };
 
+// A contiguous range of the flat buffers holding the parameters that are used
+// together (the embeddings, one transformer layer, the final norm). ZeRO
+// shards, gathers and reduces unit by unit: each unit's size is a multiple of
+// the layout's unit_multiple, so it splits into equal slices.
+struct Unit {
+  std::string name;  // "embeddings", "h.3", "ln_f"
+  int64_t begin = 0, end = 0;
+  int64_t size() const { return end - begin; }
+};
+
 // The ordered list of parameters and their offsets in the flat buffers.
 class ParamLayout {
  public:
-  // Appends a parameter stored whole; returns its index.
+  // unit_multiple: every unit's size is padded up to a multiple of it.
+  explicit ParamLayout(int64_t unit_multiple = 1) : unit_multiple_(unit_multiple) {}
+  // Opens a unit; parameters added until the next begin_unit() belong to it.
+  void begin_unit(std::string name);
+  // Appends a parameter stored whole to the open unit; returns its index.
   size_t add(std::string name, Shape shape, bool decay, float init_std, float init_value);
   const std::vector<Param>& params() const { return params_; }
+  const std::vector<Unit>& units() const { return units_; }
   const Param& find(const std::string& name) const;  // throws with the name when missing
+  // Elements of the flat buffers: parameters, alignment and unit padding.
   int64_t total() const { return total_; }
+  // Elements of the parameters alone (what a user calls the parameter count).
+  int64_t numel() const;
 
  private:
+  int64_t unit_multiple_;
   std::vector<Param> params_;
-  int64_t total_ = 0;
+  std::vector<Unit> units_;
+  int64_t next_ = 0;   // where the next parameter goes
+  int64_t total_ = 0;  // the end of the last unit
 };
 
 }  // namespace loom

@@ -3,45 +3,63 @@
 #include <algorithm>
 #include <cmath>
 
+#include "loom/core/error.h"
 #include "loom/kernels/cpu/adamw.h"
 
 namespace loom {
 
-AdamW::AdamW(const ParamLayout& layout, const OptimizerConfig& config, int64_t shard_begin,
-             int64_t shard_end)
-    : config_(config),
-      shard_begin_(shard_begin),
-      shard_end_(shard_end < 0 ? layout.total() : shard_end) {
+std::vector<AdamWSegment> adamw_segments(const ParamLayout& layout, int64_t begin, int64_t end) {
+  // Maximal runs of equal decay over the layout; each run reaches the next
+  // run's start (or the end of the layout), so padding belongs to a run.
+  struct Run {
+    int64_t begin, end;
+    bool decay;
+  };
+  std::vector<Run> runs;
   for (const Param& p : layout.params()) {
-    if (!ranges_.empty() && ranges_.back().decay == p.decay) {
-      ranges_.back().end = p.offset + p.numel;
-    } else {
-      ranges_.push_back({p.offset, p.offset + p.numel, p.decay});
+    if (runs.empty() || runs.back().decay != p.decay) {
+      if (!runs.empty()) runs.back().end = p.offset;
+      runs.push_back({p.offset, p.offset + p.numel, p.decay});
     }
   }
-  // Alignment padding between parameters is zero in params and grads and
-  // stays zero under the update, so ranges may span it.
-  for (size_t i = 0; i + 1 < ranges_.size(); ++i) ranges_[i].end = ranges_[i + 1].begin;
-  if (!ranges_.empty()) ranges_.back().end = layout.total();
-  std::vector<Range> mine;
-  for (const Range& r : ranges_) {
-    int64_t b = std::max(r.begin, shard_begin_), e = std::min(r.end, shard_end_);
-    if (b < e) mine.push_back({b, e, r.decay});
+  if (!runs.empty()) runs.back().end = layout.total();
+  std::vector<AdamWSegment> out;
+  for (const Run& r : runs) {
+    const int64_t b = std::max(r.begin, begin), e = std::min(r.end, end);
+    if (b < e) out.push_back({b, b, b, e - b, r.decay});
   }
-  ranges_ = std::move(mine);
-  size_t bytes =
-      static_cast<size_t>(std::max<int64_t>(0, shard_end_ - shard_begin_)) * sizeof(float);
-  m_ = Buffer(bytes, MemCategory::kOptimizer);
-  v_ = Buffer(bytes, MemCategory::kOptimizer);
+  return out;
 }
 
-void AdamW::step(float* params, const float* grads, double lr, int64_t step) {
+AdamW::AdamW(const ParamLayout& layout, const OptimizerConfig& config)
+    : AdamW(adamw_segments(layout, 0, layout.total()), layout.total(), config) {}
+
+AdamW::AdamW(std::vector<AdamWSegment> segments, int64_t state_elements,
+             const OptimizerConfig& config, float* m, float* v)
+    : config_(config), segments_(std::move(segments)), state_elements_(state_elements) {
+  for (const AdamWSegment& s : segments_)
+    LOOM_CHECK(s.state_offset >= 0 && s.state_offset + s.length <= state_elements_,
+               "AdamW segment [{}, {}) outside the {} moments", s.state_offset,
+               s.state_offset + s.length, state_elements_);
+  if (m != nullptr && v != nullptr) {
+    m_ = m, v_ = v;
+    return;
+  }
+  const size_t bytes = static_cast<size_t>(state_elements_) * sizeof(float);
+  m_owned_ = Buffer(bytes, MemCategory::kOptimizer);
+  v_owned_ = Buffer(bytes, MemCategory::kOptimizer);
+  m_ = m_owned_.as<float>(), v_ = v_owned_.as<float>();
+}
+
+void AdamW::step(float* params, const float* grads, double lr, int64_t step, size_t first,
+                 size_t last) {
   cpu::AdamWParams hp{lr, config_.beta1, config_.beta2, config_.eps, 0.0, step};
-  for (const Range& r : ranges_) {
-    hp.weight_decay = r.decay ? config_.weight_decay : 0.0;
-    const int64_t local = r.begin - shard_begin_;
-    cpu::adamw_update(params + r.begin, grads + r.begin, m_.as<float>() + local,
-                      v_.as<float>() + local, r.end - r.begin, hp);
+  last = std::min(last, segments_.size());
+  for (size_t i = first; i < last; ++i) {
+    const AdamWSegment& s = segments_[i];
+    hp.weight_decay = s.decay ? config_.weight_decay : 0.0;
+    cpu::adamw_update(params + s.param_offset, grads + s.grad_offset, m_ + s.state_offset,
+                      v_ + s.state_offset, s.length, hp);
   }
 }
 

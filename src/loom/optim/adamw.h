@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -19,33 +20,47 @@ struct OptimizerConfig {
   double weight_decay = 0.0;
 };
 
+// Which elements one AdamW instance updates: `length` elements starting at
+// param_offset in the parameter array, grad_offset in the gradient array and
+// state_offset in its own moments, all with the same weight-decay setting.
+// Unsharded, all three offsets are the flat offset; a ZeRO shard maps its
+// slices of the flat layout onto contiguous moments.
+struct AdamWSegment {
+  int64_t param_offset = 0, grad_offset = 0, state_offset = 0, length = 0;
+  bool decay = false;
+};
+
+// The segments covering [begin, end) of a layout's flat buffers, split where
+// weight decay changes (padding joins the preceding parameter: it is zero in
+// parameters and gradients and stays zero under the update).
+std::vector<AdamWSegment> adamw_segments(const ParamLayout& layout, int64_t begin, int64_t end);
+
 class AdamW {
  public:
-  // Updates the elements [shard_begin, shard_end) of the flat buffers and keeps
-  // moments for those alone (ZeRO stage 1 gives each data-parallel rank one
-  // shard; the last may reach into the buffer's zero padding past the layout);
-  // shard_end -1 means the whole layout.
-  AdamW(const ParamLayout& layout, const OptimizerConfig& config, int64_t shard_begin = 0,
-        int64_t shard_end = -1);
-  // One update of the shard with rate `lr`; `step` is 1-based. params and
-  // grads are the full flat buffers.
-  void step(float* params, const float* grads, double lr, int64_t step);
+  // The whole layout, unsharded.
+  AdamW(const ParamLayout& layout, const OptimizerConfig& config);
+  // `state_elements` moments, updated per segment; held in m and v when
+  // given (not owned: memory-mapped files), else allocated.
+  AdamW(std::vector<AdamWSegment> segments, int64_t state_elements, const OptimizerConfig& config,
+        float* m = nullptr, float* v = nullptr);
+  // One update with rate `lr` of segments [first, last) (all by default);
+  // `step` is 1-based. `params` and `grads` are the arrays the segments'
+  // offsets index.
+  void step(float* params, const float* grads, double lr, int64_t step, size_t first = 0,
+            size_t last = SIZE_MAX);
   const OptimizerConfig& config() const { return config_; }
-  int64_t shard_begin() const { return shard_begin_; }
-  int64_t shard_end() const { return shard_end_; }
-  // First and second moments of the shard: element i is flat element shard_begin + i.
-  float* exp_avg() const { return m_.as<float>(); }
-  float* exp_avg_sq() const { return v_.as<float>(); }
+  const std::vector<AdamWSegment>& segments() const { return segments_; }
+  int64_t state_elements() const { return state_elements_; }
+  // First and second moments (state_elements each).
+  float* exp_avg() const { return m_; }
+  float* exp_avg_sq() const { return v_; }
 
  private:
-  struct Range {
-    int64_t begin, end;
-    bool decay;
-  };
   OptimizerConfig config_;
-  int64_t shard_begin_ = 0, shard_end_ = 0;
-  std::vector<Range> ranges_;  // maximal runs of parameters with equal decay, within the shard
-  Buffer m_, v_;
+  std::vector<AdamWSegment> segments_;
+  int64_t state_elements_ = 0;
+  Buffer m_owned_, v_owned_;
+  float *m_ = nullptr, *v_ = nullptr;
 };
 
 // Global gradient-norm clipping: returns the L2 norm of grads (n) before

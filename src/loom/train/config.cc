@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "loom/core/error.h"
+#include "loom/parallel/zero/offload.h"
 
 namespace loom {
 
@@ -48,6 +49,12 @@ const std::vector<KeySpec>& schema() {
       {"zero_optimization.stage", Kind::kInt, 0, 3},
       {"zero_optimization.reduce_bucket_size", Kind::kInt, 1, kMaxInt},
       {"zero_optimization.overlap_comm", Kind::kBool},
+      {"zero_optimization.stage3_prefetch_bucket_size", Kind::kInt, 0, kMaxInt},
+      {"zero_optimization.stage3_param_persistence_threshold", Kind::kInt, 0, kMaxInt},
+      {"zero_optimization.offload_optimizer.device", Kind::kString, 0, 0, {"none", "cpu", "nvme"}},
+      {"zero_optimization.offload_optimizer.nvme_path", Kind::kString},
+      {"zero_optimization.offload_optimizer.pin_memory", Kind::kBool},
+      {"zero_optimization.offload_optimizer.buffer_count", Kind::kInt, 1, kMaxInt},
       {"comm.allreduce", Kind::kString, 0, 0, {"mpi", "ring", "rhd", "hierarchical", "auto"}},
       {"comm.timeout_s", Kind::kNumber, 0, 1e300, {}, true},
       {"comm.ranks_per_node", Kind::kInt, 0, 1 << 20},
@@ -346,9 +353,17 @@ json to_json(const Config& c) {
   j["checkpoint"] = {{"dir", c.checkpoint.dir},
                      {"every", c.checkpoint.every},
                      {"keep_last", c.checkpoint.keep_last}};
-  j["zero_optimization"] = {{"stage", c.zero.stage},
-                            {"reduce_bucket_size", c.zero.reduce_bucket_size},
-                            {"overlap_comm", c.zero.overlap_comm}};
+  j["zero_optimization"] = {
+      {"stage", c.zero.stage},
+      {"reduce_bucket_size", c.zero.reduce_bucket_size},
+      {"overlap_comm", c.zero.overlap_comm},
+      {"stage3_prefetch_bucket_size", c.zero.prefetch_bucket_size},
+      {"stage3_param_persistence_threshold", c.zero.persistence_threshold},
+      {"offload_optimizer",
+       {{"device", c.zero.offload_device},
+        {"nvme_path", c.zero.nvme_path},
+        {"pin_memory", c.zero.pin_memory},
+        {"buffer_count", c.zero.buffer_count}}}};
   j["comm"] = {{"allreduce", c.comm.allreduce},
                {"timeout_s", c.comm.timeout_s},
                {"ranks_per_node", c.comm.ranks_per_node},
@@ -437,14 +452,25 @@ Config parse_config(const std::string& text, const std::string& source,
   if (!d.synthetic && d.train.empty())
     fail(source, "data.train: no token file given (set data.train, or data.synthetic: true)");
 
-  c.zero.stage = get_or<int>(j, "zero_optimization.stage", 0);
-  if (c.zero.stage > 1)
-    LOOM_FAIL(kUnsupported,
-              "{}: zero_optimization.stage {} is not supported by this build yet "
-              "(0: replicated, 1: optimizer state sharded)",
-              source, c.zero.stage);
-  c.zero.reduce_bucket_size = get_or<int64_t>(j, "zero_optimization.reduce_bucket_size", 1000000);
-  c.zero.overlap_comm = get_or<bool>(j, "zero_optimization.overlap_comm", true);
+  ZeroConfig& z = c.zero;
+  z.stage = get_or<int>(j, "zero_optimization.stage", 0);
+  z.reduce_bucket_size = get_or<int64_t>(j, "zero_optimization.reduce_bucket_size", 1000000);
+  z.overlap_comm = get_or<bool>(j, "zero_optimization.overlap_comm", true);
+  z.prefetch_bucket_size =
+      get_or<int64_t>(j, "zero_optimization.stage3_prefetch_bucket_size", 1000000);
+  z.persistence_threshold =
+      get_or<int64_t>(j, "zero_optimization.stage3_param_persistence_threshold", 100000);
+  z.offload_device = get_or<std::string>(j, "zero_optimization.offload_optimizer.device", "none");
+  z.nvme_path = get_or<std::string>(j, "zero_optimization.offload_optimizer.nvme_path", "");
+  z.pin_memory = get_or<bool>(j, "zero_optimization.offload_optimizer.pin_memory", false);
+  z.buffer_count = get_or<int64_t>(j, "zero_optimization.offload_optimizer.buffer_count", 4);
+  if (z.offload_device != "none" && z.stage == 0)
+    fail(source, format("zero_optimization.offload_optimizer.device {} needs stage 1, 2 or 3 "
+                        "(stage is 0)",
+                        z.offload_device));
+  // Checked here, before anything is allocated: the files are made later.
+  if (z.offload_device == "nvme")
+    check_writable_dir(z.nvme_path, source + ": zero_optimization.offload_optimizer.nvme_path");
   c.comm.allreduce = get_or<std::string>(j, "comm.allreduce", "mpi");
   c.comm.timeout_s = get_or<double>(j, "comm.timeout_s", 600.0);
   c.comm.ranks_per_node = get_or<int>(j, "comm.ranks_per_node", 0);

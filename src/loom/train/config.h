@@ -13,6 +13,7 @@
 #include "loom/comm/mpi/mpi_process_group.h"
 #include "loom/nn/gpt.h"
 #include "loom/optim/adamw.h"
+#include "loom/parallel/zero/zero_config.h"
 #include "loom/optim/lr_schedule.h"
 
 namespace loom {
@@ -39,16 +40,6 @@ struct CheckpointConfig {
   std::string dir;        // "" : <run folder>/checkpoints
   int64_t every = 0;      // save every this many steps and at the end; 0: never
   int64_t keep_last = 0;  // keep the newest this many; 0: all
-};
-
-// DeepSpeed's zero_optimization section; stage 0 (plain data parallelism) here.
-struct ZeroConfig {
-  int stage = 0;
-  // Elements, as DeepSpeed counts. loom's default (1e6) is smaller than
-  // DeepSpeed's 5e8 so that models of a few million parameters still get
-  // several buckets to overlap with backward.
-  int64_t reduce_bucket_size = 1000000;
-  bool overlap_comm = true;
 };
 
 struct LogConfig {

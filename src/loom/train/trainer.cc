@@ -55,9 +55,10 @@ Trainer::Trainer(Config config, RunOptions options, ThreadConfig threads)
     : config_(std::move(config)),
       options_(std::move(options)),
       threads_(threads),
-      // ZeRO shards the flat buffers into equal pieces, one per rank.
-      model_(config_.model,
-             options_.dp_group && config_.zero.stage >= 1 ? options_.dp_group->size() : 1) {
+      // ZeRO decides which full buffers the model holds and how units pad.
+      model_(config_.model, ZeroEngine::storage(config_.zero, options_.dp_group
+                                                                  ? options_.dp_group->size()
+                                                                  : 1)) {
   const GptConfig& m = config_.model;
   const uint64_t seed = config_.train.seed;
   if (config_.data.synthetic) {
@@ -87,17 +88,8 @@ Trainer::Trainer(Config config, RunOptions options, ThreadConfig threads)
     LOOM_CHECK_KIND(kConfig, config_.data_parallel == dp_size_,
                     "the config's data-parallel size {} differs from the group's {}",
                     config_.data_parallel, dp_size_);
-    buckets_ =
-        std::make_unique<GradBuckets>(model_.layout(), options_.dp_group,
-                                      config_.zero.reduce_bucket_size, config_.zero.overlap_comm);
   }
-  if (sharded()) {
-    const int64_t shard = model_.buffer_elements() / dp_size_;
-    optimizer_ = std::make_unique<AdamW>(model_.layout(), config_.optimizer, dp_rank_ * shard,
-                                         (dp_rank_ + 1) * shard);
-  } else {
-    optimizer_ = std::make_unique<AdamW>(model_.layout(), config_.optimizer);
-  }
+  zero_ = std::make_unique<ZeroEngine>(model_, options_.dp_group, config_.zero, config_.optimizer);
   if (writer_ && !options_.out_dir.empty() && options_.resume.empty()) {
     std::error_code ec;
     if (fs::exists(options_.out_dir, ec) && !fs::is_empty(options_.out_dir, ec) &&
@@ -107,34 +99,56 @@ Trainer::Trainer(Config config, RunOptions options, ThreadConfig threads)
                 "pass --overwrite)",
                 options_.out_dir);
   }
-  model_.init(seed);
+  zero_->init_params(seed);
+  const bool loading = !options_.init_from.empty() || !options_.resume.empty();
+  // Stage 3 loads into full parameters, then keeps this rank's slices.
+  if (loading) zero_->gather_full_params();
   if (!options_.init_from.empty()) load_hf_weights(options_.init_from, model_);
   if (!options_.resume.empty()) {
     std::string dir = resolve_checkpoint(options_.resume, checkpoint_root());
-    TrainerState st;
-    if (sharded()) {
-      // The file holds whole moments; keep this rank's shard.
-      const size_t n = static_cast<size_t>(model_.buffer_elements());
-      std::vector<float> m(n), v(n);
-      st = load_checkpoint(dir, model_, m.data(), v.data());
-      const int64_t b = optimizer_->shard_begin(), e = optimizer_->shard_end();
-      std::copy(m.begin() + b, m.begin() + e, optimizer_->exp_avg());
-      std::copy(v.begin() + b, v.begin() + e, optimizer_->exp_avg_sq());
-    } else {
-      st = load_checkpoint(dir, model_, optimizer_->exp_avg(), optimizer_->exp_avg_sq());
-    }
+    // The file holds whole moments; the engine keeps this rank's slices.
+    const size_t n = static_cast<size_t>(model_.num_params());
+    std::vector<float> m(n), v(n);
+    TrainerState st = load_checkpoint(dir, model_, m.data(), v.data());
+    zero_->load_moments(m.data(), v.data());
     LOOM_CHECK_KIND(kConfig, st.seed == seed,
                     "{}: saved with train.seed {} but the config has {}; a resumed run must keep "
                     "its seed to see the same data",
                     dir, st.seed, seed);
     step_ = st.step;
   }
+  if (loading) zero_->release_full_params(true);
   acts_ = model_.make_activations(config_.micro_batch, m.seq_len);
   const size_t bt = static_cast<size_t>(config_.micro_batch * m.seq_len);
   inputs_.resize(bt);
   targets_.resize(bt);
   peak_gflops_ = config_.log.peak_gflops > 0 ? config_.log.peak_gflops : quick_peak_gflops();
   tty_ = !options_.quiet && isatty(STDOUT_FILENO);
+  // Peaks in metrics.jsonl describe training; setup's temporaries (full
+  // parameters while loading at stage 3) are not part of it.
+  memory_tracker().reset_peaks();
+}
+
+std::vector<float> Trainer::gather_params() {
+  zero_->gather_full_params();
+  std::vector<float> out(model_.params(), model_.params() + model_.num_params());
+  zero_->release_full_params(false);
+  return out;
+}
+
+MemStats Trainer::peak_memory_over_ranks() {
+  MemStats mem = memory_tracker().stats();
+  if (!options_.dp_group) return mem;
+  // Byte counts travel as raw 8-byte words (an all-gather copies bits).
+  static_assert(sizeof(size_t) == 2 * sizeof(float));
+  std::vector<size_t> all(static_cast<size_t>(kNumMemCategories * dp_size_));
+  options_.dp_group
+      ->all_gather(mem.peak.data(), all.data(), 2 * kNumMemCategories, DType::kF32)
+      ->wait();
+  for (int r = 0; r < dp_size_; ++r)
+    for (int c = 0; c < kNumMemCategories; ++c)
+      mem.peak[c] = std::max(mem.peak[c], all[static_cast<size_t>(r * kNumMemCategories + c)]);
+  return mem;
 }
 
 StepResult Trainer::train_step() {
@@ -144,7 +158,7 @@ StepResult Trainer::train_step() {
   r.step = step_ + 1;
   const int64_t B = config_.micro_batch, Tn = config_.model.seq_len;
   const int64_t accum = config_.grad_accum;
-  model_.zero_grads();
+  zero_->zero_grads();
   double loss_sum = 0;
   for (int64_t micro = 0; micro < accum; ++micro) {
     // Global sample index: the step's train_batch_size samples are numbered
@@ -155,22 +169,14 @@ StepResult Trainer::train_step() {
                     true};
     train_data_->fill(ctx.step, ctx.sample0, B, Tn, inputs_.data(), targets_.data());
     auto t0 = clock::now();
+    zero_->begin_micro_batch(true, micro == accum - 1);
     loss_sum += model_.forward(acts_, inputs_.data(), targets_.data(), ctx);
     r.t_forward += seconds_since(t0);
     t0 = clock::now();
-    // Gradients are reduced once, during the last micro-batch's backward.
-    const bool reduce = buckets_ && micro == accum - 1;
-    if (reduce) buckets_->begin(model_.grads());
-    model_.backward(acts_, 1.0 / static_cast<double>(accum),
-                    reduce ? [this](int64_t from) { buckets_->ready_from(from); }
-                           : std::function<void(int64_t)>());
+    model_.backward(acts_, 1.0 / static_cast<double>(accum));
     r.t_backward += seconds_since(t0);
-    if (reduce) {
-      BucketStats st = buckets_->finish();
-      r.t_comm = st.comm_s;
-      r.t_comm_exposed = st.exposed_s;
-      r.comm_bytes = st.bytes;
-    }
+    // Waits for what is left of this micro-batch's gradient reduction.
+    zero_->end_micro_batch();
   }
   if (options_.dp_group) {
     // The step's loss over the global batch: the mean of the ranks' means.
@@ -179,22 +185,14 @@ StepResult Trainer::train_step() {
     loss_sum = mean;
   }
   auto t0 = clock::now();
-  r.grad_norm = clip_grad_norm(model_.grads(), model_.num_params(), config_.gradient_clipping);
+  r.grad_norm = zero_->clip_grad_norm(config_.gradient_clipping);
   r.lr = learning_rate(config_.scheduler, config_.optimizer.lr, step_);
-  optimizer_->step(model_.params(), model_.grads(), r.lr, step_ + 1);
+  zero_->step(r.lr, step_ + 1);
   r.t_optimizer = seconds_since(t0);
-  if (sharded()) {
-    // ZeRO stage 1: each rank updated its shard; gather the whole parameters.
-    const auto t1 = clock::now();
-    const int64_t shard = model_.buffer_elements() / dp_size_;
-    WorkPtr w = options_.dp_group->all_gather(model_.params() + dp_rank_ * shard, model_.params(),
-                                              static_cast<size_t>(shard), DType::kF32);
-    w->wait();
-    const double waited = seconds_since(t1);
-    r.t_comm += w->seconds();
-    r.t_comm_exposed += waited;
-    r.comm_bytes += double(dp_size_ - 1) / dp_size_ * double(model_.buffer_elements()) * 4.0;
-  }
+  const CommStats cs = zero_->take_stats();
+  r.t_comm = cs.comm_s;
+  r.t_comm_exposed = cs.exposed_s;
+  r.comm_bytes = cs.bytes;
   r.loss = loss_sum / static_cast<double>(accum);
   r.t_step = seconds_since(t_start);
   double tokens = static_cast<double>(config_.train_batch_size * Tn);
@@ -213,7 +211,9 @@ double Trainer::evaluate() {
   for (int64_t i = dp_rank_; i < config_.train.eval_steps; i += dp_size_) {
     StepContext ctx{config_.train.seed, 0, static_cast<uint64_t>(i * B), false};
     val_data_->fill(0, ctx.sample0, B, Tn, inputs_.data(), targets_.data());
+    zero_->begin_micro_batch(false, false);
     sum_count[0] += static_cast<float>(model_.forward(acts_, inputs_.data(), targets_.data(), ctx));
+    zero_->end_micro_batch();
     sum_count[1] += 1;
   }
   if (options_.dp_group)
@@ -259,29 +259,26 @@ void Trainer::open_run_folder() {
 void Trainer::save(double lr) {
   // Moments as the whole layout: a shard per rank is gathered first (by every
   // rank, since the gather is collective); rank 0 writes.
+  // At stage 3 the parameters are gathered too.
   std::vector<float> m, v;
-  const float* exp_avg = optimizer_->exp_avg();
-  const float* exp_avg_sq = optimizer_->exp_avg_sq();
-  if (sharded()) {
-    const size_t n = static_cast<size_t>(model_.buffer_elements()), shard = n / dp_size_;
-    m.resize(n), v.resize(n);
-    options_.dp_group->all_gather(optimizer_->exp_avg(), m.data(), shard, DType::kF32)->wait();
-    options_.dp_group->all_gather(optimizer_->exp_avg_sq(), v.data(), shard, DType::kF32)->wait();
-    exp_avg = m.data(), exp_avg_sq = v.data();
+  zero_->gather_moments(m, v);
+  zero_->gather_full_params();
+  std::string dir;
+  if (writer_) {
+    TrainerState st{step_, lr, 1.0, config_.train.seed, tokenizer_ ? tokenizer_->name() : ""};
+    dir = save_checkpoint(checkpoint_root(), model_, m.data(), v.data(), st, config_.resolved,
+                          config_.checkpoint.keep_last);
   }
+  zero_->release_full_params(false);
   if (!writer_) return;
-  TrainerState st{step_, lr, 1.0, config_.train.seed, tokenizer_ ? tokenizer_->name() : ""};
-  std::string dir = save_checkpoint(checkpoint_root(), model_, exp_avg, exp_avg_sq, st,
-                                    config_.resolved, config_.checkpoint.keep_last);
   if (!options_.quiet && !tty_) std::printf("loom: checkpoint %s\n", dir.c_str());
 }
 
 void Trainer::write_metrics(const StepResult& r) {
   if (!metrics_.is_open()) return;
-  MemStats mem = memory_tracker().stats();
   json m = json::object();
   for (int c = 0; c < kNumMemCategories; ++c)
-    m[std::string(mem_category_name(static_cast<MemCategory>(c)))] = mem.peak[c];
+    m[std::string(mem_category_name(static_cast<MemCategory>(c)))] = r.mem.peak[c];
   json j = {{"step", r.step},
             {"loss", r.loss},
             {"lr", r.lr},
@@ -342,9 +339,7 @@ std::vector<StepResult> Trainer::run() {
         "%d\n",
         train_data_->describe().c_str(), long(config_.train_batch_size), long(config_.micro_batch),
         long(config_.grad_accum), dp_size_);
-    if (buckets_)
-      std::printf("loom: data parallel over %d ranks: %ld gradient buckets, overlap %s\n", dp_size_,
-                  long(buckets_->num_buckets()), config_.zero.overlap_comm ? "on" : "off");
+    describe_zero();
     std::fflush(stdout);
   }
   std::vector<StepResult> results;
@@ -357,13 +352,50 @@ std::vector<StepResult> Trainer::run() {
     StepResult r = train_step();
     const int64_t eval = config_.train.eval_every;
     if (eval > 0 && (r.step % eval == 0 || r.step == total)) r.val_loss = evaluate();
+    r.mem = peak_memory_over_ranks();
     write_metrics(r);
     results.push_back(r);
     show_progress(r, seconds_since(t0), static_cast<int64_t>(results.size()));
     if (checkpoints && (r.step % every == 0 || r.step == total)) save(r.lr);
   }
+  // The closing sample decodes on rank 0 from full parameters; at stage 3
+  // every rank takes part in gathering them.
+  const bool sampling = config_.train.sample_tokens > 0 && tokenizer_ && !results.empty();
+  if (sampling) zero_->gather_full_params();
   if (!options_.quiet) print_summary(results, seconds_since(t0));
+  if (sampling) zero_->release_full_params(false);
   return results;
+}
+
+void Trainer::describe_zero() const {
+  const ZeroConfig& z = config_.zero;
+  if (options_.dp_group || z.stage > 0) {
+    std::printf("loom: data parallel over %d ranks, ZeRO stage %d (%s), shard %.2fM elements",
+                dp_size_, z.stage,
+                z.stage == 0   ? "replicated"
+                : z.stage == 1 ? "optimizer state sharded"
+                : z.stage == 2 ? "optimizer state and gradients sharded"
+                               : "optimizer state, gradients and parameters sharded",
+                double(zero_->shard_elements()) / 1e6);
+    if (z.stage <= 1 && options_.dp_group)
+      std::printf(", gradient buckets of %ld elements, overlap %s", long(z.reduce_bucket_size),
+                  z.overlap_comm ? "on" : "off");
+    if (z.stage == 3)
+      std::printf(", prefetch %ld elements, units of <= %ld elements stay gathered",
+                  long(z.prefetch_bucket_size), long(z.persistence_threshold));
+    std::printf("\n");
+  }
+  if (z.offload_device == "cpu")
+    std::printf(
+        "loom: offload_optimizer.device cpu: this build computes on the CPU, so the optimizer "
+        "state is in host memory already (the same as none)\n");
+  if (z.offload_device == "nvme")
+    std::printf(
+        "loom: offload_optimizer.device nvme: AdamW moments (%.1f MB per rank) in a "
+        "memory-mapped file under %s, paged in and out unit by unit\n",
+        double(zero_->shard_elements()) * 8.0 / 1e6, z.nvme_path.c_str());
+  if (z.offload_device != "none" && (z.pin_memory || z.buffer_count != 4))
+    std::printf("loom: offload_optimizer.pin_memory and buffer_count have no effect in this build\n");
 }
 
 void Trainer::print_summary(const std::vector<StepResult>& results, double elapsed) {

@@ -13,7 +13,7 @@
 #include "loom/core/threads.h"
 #include "loom/nn/gpt.h"
 #include "loom/optim/adamw.h"
-#include "loom/parallel/data/grad_buckets.h"
+#include "loom/parallel/zero/zero.h"
 #include "loom/train/config.h"
 #include "loom/train/data.h"
 #include "loom/train/tokenizer.h"
@@ -37,7 +37,8 @@ struct StepResult {
   double t_forward = 0, t_backward = 0, t_optimizer = 0, t_step = 0;  // seconds
   double tokens_per_s = 0, mfu = 0;
   std::optional<double> val_loss;
-  double t_comm = 0, t_comm_exposed = 0, comm_bytes = 0;  // data-parallel gradient reduction
+  double t_comm = 0, t_comm_exposed = 0, comm_bytes = 0;  // data-parallel communication
+  MemStats mem;  // peaks: the maximum over ranks of each category
 };
 
 class Trainer {
@@ -57,6 +58,10 @@ class Trainer {
 
   const Config& config() const { return config_; }
   Gpt<float>& model() { return model_; }
+  ZeroEngine& zero() { return *zero_; }
+  // The whole flat parameter buffer (gathered from the shards at ZeRO
+  // stage 3: collective, every rank must call it).
+  std::vector<float> gather_params();
   int64_t step() const { return step_; }
   double peak_gflops() const { return peak_gflops_; }
 
@@ -65,6 +70,8 @@ class Trainer {
   std::string checkpoint_root() const;
   void save(double lr);
   bool sharded() const { return options_.dp_group && config_.zero.stage >= 1; }
+  void describe_zero() const;
+  MemStats peak_memory_over_ranks();
   void write_metrics(const StepResult& r);
   void show_progress(const StepResult& r, double elapsed, int64_t done);
   void print_summary(const std::vector<StepResult>& results, double elapsed);
@@ -73,13 +80,12 @@ class Trainer {
   RunOptions options_;
   ThreadConfig threads_;
   Gpt<float> model_;
-  std::unique_ptr<AdamW> optimizer_;  // this rank's shard under ZeRO stage 1
+  std::unique_ptr<ZeroEngine> zero_;  // optimizer, gradient reduction, sharding
   GptActivations<float> acts_;
   std::unique_ptr<BatchSource> train_data_, val_data_;
   std::unique_ptr<Tokenizer> tokenizer_;  // null when the data's tokenizer is unknown
   int dp_rank_ = 0, dp_size_ = 1;
   bool writer_ = true;                    // rank 0: writes outputs, shows progress
-  std::unique_ptr<GradBuckets> buckets_;  // with a data-parallel group
   std::vector<int32_t> inputs_, targets_;
   double peak_gflops_ = 0;
   int64_t step_ = 0;

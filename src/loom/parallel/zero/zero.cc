@@ -1,0 +1,402 @@
+#include "loom/parallel/zero/zero.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "loom/core/error.h"
+#include "loom/kernels/cpu/adamw.h"
+
+namespace loom {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+size_t bytes_of(int64_t elements) { return static_cast<size_t>(elements) * sizeof(float); }
+
+}  // namespace
+
+GptStorage ZeroEngine::storage(const ZeroConfig& config, int world) {
+  GptStorage s;
+  // 16-element slices keep every rank's slice on a 64-byte boundary.
+  s.unit_multiple = config.stage >= 1 ? 16 * static_cast<int64_t>(world) : 1;
+  s.params = config.stage < 3;
+  s.grads = config.stage < 2;
+  return s;
+}
+
+ZeroEngine::ZeroEngine(Gpt<float>& model, std::shared_ptr<ProcessGroup> group,
+                       const ZeroConfig& config, const OptimizerConfig& optimizer)
+    : model_(model), group_(std::move(group)), config_(config) {
+  LOOM_CHECK_KIND(kConfig, config_.stage >= 0 && config_.stage <= 3,
+                  "zero_optimization.stage must be 0, 1, 2 or 3, got {}", config_.stage);
+  LOOM_CHECK_KIND(kConfig, config_.reduce_bucket_size > 0,
+                  "zero_optimization.reduce_bucket_size must be > 0, got {}",
+                  config_.reduce_bucket_size);
+  if (group_) rank_ = group_->rank(), world_ = group_->size();
+  if (config_.stage >= 1) srank_ = rank_, shards_ = world_;
+  const GptStorage want = storage(config_, world_);
+  LOOM_CHECK((model_.params() != nullptr) == want.params &&
+                 (model_.grads() != nullptr) == want.grads,
+             "the model was not built with ZeroEngine::storage() for stage {}", config_.stage);
+
+  const ParamLayout& layout = model_.layout();
+  units_ = layout.units();
+  std::vector<AdamWSegment> segments;
+  for (int u = 0; u < num_units(); ++u) {
+    LOOM_CHECK(units_[u].size() % shards_ == 0, "unit {} of {} elements does not split into {}",
+               units_[u].name, units_[u].size(), shards_);
+    slice_.push_back(units_[u].size() / shards_);
+    shard_off_.push_back(shard_elements_);
+    // The optimizer's segments for this rank's slice: moments at shard
+    // offsets; gradients too from stage 2, parameters too at stage 3.
+    const int64_t b = slice_begin(u);
+    const size_t first = segments.size();
+    for (AdamWSegment s : adamw_segments(layout, b, b + slice_[u])) {
+      const int64_t in_shard = shard_elements_ + (s.param_offset - b);
+      s.state_offset = in_shard;
+      if (config_.stage >= 2) s.grad_offset = in_shard;
+      if (config_.stage >= 3) s.param_offset = in_shard;
+      segments.push_back(s);
+    }
+    unit_segments_.push_back({first, segments.size()});
+    shard_elements_ += slice_[u];
+  }
+
+  if (config_.offload_device == "nvme") {
+    check_writable_dir(config_.nvme_path, "zero_optimization.offload_optimizer.nvme_path");
+    nvme_ = std::make_unique<NvmeStore>(config_.nvme_path, 2 * bytes_of(shard_elements_), rank_);
+    optimizer_ = std::make_unique<AdamW>(std::move(segments), shard_elements_, optimizer,
+                                         nvme_->data(), nvme_->data() + shard_elements_);
+  } else {
+    optimizer_ = std::make_unique<AdamW>(std::move(segments), shard_elements_, optimizer);
+  }
+  if (config_.stage >= 3) param_shard_ = Buffer(bytes_of(shard_elements_), MemCategory::kParams);
+  if (config_.stage >= 2) grad_shard_ = Buffer(bytes_of(shard_elements_), MemCategory::kGrads);
+  if (config_.stage <= 1 && group_)
+    buckets_ = std::make_unique<GradBuckets>(layout, group_, config_.reduce_bucket_size,
+                                             config_.overlap_comm);
+
+  gathered_.resize(units_.size());
+  grad_bufs_.resize(units_.size());
+  for (const Unit& u : units_)
+    persistent_.push_back(config_.stage >= 3 && u.size() <= config_.persistence_threshold);
+  model_.set_hooks({[this](int u, Pass p) { on_before(u, p); },
+                    [this](int u, Pass p) { on_after(u, p); }});
+}
+
+ZeroEngine::~ZeroEngine() {
+  model_.set_hooks({});
+  // Nothing may still write into buffers about to be freed.
+  auto quiet_wait = [](const WorkPtr& w) {
+    try {
+      if (w) w->wait();
+    } catch (...) {  // the failure was reported where it happened
+    }
+  };
+  for (auto& g : gathered_) quiet_wait(g.work);
+  for (auto& r : reducing_) quiet_wait(r.work);
+}
+
+float* ZeroEngine::shard_params() const { return param_shard_.as<float>(); }
+float* ZeroEngine::shard_grads() const { return grad_shard_.as<float>(); }
+
+void ZeroEngine::wait_timed(const WorkPtr& w) {
+  const auto t0 = std::chrono::steady_clock::now();
+  w->wait();
+  stats_.exposed_s += seconds_since(t0);
+  stats_.comm_s += w->seconds();
+}
+
+void ZeroEngine::init_params(uint64_t seed) {
+  if (config_.stage < 3) {
+    model_.init(seed);
+    return;
+  }
+  for (int u = 0; u < num_units(); ++u)
+    model_.init_range(seed, slice_begin(u), slice_begin(u) + slice_[u],
+                      shard_params() + shard_off_[u]);
+}
+
+void ZeroEngine::zero_grads() {
+  if (config_.stage < 2)
+    model_.zero_grads();
+  else
+    std::memset(shard_grads(), 0, bytes_of(shard_elements_));
+}
+
+void ZeroEngine::begin_micro_batch(bool backward, bool last) {
+  LOOM_CHECK(plan_.empty(), "begin_micro_batch before the previous micro-batch ended");
+  plan_ = model_.unit_schedule(backward);
+  pos_ = 0;
+  // Stages 0-1 keep full gradients and reduce once per step; stages 2-3 hold
+  // no full gradients, so every micro-batch's are reduced into the shard.
+  reduce_ = backward && (config_.stage >= 2 || last);
+  if (buckets_ && reduce_) buckets_->begin(model_.grads());
+  // Start gathering what the micro-batch opens with.
+  if (config_.stage >= 3 && !full_ && config_.prefetch_bucket_size > 0) launch_gather(plan_[0]);
+}
+
+void ZeroEngine::end_micro_batch() {
+  LOOM_CHECK(pos_ == plan_.size(), "a micro-batch ended after {} of its {} unit uses", pos_,
+             plan_.size());
+  while (!reducing_.empty()) drain_one();
+  if (buckets_ && reduce_) {
+    BucketStats s = buckets_->finish();
+    stats_.comm_s += s.comm_s;
+    stats_.exposed_s += s.exposed_s;
+    stats_.bytes += s.bytes;
+  }
+  plan_.clear();
+  pos_ = 0;
+}
+
+void ZeroEngine::on_before(int u, Pass pass) {
+  LOOM_CHECK(pos_ < plan_.size() && plan_[pos_] == u,
+             "unit {} used out of schedule (use {} of {}); call begin_micro_batch first",
+             units_[u].name, pos_, plan_.size());
+  if (config_.stage >= 3 && !full_) fetch(u);
+  if (pass == Pass::kBackward && config_.stage >= 2 && !grad_bufs_[u].data()) acquire_grads(u);
+}
+
+void ZeroEngine::on_after(int u, Pass pass) {
+  const bool again = pos_ + 1 < plan_.size() && plan_[pos_ + 1] == u;
+  if (pass == Pass::kBackward) {
+    if (config_.stage >= 2) {
+      if (!again) launch_reduce(u);
+    } else if (buckets_ && reduce_) {
+      // The unit's gradients are final once the schedule does not use it again.
+      if (std::find(plan_.begin() + static_cast<std::ptrdiff_t>(pos_) + 1, plan_.end(), u) ==
+          plan_.end())
+        buckets_->ready_from(units_[u].begin);
+    }
+  }
+  if (config_.stage >= 3 && !full_ && !again) release_params(u);
+  ++pos_;
+}
+
+void ZeroEngine::launch_gather(int u) {
+  Gathered& g = gathered_[u];
+  if (g.buf.data()) return;
+  g.buf = Buffer(bytes_of(units_[u].size()), MemCategory::kComm);
+  const float* mine = shard_params() + shard_off_[u];
+  if (group_) {
+    g.work = group_->all_gather(mine, g.buf.as<float>(), static_cast<size_t>(slice_[u]),
+                                DType::kF32);
+    stats_.bytes += double(world_ - 1) / world_ * double(bytes_of(units_[u].size()));
+  } else {
+    std::memcpy(g.buf.data(), mine, bytes_of(slice_[u]));
+  }
+  gathered_elements_ += static_cast<size_t>(units_[u].size());
+  peak_gathered_ = std::max(peak_gathered_, gathered_elements_);
+}
+
+void ZeroEngine::fetch(int u) {
+  launch_gather(u);
+  Gathered& g = gathered_[u];
+  if (g.work) {
+    wait_timed(g.work);
+    g.work = nullptr;
+  }
+  model_.bind_params(u, g.buf.as<float>());
+  if (config_.prefetch_bucket_size <= 0) return;
+  // Prefetch along the schedule: at least the next unit, then more while
+  // the elements in flight stay within stage3_prefetch_bucket_size.
+  int64_t ahead = 0;
+  for (size_t j = pos_ + 1; j < plan_.size(); ++j) {
+    const int v = plan_[j];
+    if (v == u) continue;
+    if (gathered_[v].buf.data()) {
+      if (gathered_[v].work) ahead += units_[v].size();
+      continue;
+    }
+    if (ahead > 0 && ahead + units_[v].size() > config_.prefetch_bucket_size) break;
+    launch_gather(v);
+    ahead += units_[v].size();
+  }
+}
+
+void ZeroEngine::release_params(int u) {
+  if (persistent_[u]) return;
+  Gathered& g = gathered_[u];
+  if (!g.buf.data()) return;
+  LOOM_CHECK(g.work == nullptr, "unit {} released while its gather is in flight", units_[u].name);
+  model_.bind_params(u, nullptr);
+  gathered_elements_ -= static_cast<size_t>(units_[u].size());
+  g.buf = Buffer();
+}
+
+void ZeroEngine::acquire_grads(int u) {
+  // Finished reductions free their buffers first; then wait for the oldest
+  // while the elements being reduced would exceed reduce_bucket_size.
+  while (!reducing_.empty() && (!reducing_.front().work || reducing_.front().work->test()))
+    drain_one();
+  while (!reducing_.empty() &&
+         reducing_elements_ + units_[u].size() > config_.reduce_bucket_size)
+    drain_one();
+  grad_bufs_[u] = Buffer(bytes_of(units_[u].size()), MemCategory::kComm);
+  model_.bind_grads(u, grad_bufs_[u].as<float>());
+}
+
+void ZeroEngine::launch_reduce(int u) {
+  Buffer buf = std::move(grad_bufs_[u]);
+  model_.bind_grads(u, nullptr);
+  float* p = buf.as<float>();
+  WorkPtr w;
+  if (group_) {
+    // Rank r's averaged slice lands in place, at block r of the buffer.
+    w = group_->reduce_scatter(p, p + srank_ * slice_[u], static_cast<size_t>(slice_[u]),
+                               DType::kF32, ReduceOp::kAvg);
+    stats_.bytes += double(world_ - 1) / world_ * double(bytes_of(units_[u].size()));
+  }
+  reducing_.push_back({u, std::move(buf), std::move(w)});
+  reducing_elements_ += units_[u].size();
+  if (!config_.overlap_comm)
+    while (!reducing_.empty()) drain_one();
+}
+
+void ZeroEngine::drain_one() {
+  Reducing& r = reducing_.front();
+  if (r.work) wait_timed(r.work);
+  const int u = r.unit;
+  const float* src = r.buf.as<float>() + srank_ * slice_[u];
+  float* dst = shard_grads() + shard_off_[u];
+  // Accumulates over micro-batches (each already scaled by 1 / accumulation).
+  for (int64_t i = 0; i < slice_[u]; ++i) dst[i] += src[i];
+  reducing_elements_ -= units_[u].size();
+  reducing_.pop_front();
+}
+
+double ZeroEngine::clip_grad_norm(double max_norm) {
+  if (config_.stage < 2) return loom::clip_grad_norm(model_.grads(), model_.num_params(), max_norm);
+  double ss = cpu::sum_squares(shard_grads(), shard_elements_);
+  if (group_) {
+    // The partial sums travel as f32 pairs (value and remainder), so the
+    // total keeps close to double precision.
+    float hl[2] = {static_cast<float>(ss), 0.0f};
+    hl[1] = static_cast<float>(ss - double(hl[0]));
+    group_->all_reduce(hl, hl, 2, DType::kF32, ReduceOp::kSum)->wait();
+    ss = double(hl[0]) + double(hl[1]);
+  }
+  const double norm = std::sqrt(ss);
+  if (max_norm > 0 && norm > max_norm)
+    cpu::scale_inplace(shard_grads(), shard_elements_, static_cast<float>(max_norm / (norm + 1e-6)));
+  return norm;
+}
+
+void ZeroEngine::step(double lr, int64_t step) {
+  float* params = config_.stage >= 3 ? shard_params() : model_.params();
+  const float* grads = config_.stage >= 2 ? shard_grads() : model_.grads();
+  if (nvme_) {
+    // Unit by unit: only the moments being updated are resident.
+    for (int u = 0; u < num_units(); ++u) {
+      const size_t bytes = bytes_of(slice_[u]);
+      memory_tracker().on_alloc(MemCategory::kOptimizer, 2 * bytes);
+      optimizer_->step(params, grads, lr, step, unit_segments_[u].first, unit_segments_[u].second);
+      const size_t off = bytes_of(shard_off_[u]);
+      nvme_->release(off, bytes);
+      nvme_->release(bytes_of(shard_elements_) + off, bytes);
+      memory_tracker().on_free(MemCategory::kOptimizer, 2 * bytes);
+    }
+  } else {
+    optimizer_->step(params, grads, lr, step);
+  }
+  if ((config_.stage == 1 || config_.stage == 2) && group_) {
+    // Every rank updated its slices; gather the units' full parameters.
+    std::vector<WorkPtr> works;
+    for (int u = 0; u < num_units(); ++u) {
+      float* unit = model_.params() + units_[u].begin;
+      works.push_back(group_->all_gather(unit + srank_ * slice_[u], unit,
+                                         static_cast<size_t>(slice_[u]), DType::kF32));
+      stats_.bytes += double(world_ - 1) / world_ * double(bytes_of(units_[u].size()));
+    }
+    for (auto& w : works) wait_timed(w);
+  }
+  if (config_.stage >= 3) {
+    // Resident units hold the old values; gather them again on next use.
+    for (int u = 0; u < num_units(); ++u)
+      if (persistent_[u] && gathered_[u].buf.data()) {
+        model_.bind_params(u, nullptr);
+        gathered_elements_ -= static_cast<size_t>(units_[u].size());
+        gathered_[u] = Gathered{};
+      }
+  }
+}
+
+CommStats ZeroEngine::take_stats() {
+  CommStats s = stats_;
+  stats_ = CommStats{};
+  return s;
+}
+
+void ZeroEngine::gather_full_params() {
+  if (config_.stage < 3 || full_) return;
+  model_.allocate_params();
+  std::vector<WorkPtr> works;
+  for (int u = 0; u < num_units(); ++u) {
+    const float* mine = shard_params() + shard_off_[u];
+    float* unit = model_.params() + units_[u].begin;
+    if (group_)
+      works.push_back(group_->all_gather(mine, unit, static_cast<size_t>(slice_[u]), DType::kF32));
+    else
+      std::memcpy(unit, mine, bytes_of(slice_[u]));
+  }
+  for (auto& w : works) w->wait();
+  full_ = true;
+}
+
+void ZeroEngine::release_full_params(bool keep_changes) {
+  if (config_.stage < 3 || !full_) return;
+  if (keep_changes)
+    for (int u = 0; u < num_units(); ++u)
+      std::memcpy(shard_params() + shard_off_[u], model_.params() + slice_begin(u),
+                  bytes_of(slice_[u]));
+  model_.release_params();
+  // Gathered copies (resident units) may be stale now.
+  for (int u = 0; u < num_units(); ++u)
+    if (gathered_[u].buf.data()) {
+      if (gathered_[u].work) gathered_[u].work->wait();
+      gathered_elements_ -= static_cast<size_t>(units_[u].size());
+      gathered_[u] = Gathered{};
+    }
+  full_ = false;
+}
+
+void ZeroEngine::gather_moments(std::vector<float>& m, std::vector<float>& v) {
+  const size_t total = static_cast<size_t>(model_.num_params());
+  m.assign(total, 0.0f);
+  v.assign(total, 0.0f);
+  std::vector<WorkPtr> works;
+  for (int u = 0; u < num_units(); ++u) {
+    const size_t n = static_cast<size_t>(slice_[u]);
+    const float* sm = optimizer_->exp_avg() + shard_off_[u];
+    const float* sv = optimizer_->exp_avg_sq() + shard_off_[u];
+    if (group_ && shards_ > 1) {
+      works.push_back(group_->all_gather(sm, m.data() + units_[u].begin, n, DType::kF32));
+      works.push_back(group_->all_gather(sv, v.data() + units_[u].begin, n, DType::kF32));
+    } else {
+      std::memcpy(m.data() + slice_begin(u), sm, bytes_of(slice_[u]));
+      std::memcpy(v.data() + slice_begin(u), sv, bytes_of(slice_[u]));
+    }
+  }
+  for (auto& w : works) w->wait();
+  if (nvme_) nvme_->release(0, nvme_->bytes());
+}
+
+void ZeroEngine::load_moments(const float* m, const float* v) {
+  for (int u = 0; u < num_units(); ++u) {
+    std::memcpy(optimizer_->exp_avg() + shard_off_[u], m + slice_begin(u), bytes_of(slice_[u]));
+    std::memcpy(optimizer_->exp_avg_sq() + shard_off_[u], v + slice_begin(u), bytes_of(slice_[u]));
+  }
+  if (nvme_) nvme_->release(0, nvme_->bytes());
+}
+
+size_t ZeroEngine::optimizer_resident_bytes() const {
+  return nvme_ ? nvme_->resident_bytes() : 2 * bytes_of(shard_elements_);
+}
+
+}  // namespace loom

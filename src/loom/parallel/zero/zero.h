@@ -1,0 +1,144 @@
+// Data parallelism with ZeRO stages 0-3 for one model replica per rank.
+//
+// Sharding is by unit (ParamLayout): every unit's flat range splits into one
+// equal slice per rank, and a rank's shard is its slices of all units, kept
+// contiguous. So a unit's full parameters are one all-gather of the ranks'
+// slices, and its gradients one reduce-scatter into them.
+//
+//   stage 0  full parameters, gradients and moments; gradients averaged by
+//            bucketed all-reduce during the last micro-batch's backward.
+//   stage 1  moments of the shard only; the same all-reduce; each rank
+//            updates its slices and the units are all-gathered in place.
+//   stage 2  also gradients: backward writes each unit's gradients into a
+//            unit-sized buffer, reduce-scattered into the shard's gradients
+//            as soon as backward is done with the unit (every micro-batch).
+//   stage 3  also parameters: only the shard is kept; each use of a unit in
+//            forward or backward gathers it first (prefetched ahead along the
+//            model's unit schedule) and releases it after.
+//
+// The buffers of stages 2-3 (gathered units, unit gradients being reduced)
+// are counted under the memory category `comm`, apart from model state.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "loom/comm/process_group.h"
+#include "loom/nn/gpt.h"
+#include "loom/optim/adamw.h"
+#include "loom/parallel/data/grad_buckets.h"
+#include "loom/parallel/zero/offload.h"
+#include "loom/parallel/zero/zero_config.h"
+
+namespace loom {
+
+struct CommStats {
+  double comm_s = 0;     // time the collectives took on the communication thread
+  double exposed_s = 0;  // time the caller waited for them
+  double bytes = 0;      // bytes this rank sent (ring model)
+};
+
+class ZeroEngine {
+ public:
+  // How to build the model for `config` on `world` data-parallel ranks.
+  static GptStorage storage(const ZeroConfig& config, int world);
+
+  // group: the data-parallel group, or null for one process. The model must
+  // have been built with storage(config, group size).
+  ZeroEngine(Gpt<float>& model, std::shared_ptr<ProcessGroup> group, const ZeroConfig& config,
+             const OptimizerConfig& optimizer);
+  ~ZeroEngine();
+
+  int stage() const { return config_.stage; }
+  // Elements of this rank's shard (the whole layout when unsharded).
+  int64_t shard_elements() const { return shard_elements_; }
+
+  // Initialises the parameters this rank holds from the seed.
+  void init_params(uint64_t seed);
+  void zero_grads();
+  // Before a micro-batch's forward: `backward` if one follows it, `last` if
+  // it is the step's last micro-batch (stages 0-1 reduce gradients only then).
+  void begin_micro_batch(bool backward, bool last);
+  // After the micro-batch's backward (or forward alone): waits for its
+  // gradient reductions.
+  void end_micro_batch();
+  // The global L2 norm of the averaged gradients; scales them by
+  // max_norm / norm when norm > max_norm > 0.
+  double clip_grad_norm(double max_norm);
+  // AdamW on this rank's shard, then whatever gathering the stage needs.
+  void step(double lr, int64_t step);
+  // Communication since the last call.
+  CommStats take_stats();
+
+  // Stage 3: gathers the full parameters into the model's own buffer
+  // (collective); release_full_params(true) copies this rank's slices back
+  // into the shard first (after loading weights). No-ops at stages 0-2.
+  void gather_full_params();
+  void release_full_params(bool keep_changes);
+  // The moments laid out like the whole flat buffer (collective when sharded).
+  void gather_moments(std::vector<float>& m, std::vector<float>& v);
+  // Takes this rank's slices of whole-layout moments.
+  void load_moments(const float* m, const float* v);
+  // Optimizer bytes resident in memory now (the file mapping with nvme).
+  size_t optimizer_resident_bytes() const;
+  size_t max_gathered_elements() const { return peak_gathered_; }
+
+ private:
+  int num_units() const { return static_cast<int>(units_.size()); }
+  // This rank's slice of unit u: flat offset, shard offset, length.
+  int64_t slice_begin(int u) const { return units_[u].begin + srank_ * slice_[u]; }
+  void on_before(int u, Pass pass);
+  void on_after(int u, Pass pass);
+  void launch_gather(int u);
+  void fetch(int u);
+  void release_params(int u);
+  void acquire_grads(int u);
+  void launch_reduce(int u);
+  void drain_one();
+  void wait_timed(const WorkPtr& w);
+  float* shard_params() const;
+  float* shard_grads() const;
+
+  Gpt<float>& model_;
+  std::shared_ptr<ProcessGroup> group_;
+  ZeroConfig config_;
+  int rank_ = 0, world_ = 1;
+  int srank_ = 0, shards_ = 1;  // rank and count of shards (1 when unsharded)
+  std::vector<Unit> units_;
+  std::vector<int64_t> slice_, shard_off_;
+  std::vector<std::pair<size_t, size_t>> unit_segments_;  // optimizer segments per unit
+  int64_t shard_elements_ = 0;
+  std::unique_ptr<NvmeStore> nvme_;
+  std::unique_ptr<AdamW> optimizer_;
+  Buffer param_shard_, grad_shard_;  // stage 3 / stages 2-3
+  std::unique_ptr<GradBuckets> buckets_;  // stages 0-1 with a group
+
+  // The unit uses of the current micro-batch and the position in them.
+  std::vector<int> plan_;
+  size_t pos_ = 0;
+  bool reduce_ = false;  // gradients are reduced in this micro-batch
+  bool full_ = false;    // stage 3: full parameters gathered into the model
+
+  struct Gathered {
+    Buffer buf;
+    WorkPtr work;
+  };
+  std::vector<Gathered> gathered_;  // stage 3, per unit
+  std::vector<bool> persistent_;
+  size_t gathered_elements_ = 0, peak_gathered_ = 0;
+
+  struct Reducing {
+    int unit;
+    Buffer buf;
+    WorkPtr work;
+  };
+  std::vector<Buffer> grad_bufs_;   // stages 2-3: per unit, while backward writes it
+  std::deque<Reducing> reducing_;   // launched reduce-scatters, oldest first
+  int64_t reducing_elements_ = 0;
+
+  CommStats stats_;
+};
+
+}  // namespace loom
