@@ -11,6 +11,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -23,6 +25,16 @@ namespace loom {
 namespace {
 
 using test::runtime;
+
+// Every rank's optimizer files go to the same folder (names carry the pid).
+std::string nvme_dir() {
+  static const std::string dir = [] {
+    std::string d = (std::filesystem::temp_directory_path() / "loom-test-nvme").string();
+    std::filesystem::create_directories(d);
+    return d;
+  }();
+  return dir;
+}
 
 struct Layout {
   std::string name;
@@ -42,7 +54,7 @@ const char* kBase = R"({
 
 struct RunResult {
   std::vector<double> losses;
-  std::vector<float> params;
+  std::map<std::string, std::vector<float>> params;  // every parameter, whole, by name
 };
 
 RunResult train(const std::vector<std::string>& overrides, std::shared_ptr<ProcessGroup> group) {
@@ -54,7 +66,11 @@ RunResult train(const std::vector<std::string>& overrides, std::shared_ptr<Proce
   Trainer t(std::move(c), o, ThreadConfig{});
   RunResult r;
   for (const auto& s : t.run()) r.losses.push_back(s.loss);
-  r.params.assign(t.model().params(), t.model().params() + t.model().num_params());
+  // Gathered into full tensors by name: flat offsets differ between layouts
+  // (ZeRO pads every unit to a multiple of the ranks).
+  const std::vector<float> flat = t.gather_params();
+  for (const Param& p : t.model().layout().params())
+    r.params[p.name].assign(flat.begin() + p.offset, flat.begin() + p.offset + p.numel);
   return r;
 }
 
@@ -74,6 +90,30 @@ std::vector<Layout> layouts(int world) {
        {dp, "zero_optimization.stage=1", "zero_optimization.reduce_bucket_size=20000"}},
       {"zero-1 with gradient accumulation 2",
        {dp, "zero_optimization.stage=1", "gradient_accumulation_steps=2"}},
+      {"zero-1, optimizer in nvme files",
+       {dp, "zero_optimization.stage=1", "zero_optimization.offload_optimizer.device=nvme",
+        "zero_optimization.offload_optimizer.nvme_path=" + nvme_dir()}},
+      // Stage 2: a bucket smaller than a layer makes each reduction wait for
+      // the previous one; the default lets several overlap.
+      {"zero-2, one unit reducing at a time",
+       {dp, "zero_optimization.stage=2", "zero_optimization.reduce_bucket_size=20000"}},
+      {"zero-2 with gradient accumulation 2",
+       {dp, "zero_optimization.stage=2", "gradient_accumulation_steps=2"}},
+      {"zero-2, no overlap, optimizer in nvme files",
+       {dp, "zero_optimization.stage=2", "zero_optimization.overlap_comm=false",
+        "zero_optimization.offload_optimizer.device=nvme",
+        "zero_optimization.offload_optimizer.nvme_path=" + nvme_dir()}},
+      // Stage 3: no unit resident, one unit prefetched; then everything
+      // prefetched with the final norm resident; then no prefetch at all.
+      {"zero-3, prefetch one unit, nothing resident",
+       {dp, "zero_optimization.stage=3", "zero_optimization.stage3_prefetch_bucket_size=1",
+        "zero_optimization.stage3_param_persistence_threshold=0"}},
+      {"zero-3 with gradient accumulation 2",
+       {dp, "zero_optimization.stage=3", "gradient_accumulation_steps=2",
+        "zero_optimization.stage3_prefetch_bucket_size=100000000"}},
+      {"zero-3, gather on use, accumulation 2, ring",
+       {dp, "zero_optimization.stage=3", "zero_optimization.stage3_prefetch_bucket_size=0",
+        "gradient_accumulation_steps=2", "comm.allreduce=ring"}},
   };
 }
 
@@ -92,8 +132,13 @@ TEST(Layouts, TrainExactlyLikeOneProcess) {
       EXPECT_LE(std::abs(got.losses[s] - ref.losses[s]), 1e-5 * std::abs(ref.losses[s]))
           << layout.name << ", step " << s + 1 << ": " << got.losses[s] << " vs " << ref.losses[s];
     double maxdiff = 0;
-    for (size_t i = 0; i < ref.params.size(); ++i)
-      maxdiff = std::max(maxdiff, double(std::abs(got.params[i] - ref.params[i])));
+    ASSERT_EQ(got.params.size(), ref.params.size()) << layout.name;
+    for (const auto& [name, want] : ref.params) {
+      const std::vector<float>& have = got.params.at(name);
+      ASSERT_EQ(have.size(), want.size()) << layout.name << ": " << name;
+      for (size_t i = 0; i < want.size(); ++i)
+        maxdiff = std::max(maxdiff, double(std::abs(have[i] - want[i])));
+    }
     EXPECT_LE(maxdiff, 1e-4) << layout.name;
     if (runtime().world_rank() == 0)
       std::printf("[ layout ] %-48s world %d: max |param diff| %.2e, final loss %.6f (ref %.6f)\n",
@@ -102,27 +147,96 @@ TEST(Layouts, TrainExactlyLikeOneProcess) {
   }
 }
 
-TEST(Zero, Stage1KeepsOneShardOfTheOptimizerState) {
+size_t current(MemCategory c) {
+  return memory_tracker().stats().current[static_cast<int>(c)];
+}
+size_t peak(MemCategory c) {
+  return memory_tracker().stats().peak[static_cast<int>(c)];
+}
+
+// Model-state bytes per rank against the ZeRO formulas for f32 AdamW (P: the
+// elements of the flat buffers, which every stage pads to split evenly), and
+// the buffers stages 2-3 add during a step bounded by their settings.
+TEST(Zero, ModelStateBytesFollowTheFormulas) {
   const int n = runtime().world_size();
-  auto optimizer_bytes = [] {
-    return memory_tracker().stats().current[static_cast<int>(MemCategory::kOptimizer)];
-  };
-  for (int stage : {0, 1}) {
-    size_t before = optimizer_bytes();
-    Config c = parse_config(
-        kBase, "harness",
-        {"parallel.data=" + std::to_string(n), "zero_optimization.stage=" + std::to_string(stage)},
-        n);
+  for (int stage : {0, 1, 2, 3}) {
+    const size_t p0 = current(MemCategory::kParams), g0 = current(MemCategory::kGrads),
+                 o0 = current(MemCategory::kOptimizer), c0 = current(MemCategory::kComm);
+    // Eight layers, one unit prefetched, one reduced at a time, none resident.
+    Config c = parse_config(kBase, "harness",
+                            {"parallel.data=" + std::to_string(n), "model.n_layer=8",
+                             "zero_optimization.stage=" + std::to_string(stage),
+                             "zero_optimization.reduce_bucket_size=1",
+                             "zero_optimization.stage3_prefetch_bucket_size=1",
+                             "zero_optimization.stage3_param_persistence_threshold=0"},
+                            n);
     RunOptions o;
     o.quiet = true;
     o.dp_group = runtime().world(CommOptions{});
     Trainer t(std::move(c), o, ThreadConfig{});
-    const double held = double(optimizer_bytes() - before);
-    // f32 AdamW: 8 bytes per parameter, divided by the ranks at stage 1 (the
-    // flat buffer is padded to a multiple of n, so allow a few elements).
-    const double params = double(t.model().num_params());
-    const double want = stage == 0 ? 8 * params : 8 * params / n;
-    EXPECT_NEAR(held, want, 8.0 * n) << "stage " << stage;
+    const double P = double(t.model().num_params());
+    const double params = double(current(MemCategory::kParams) - p0);
+    const double grads = double(current(MemCategory::kGrads) - g0);
+    const double optim = double(current(MemCategory::kOptimizer) - o0);
+    const double want[4][3] = {{4 * P, 4 * P, 8 * P},
+                               {4 * P, 4 * P, 8 * P / n},
+                               {4 * P, 4 * P / n, 8 * P / n},
+                               {4 * P / n, 4 * P / n, 8 * P / n}};
+    EXPECT_EQ(params, want[stage][0]) << "stage " << stage;
+    EXPECT_EQ(grads, want[stage][1]) << "stage " << stage;
+    EXPECT_EQ(optim, want[stage][2]) << "stage " << stage;
+    const double formula[4] = {16 * P, 8 * P + 8 * P / n, 4 * P + 12 * P / n, 16 * P / n};
+    EXPECT_LE(std::abs(params + grads + optim - formula[stage]), 0.05 * formula[stage]);
+
+    t.train_step();
+    int64_t max_unit = 0;
+    for (const Unit& u : t.model().layout().units()) max_unit = std::max(max_unit, u.size());
+    const double comm = double(peak(MemCategory::kComm) - c0), unit_bytes = 4.0 * double(max_unit);
+    if (stage == 3) EXPECT_LE(t.zero().max_gathered_elements(), size_t(2 * max_unit));
+    // Stage 2: the unit backward writes, the one being reduced, its slice.
+    // Stage 3 adds the unit in use and the one prefetched.
+    if (stage == 2) EXPECT_LE(comm, 2.5 * unit_bytes);
+    if (stage == 3) EXPECT_LE(comm, 4.5 * unit_bytes);
+    if (stage >= 2) EXPECT_LT(comm, 4 * P) << "buffers must stay below full gradients";
+    if (runtime().world_rank() == 0)
+      std::printf(
+          "[ memory ] stage %d N %d: params %.0f grads %.0f optimizer %.0f (formula %.0f), "
+          "comm peak %.0f (%.2f units)\n",
+          stage, n, params, grads, optim, formula[stage], comm, comm / unit_bytes);
+  }
+}
+
+// offload_optimizer nvme: the moments live in a file; after a step none of
+// them stays resident in the process, and during one at most a unit's.
+TEST(Zero, NvmeOffloadKeepsTheMomentsOutOfMemory) {
+  const int n = runtime().world_size();
+  for (int stage : {1, 3}) {
+    const size_t o0 = current(MemCategory::kOptimizer);
+    Config c = parse_config(kBase, "harness",
+                            {"parallel.data=" + std::to_string(n), "model.n_layer=8",
+                             "zero_optimization.stage=" + std::to_string(stage),
+                             "zero_optimization.offload_optimizer.device=nvme",
+                             "zero_optimization.offload_optimizer.nvme_path=" + nvme_dir()},
+                            n);
+    RunOptions o;
+    o.quiet = true;
+    o.dp_group = runtime().world(CommOptions{});
+    Trainer t(std::move(c), o, ThreadConfig{});
+    EXPECT_EQ(current(MemCategory::kOptimizer), o0) << "stage " << stage;
+    t.train_step();
+    t.train_step();
+    int64_t max_unit = 0;
+    for (const Unit& u : t.model().layout().units()) max_unit = std::max(max_unit, u.size());
+    const double unit_moments = 2.0 * 4.0 * double(max_unit) / n;
+    EXPECT_LE(double(peak(MemCategory::kOptimizer) - o0), unit_moments);
+    const size_t resident = t.zero().optimizer_resident_bytes();
+    EXPECT_EQ(resident, 0u) << "stage " << stage;
+    if (runtime().world_rank() == 0)
+      std::printf(
+          "[ nvme   ] stage %d N %d: moments %.0f bytes in the file, resident after a step "
+          "%zu, peak during it %.0f\n",
+          stage, n, 8.0 * double(t.zero().shard_elements()), resident,
+          double(peak(MemCategory::kOptimizer) - o0));
   }
 }
 

@@ -2,8 +2,8 @@
 // embeddings only (biases and LayerNorm parameters are not decayed).
 #pragma once
 
-#include <cstdint>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 

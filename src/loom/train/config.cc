@@ -353,17 +353,16 @@ json to_json(const Config& c) {
   j["checkpoint"] = {{"dir", c.checkpoint.dir},
                      {"every", c.checkpoint.every},
                      {"keep_last", c.checkpoint.keep_last}};
-  j["zero_optimization"] = {
-      {"stage", c.zero.stage},
-      {"reduce_bucket_size", c.zero.reduce_bucket_size},
-      {"overlap_comm", c.zero.overlap_comm},
-      {"stage3_prefetch_bucket_size", c.zero.prefetch_bucket_size},
-      {"stage3_param_persistence_threshold", c.zero.persistence_threshold},
-      {"offload_optimizer",
-       {{"device", c.zero.offload_device},
-        {"nvme_path", c.zero.nvme_path},
-        {"pin_memory", c.zero.pin_memory},
-        {"buffer_count", c.zero.buffer_count}}}};
+  j["zero_optimization"] = {{"stage", c.zero.stage},
+                            {"reduce_bucket_size", c.zero.reduce_bucket_size},
+                            {"overlap_comm", c.zero.overlap_comm},
+                            {"stage3_prefetch_bucket_size", c.zero.prefetch_bucket_size},
+                            {"stage3_param_persistence_threshold", c.zero.persistence_threshold},
+                            {"offload_optimizer",
+                             {{"device", c.zero.offload_device},
+                              {"nvme_path", c.zero.nvme_path},
+                              {"pin_memory", c.zero.pin_memory},
+                              {"buffer_count", c.zero.buffer_count}}}};
   j["comm"] = {{"allreduce", c.comm.allreduce},
                {"timeout_s", c.comm.timeout_s},
                {"ranks_per_node", c.comm.ranks_per_node},

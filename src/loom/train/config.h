@@ -13,8 +13,8 @@
 #include "loom/comm/mpi/mpi_process_group.h"
 #include "loom/nn/gpt.h"
 #include "loom/optim/adamw.h"
-#include "loom/parallel/zero/zero_config.h"
 #include "loom/optim/lr_schedule.h"
+#include "loom/parallel/zero/zero_config.h"
 
 namespace loom {
 

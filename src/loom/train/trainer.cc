@@ -56,9 +56,8 @@ Trainer::Trainer(Config config, RunOptions options, ThreadConfig threads)
       options_(std::move(options)),
       threads_(threads),
       // ZeRO decides which full buffers the model holds and how units pad.
-      model_(config_.model, ZeroEngine::storage(config_.zero, options_.dp_group
-                                                                  ? options_.dp_group->size()
-                                                                  : 1)) {
+      model_(config_.model,
+             ZeroEngine::storage(config_.zero, options_.dp_group ? options_.dp_group->size() : 1)) {
   const GptConfig& m = config_.model;
   const uint64_t seed = config_.train.seed;
   if (config_.data.synthetic) {
@@ -142,8 +141,7 @@ MemStats Trainer::peak_memory_over_ranks() {
   // Byte counts travel as raw 8-byte words (an all-gather copies bits).
   static_assert(sizeof(size_t) == 2 * sizeof(float));
   std::vector<size_t> all(static_cast<size_t>(kNumMemCategories * dp_size_));
-  options_.dp_group
-      ->all_gather(mem.peak.data(), all.data(), 2 * kNumMemCategories, DType::kF32)
+  options_.dp_group->all_gather(mem.peak.data(), all.data(), 2 * kNumMemCategories, DType::kF32)
       ->wait();
   for (int r = 0; r < dp_size_; ++r)
     for (int c = 0; c < kNumMemCategories; ++c)
@@ -395,7 +393,8 @@ void Trainer::describe_zero() const {
         "memory-mapped file under %s, paged in and out unit by unit\n",
         double(zero_->shard_elements()) * 8.0 / 1e6, z.nvme_path.c_str());
   if (z.offload_device != "none" && (z.pin_memory || z.buffer_count != 4))
-    std::printf("loom: offload_optimizer.pin_memory and buffer_count have no effect in this build\n");
+    std::printf(
+        "loom: offload_optimizer.pin_memory and buffer_count have no effect in this build\n");
 }
 
 void Trainer::print_summary(const std::vector<StepResult>& results, double elapsed) {

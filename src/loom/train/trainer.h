@@ -85,7 +85,7 @@ class Trainer {
   std::unique_ptr<BatchSource> train_data_, val_data_;
   std::unique_ptr<Tokenizer> tokenizer_;  // null when the data's tokenizer is unknown
   int dp_rank_ = 0, dp_size_ = 1;
-  bool writer_ = true;                    // rank 0: writes outputs, shows progress
+  bool writer_ = true;  // rank 0: writes outputs, shows progress
   std::vector<int32_t> inputs_, targets_;
   double peak_gflops_ = 0;
   int64_t step_ = 0;

@@ -23,8 +23,7 @@ void check_writable_dir(const std::string& dir, const std::string& key) {
   LOOM_CHECK_KIND(kConfig, fs::is_directory(dir, ec), "{}: {} is not an existing folder", key, dir);
   // Writability as this process sees it (root ignores mode bits, read-only
   // mounts do not): create and remove a probe file.
-  const std::string probe =
-      (fs::path(dir) / (".loom-probe-" + std::to_string(getpid()))).string();
+  const std::string probe = (fs::path(dir) / (".loom-probe-" + std::to_string(getpid()))).string();
   int fd = ::open(probe.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0600);
   LOOM_CHECK_KIND(kConfig, fd >= 0, "{}: cannot create files in {}: {}", key, dir,
                   std::strerror(errno));
@@ -33,8 +32,8 @@ void check_writable_dir(const std::string& dir, const std::string& key) {
 }
 
 NvmeStore::NvmeStore(const std::string& dir, size_t bytes, int rank) : bytes_(bytes) {
-  path_ = (fs::path(dir) / ("loom-optimizer-" + std::to_string(getpid()) + "-rank" +
-                            std::to_string(rank) + ".bin"))
+  path_ = (fs::path(dir) /
+           ("loom-optimizer-" + std::to_string(getpid()) + "-rank" + std::to_string(rank) + ".bin"))
               .string();
   int fd = ::open(path_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   LOOM_CHECK_KIND(kIo, fd >= 0, "{}: cannot create the optimizer file: {}", path_,

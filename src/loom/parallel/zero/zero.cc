@@ -16,7 +16,9 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-size_t bytes_of(int64_t elements) { return static_cast<size_t>(elements) * sizeof(float); }
+size_t bytes_of(int64_t elements) {
+  return static_cast<size_t>(elements) * sizeof(float);
+}
 
 }  // namespace
 
@@ -40,9 +42,9 @@ ZeroEngine::ZeroEngine(Gpt<float>& model, std::shared_ptr<ProcessGroup> group,
   if (group_) rank_ = group_->rank(), world_ = group_->size();
   if (config_.stage >= 1) srank_ = rank_, shards_ = world_;
   const GptStorage want = storage(config_, world_);
-  LOOM_CHECK((model_.params() != nullptr) == want.params &&
-                 (model_.grads() != nullptr) == want.grads,
-             "the model was not built with ZeroEngine::storage() for stage {}", config_.stage);
+  LOOM_CHECK(
+      (model_.params() != nullptr) == want.params && (model_.grads() != nullptr) == want.grads,
+      "the model was not built with ZeroEngine::storage() for stage {}", config_.stage);
 
   const ParamLayout& layout = model_.layout();
   units_ = layout.units();
@@ -85,8 +87,8 @@ ZeroEngine::ZeroEngine(Gpt<float>& model, std::shared_ptr<ProcessGroup> group,
   grad_bufs_.resize(units_.size());
   for (const Unit& u : units_)
     persistent_.push_back(config_.stage >= 3 && u.size() <= config_.persistence_threshold);
-  model_.set_hooks({[this](int u, Pass p) { on_before(u, p); },
-                    [this](int u, Pass p) { on_after(u, p); }});
+  model_.set_hooks(
+      {[this](int u, Pass p) { on_before(u, p); }, [this](int u, Pass p) { on_after(u, p); }});
 }
 
 ZeroEngine::~ZeroEngine() {
@@ -102,8 +104,12 @@ ZeroEngine::~ZeroEngine() {
   for (auto& r : reducing_) quiet_wait(r.work);
 }
 
-float* ZeroEngine::shard_params() const { return param_shard_.as<float>(); }
-float* ZeroEngine::shard_grads() const { return grad_shard_.as<float>(); }
+float* ZeroEngine::shard_params() const {
+  return param_shard_.as<float>();
+}
+float* ZeroEngine::shard_grads() const {
+  return grad_shard_.as<float>();
+}
 
 void ZeroEngine::wait_timed(const WorkPtr& w) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -185,8 +191,8 @@ void ZeroEngine::launch_gather(int u) {
   g.buf = Buffer(bytes_of(units_[u].size()), MemCategory::kComm);
   const float* mine = shard_params() + shard_off_[u];
   if (group_) {
-    g.work = group_->all_gather(mine, g.buf.as<float>(), static_cast<size_t>(slice_[u]),
-                                DType::kF32);
+    g.work =
+        group_->all_gather(mine, g.buf.as<float>(), static_cast<size_t>(slice_[u]), DType::kF32);
     stats_.bytes += double(world_ - 1) / world_ * double(bytes_of(units_[u].size()));
   } else {
     std::memcpy(g.buf.data(), mine, bytes_of(slice_[u]));
@@ -206,12 +212,16 @@ void ZeroEngine::fetch(int u) {
   if (config_.prefetch_bucket_size <= 0) return;
   // Prefetch along the schedule: at least the next unit, then more while
   // the elements in flight stay within stage3_prefetch_bucket_size.
+  // Units gathered ahead count whether or not their gather has finished.
   int64_t ahead = 0;
+  std::vector<bool> seen(units_.size(), false);
+  seen[static_cast<size_t>(u)] = true;
   for (size_t j = pos_ + 1; j < plan_.size(); ++j) {
     const int v = plan_[j];
-    if (v == u) continue;
+    if (seen[static_cast<size_t>(v)]) continue;
+    seen[static_cast<size_t>(v)] = true;
     if (gathered_[v].buf.data()) {
-      if (gathered_[v].work) ahead += units_[v].size();
+      if (!persistent_[v]) ahead += units_[v].size();
       continue;
     }
     if (ahead > 0 && ahead + units_[v].size() > config_.prefetch_bucket_size) break;
@@ -235,8 +245,7 @@ void ZeroEngine::acquire_grads(int u) {
   // while the elements being reduced would exceed reduce_bucket_size.
   while (!reducing_.empty() && (!reducing_.front().work || reducing_.front().work->test()))
     drain_one();
-  while (!reducing_.empty() &&
-         reducing_elements_ + units_[u].size() > config_.reduce_bucket_size)
+  while (!reducing_.empty() && reducing_elements_ + units_[u].size() > config_.reduce_bucket_size)
     drain_one();
   grad_bufs_[u] = Buffer(bytes_of(units_[u].size()), MemCategory::kComm);
   model_.bind_grads(u, grad_bufs_[u].as<float>());
@@ -284,7 +293,8 @@ double ZeroEngine::clip_grad_norm(double max_norm) {
   }
   const double norm = std::sqrt(ss);
   if (max_norm > 0 && norm > max_norm)
-    cpu::scale_inplace(shard_grads(), shard_elements_, static_cast<float>(max_norm / (norm + 1e-6)));
+    cpu::scale_inplace(shard_grads(), shard_elements_,
+                       static_cast<float>(max_norm / (norm + 1e-6)));
   return norm;
 }
 
@@ -302,6 +312,8 @@ void ZeroEngine::step(double lr, int64_t step) {
       nvme_->release(bytes_of(shard_elements_) + off, bytes);
       memory_tracker().on_free(MemCategory::kOptimizer, 2 * bytes);
     }
+    // Faults map a few neighbouring pages in too (fault-around); drop those.
+    nvme_->release(0, nvme_->bytes());
   } else {
     optimizer_->step(params, grads, lr, step);
   }

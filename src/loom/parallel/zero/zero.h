@@ -112,7 +112,7 @@ class ZeroEngine {
   int64_t shard_elements_ = 0;
   std::unique_ptr<NvmeStore> nvme_;
   std::unique_ptr<AdamW> optimizer_;
-  Buffer param_shard_, grad_shard_;  // stage 3 / stages 2-3
+  Buffer param_shard_, grad_shard_;       // stage 3 / stages 2-3
   std::unique_ptr<GradBuckets> buckets_;  // stages 0-1 with a group
 
   // The unit uses of the current micro-batch and the position in them.
@@ -134,8 +134,8 @@ class ZeroEngine {
     Buffer buf;
     WorkPtr work;
   };
-  std::vector<Buffer> grad_bufs_;   // stages 2-3: per unit, while backward writes it
-  std::deque<Reducing> reducing_;   // launched reduce-scatters, oldest first
+  std::vector<Buffer> grad_bufs_;  // stages 2-3: per unit, while backward writes it
+  std::deque<Reducing> reducing_;  // launched reduce-scatters, oldest first
   int64_t reducing_elements_ = 0;
 
   CommStats stats_;
