@@ -56,6 +56,46 @@ for x, y in zip(a[3:], z2):
     assert abs(x["loss"] - y["loss"]) <= 1e-5 * x["loss"], (x["loss"], y["loss"])
 print("ok: zero-1 matches stage 0, and resumes from a stage-0 checkpoint")
 PY
+# ZeRO stage 3 (parameters sharded): same losses; its checkpoints hold whole
+# tensors, so one process without ZeRO resumes from them exactly.
+mpirun --oversubscribe -np 2 "$LOOM" train --config "$WORK/cfg.json" --set zero_optimization.stage=3 \
+  --out "$WORK/z3" > "$WORK/outz3.txt" 2>&1 || fail "zero-3 training: $(cat "$WORK/outz3.txt")"
+grep -q "ZeRO stage 3" "$WORK/outz3.txt" || fail "no ZeRO stage line: $(cat "$WORK/outz3.txt")"
+"$LOOM" train --config "$WORK/cfg.json" --out "$WORK/z3r" \
+  --resume "$WORK/z3/checkpoints/step-00000003" > "$WORK/outz3r.txt" 2>&1 ||
+  fail "resume of a zero-3 checkpoint in one process: $(cat "$WORK/outz3r.txt")"
+# Stage 2 with the optimizer state in files under nvme_path.
+mkdir -p "$WORK/nvme"
+mpirun --oversubscribe -np 2 "$LOOM" train --config "$WORK/cfg.json" --set zero_optimization.stage=2 \
+  --set zero_optimization.offload_optimizer.device=nvme \
+  --set zero_optimization.offload_optimizer.nvme_path="$WORK/nvme" \
+  --out "$WORK/z2n" > "$WORK/outz2n.txt" 2>&1 || fail "zero-2 nvme training: $(cat "$WORK/outz2n.txt")"
+grep -q "memory-mapped file under $WORK/nvme" "$WORK/outz2n.txt" || fail "no nvme line"
+[[ -z $(ls -A "$WORK/nvme") ]] || fail "optimizer files left behind: $(ls -A "$WORK/nvme")"
+python3 - "$WORK/a/metrics.jsonl" "$WORK/z3/metrics.jsonl" "$WORK/z3r/metrics.jsonl" \
+  "$WORK/z2n/metrics.jsonl" <<'PY' || fail "zero-2/3 differ"
+import json, sys
+a, z3, z3r, z2n = ([json.loads(l) for l in open(p)] for p in sys.argv[1:])
+for run in (z3, z2n):
+    assert len(run) == len(a)
+    for x, y in zip(a, run):
+        assert abs(x["loss"] - y["loss"]) <= 1e-5 * x["loss"], (x["loss"], y["loss"])
+for x, y in zip(a[3:], z3r):
+    assert abs(x["loss"] - y["loss"]) <= 1e-5 * x["loss"], (x["loss"], y["loss"])
+# Stage 3 holds half the parameters of stage 0 on each of the 2 ranks.
+assert z3[-1]["mem"]["params"] * 2 <= a[-1]["mem"]["params"] + 64 * 4, (z3[-1]["mem"], a[-1]["mem"])
+print("ok: zero-2 (nvme) and zero-3 match stage 0; a zero-3 checkpoint resumes in one process")
+PY
+rc=0
+mpirun --oversubscribe -np 2 "$LOOM" train --config "$WORK/cfg.json" \
+  --set zero_optimization.stage=1 --set zero_optimization.offload_optimizer.device=nvme \
+  --set zero_optimization.offload_optimizer.nvme_path=/proc/loom-nvme \
+  --out "$WORK/d" > "$WORK/out4.txt" 2>&1 || rc=$?
+((rc != 0)) || fail "unwritable nvme_path accepted"
+grep -q "zero_optimization.offload_optimizer.nvme_path: /proc/loom-nvme is not an existing folder" \
+  "$WORK/out4.txt" || fail "no nvme_path message: $(cat "$WORK/out4.txt")"
+[[ ! -e "$WORK/d" ]] || fail "run folder created despite the config error"
+echo "ok: nvme_path error under mpirun"
 rc=0
 mpirun --oversubscribe -np 2 "$LOOM" train --config "$WORK/cfg.json" --set train_batch_size=7 \
   --out "$WORK/c" > "$WORK/out3.txt" 2>&1 || rc=$?

@@ -123,9 +123,6 @@ Trainer::Trainer(Config config, RunOptions options, ThreadConfig threads)
   targets_.resize(bt);
   peak_gflops_ = config_.log.peak_gflops > 0 ? config_.log.peak_gflops : quick_peak_gflops();
   tty_ = !options_.quiet && isatty(STDOUT_FILENO);
-  // Peaks in metrics.jsonl describe training; setup's temporaries (full
-  // parameters while loading at stage 3) are not part of it.
-  memory_tracker().reset_peaks();
 }
 
 std::vector<float> Trainer::gather_params() {
@@ -152,6 +149,9 @@ MemStats Trainer::peak_memory_over_ranks() {
 StepResult Trainer::train_step() {
   using clock = std::chrono::steady_clock;
   const auto t_start = clock::now();
+  // metrics.jsonl's peaks are the step's own (training and evaluation),
+  // not setup's or a checkpoint's temporaries.
+  memory_tracker().reset_peaks();
   StepResult r;
   r.step = step_ + 1;
   const int64_t B = config_.micro_batch, Tn = config_.model.seq_len;
