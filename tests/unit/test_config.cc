@@ -99,6 +99,42 @@ TEST(Config, OverridesApplyAndAreValidated) {
   EXPECT_HAS(error_of(kBase, {"model.n_layer=x"}), "model.n_layer: expected an integer");
 }
 
+TEST(Config, ZeroKeysAndTheirErrors) {
+  Config c = parse_config(
+      kBase, "cfg.json",
+      {"zero_optimization.stage=3", "zero_optimization.stage3_prefetch_bucket_size=5000",
+       "zero_optimization.offload_optimizer.device=cpu"});
+  EXPECT_EQ(c.zero.stage, 3);
+  EXPECT_EQ(c.zero.prefetch_bucket_size, 5000);
+  EXPECT_EQ(c.zero.persistence_threshold, 100000);
+  EXPECT_EQ(c.resolved["zero_optimization"]["offload_optimizer"]["device"], "cpu");
+  EXPECT_HAS(error_of(kBase, {"zero_optimization.stage=4"}),
+             "zero_optimization.stage: 4 is out of range");
+  EXPECT_HAS(error_of(kBase, {"zero_optimization.reduce_bucket_size=0"}),
+             "zero_optimization.reduce_bucket_size: 0 is out of range");
+  EXPECT_HAS(error_of(kBase, {"zero_optimization.offload_optimizer.device=disk"}),
+             "zero_optimization.offload_optimizer.device: unknown value \"disk\"");
+  EXPECT_HAS(error_of(kBase, {"zero_optimization.offload_optimizer.device=cpu"}),
+             "offload_optimizer.device cpu needs stage 1, 2 or 3 (stage is 0)");
+  const std::vector<std::string> nvme = {"zero_optimization.stage=2",
+                                         "zero_optimization.offload_optimizer.device=nvme"};
+  EXPECT_HAS(error_of(kBase, nvme),
+             "cfg.json: zero_optimization.offload_optimizer.nvme_path is empty");
+  auto with_path = [&](const std::string& p) {
+    auto o = nvme;
+    o.push_back("zero_optimization.offload_optimizer.nvme_path=" + p);
+    return error_of(kBase, o);
+  };
+  EXPECT_HAS(with_path("/nonexistent/loom"),
+             "zero_optimization.offload_optimizer.nvme_path: /nonexistent/loom is not an "
+             "existing folder");
+  // Not writable even for root: /proc refuses new files.
+  EXPECT_HAS(with_path("/proc"),
+             "zero_optimization.offload_optimizer.nvme_path: cannot create files in /proc");
+  test::TempDir dir;
+  EXPECT_EQ(with_path(dir.path.string()), "(no error)");
+}
+
 TEST(Config, DataAndPrecisionErrors) {
   EXPECT_HAS(error_of(R"({"train_batch_size": 4})"), "data.train: no token file given");
   EXPECT_HAS(error_of(kBase, {"fp16.enabled=true"}), "fp16/bf16 training is not supported");

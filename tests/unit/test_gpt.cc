@@ -204,6 +204,35 @@ TEST(Trainer, MicroBatchingDoesNotChangeTraining) {
   }
 }
 
+TEST(Trainer, ZeroStagesInOneProcessTrainLikeStageZero) {
+  // Without a group every stage keeps one shard (the whole model) but takes
+  // its own code path: unit gradient buffers, gathers, the unit schedule.
+  RunOptions quiet;
+  quiet.quiet = true;
+  std::vector<std::vector<double>> losses;
+  std::vector<std::vector<float>> params;
+  for (int stage : {0, 1, 2, 3}) {
+    Config c = tiny_run(R"("train_batch_size": 8, "gradient_accumulation_steps": 2)");
+    c.zero.stage = stage;
+    c.zero.persistence_threshold = 0;
+    Trainer t(std::move(c), quiet, ThreadConfig{});
+    std::vector<double> l;
+    for (int s = 0; s < 4; ++s) l.push_back(t.train_step().loss);
+    l.push_back(t.evaluate());  // forward only: a plan without backward
+    losses.push_back(l);
+    params.push_back(t.gather_params());
+  }
+  for (size_t k = 1; k < losses.size(); ++k) {
+    for (size_t s = 0; s < losses[0].size(); ++s)
+      EXPECT_NEAR(losses[k][s], losses[0][s], 1e-6 * losses[0][s]) << "stage " << k;
+    ASSERT_EQ(params[k].size(), params[0].size());
+    double maxdiff = 0;
+    for (size_t i = 0; i < params[0].size(); ++i)
+      maxdiff = std::max(maxdiff, double(std::abs(params[k][i] - params[0][i])));
+    EXPECT_LT(maxdiff, 1e-6) << "stage " << k;
+  }
+}
+
 TEST(Trainer, RunsAreBitwiseReproducible) {
   RunOptions quiet;
   quiet.quiet = true;
