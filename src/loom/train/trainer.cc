@@ -223,6 +223,9 @@ std::string Trainer::sample(const std::string& prompt, int64_t n, double tempera
                             uint64_t seed) {
   LOOM_CHECK_KIND(kUnsupported, tokenizer_ != nullptr,
                   "sampling needs the data's tokenizer (meta.json beside data.train)");
+  LOOM_CHECK(model_.params() != nullptr,
+             "sampling at ZeRO stage 3 needs the full parameters: gather them on every rank "
+             "first (ZeroEngine::gather_full_params)");
   std::vector<uint32_t> ids = tokenizer_->encode(prompt.empty() ? "\n" : prompt);
   return tokenizer_->decode(generate(model_, ids, SampleOptions{n, temperature, top_k, seed}));
 }

@@ -11,9 +11,9 @@ struct ZeroConfig {
   int stage = 0;
   // Elements, as DeepSpeed counts. Stages 0-1: the size of a gradient
   // all-reduce bucket. Stages 2-3: the most gradient elements being reduced
-  // at once. loom's default (1e6) is smaller than DeepSpeed's 5e8 so that
-  // models of a few million parameters still overlap several reductions with
-  // backward.
+  // at once (the latest unit's reduction may always run). loom's default (1e6) is smaller than
+  // DeepSpeed's 5e8 so that models of a few million parameters still overlap several reductions
+  // with backward.
   int64_t reduce_bucket_size = 1000000;
   bool overlap_comm = true;
   // Stage 3: parameter elements gathered ahead of use (at least the next
