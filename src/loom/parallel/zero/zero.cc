@@ -242,11 +242,11 @@ void ZeroEngine::release_params(int u) {
 
 void ZeroEngine::acquire_grads(int u) {
   // Finished reductions free their buffers first; then wait for the oldest
-  // while the elements being reduced would exceed reduce_bucket_size.
+  // while more than reduce_bucket_size elements are being reduced. The newest
+  // reduction always stays in flight, so it overlaps this unit's backward.
   while (!reducing_.empty() && (!reducing_.front().work || reducing_.front().work->test()))
     drain_one();
-  while (!reducing_.empty() && reducing_elements_ + units_[u].size() > config_.reduce_bucket_size)
-    drain_one();
+  while (reducing_.size() > 1 && reducing_elements_ > config_.reduce_bucket_size) drain_one();
   grad_bufs_[u] = Buffer(bytes_of(units_[u].size()), MemCategory::kComm);
   model_.bind_grads(u, grad_bufs_[u].as<float>());
 }
