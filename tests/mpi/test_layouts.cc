@@ -195,12 +195,13 @@ TEST(Zero, ModelStateBytesFollowTheFormulas) {
     if (stage == 3) {
       EXPECT_LE(t.zero().max_gathered_elements(), size_t(2 * max_unit));
     }
-    // Stage 2: the unit backward writes, the one being reduced, its slice.
-    // Stage 3 adds the unit in use and the one prefetched.
+    // Stage 2: the unit backward writes, the previous unit still being
+    // reduced, and the reduce-scatter's result slice (1/n of a unit). Stage 3
+    // adds the unit in use and the one prefetched.
     if (stage == 2) {
-      EXPECT_LE(comm, 2.5 * unit_bytes);
+      EXPECT_LE(comm, (2.0 + 1.0 / n) * unit_bytes);
     } else if (stage == 3) {
-      EXPECT_LE(comm, 4.5 * unit_bytes);
+      EXPECT_LE(comm, (4.0 + 1.0 / n) * unit_bytes);
     }
     if (stage >= 2) {
       EXPECT_LT(comm, 4 * P) << "buffers must stay below full gradients";
