@@ -48,12 +48,13 @@ const char* kBase = R"({
   "scheduler": {"type": "WarmupCosineLR", "params": {"warmup_num_steps": 5, "total_num_steps": 20}},
   "model": {"n_layer": 4, "n_embd": 64, "n_head": 4, "vocab_size": 256, "seq_len": 32, "dropout": 0.1},
   "data": {"synthetic": true},
-  "train": {"steps": 20, "seed": 17},
+  "train": {"steps": 20, "seed": 17, "eval_steps": 3},
   "log": {"peak_gflops": 100}
 })";
 
 struct RunResult {
   std::vector<double> losses;
+  double val_loss = 0;                               // over 3 global batches
   std::map<std::string, std::vector<float>> params;  // every parameter, whole, by name
 };
 
@@ -66,6 +67,7 @@ RunResult train(const std::vector<std::string>& overrides, std::shared_ptr<Proce
   Trainer t(std::move(c), o, ThreadConfig{});
   RunResult r;
   for (const auto& s : t.run()) r.losses.push_back(s.loss);
+  r.val_loss = t.evaluate();
   // Gathered into full tensors by name: flat offsets differ between layouts
   // (ZeRO pads every unit to a multiple of the ranks).
   const std::vector<float> flat = t.gather_params();
@@ -131,6 +133,8 @@ TEST(Layouts, TrainExactlyLikeOneProcess) {
     for (size_t s = 0; s < ref.losses.size(); ++s)
       EXPECT_LE(std::abs(got.losses[s] - ref.losses[s]), 1e-5 * std::abs(ref.losses[s]))
           << layout.name << ", step " << s + 1 << ": " << got.losses[s] << " vs " << ref.losses[s];
+    EXPECT_LE(std::abs(got.val_loss - ref.val_loss), 1e-5 * ref.val_loss)
+        << layout.name << ": validation loss " << got.val_loss << " vs " << ref.val_loss;
     double maxdiff = 0;
     ASSERT_EQ(got.params.size(), ref.params.size()) << layout.name;
     for (const auto& [name, want] : ref.params) {

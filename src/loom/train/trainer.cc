@@ -126,9 +126,10 @@ Trainer::Trainer(Config config, RunOptions options, ThreadConfig threads)
 }
 
 std::vector<float> Trainer::gather_params() {
+  const bool gathered = zero_->full_params_gathered();
   zero_->gather_full_params();
   std::vector<float> out(model_.params(), model_.params() + model_.num_params());
-  zero_->release_full_params(false);
+  if (!gathered) zero_->release_full_params(false);
   return out;
 }
 
@@ -203,16 +204,23 @@ StepResult Trainer::train_step() {
 double Trainer::evaluate() {
   LOOM_CHECK(val_data_ != nullptr, "evaluate() without validation data");
   const int64_t B = config_.micro_batch, Tn = config_.model.seq_len;
-  // A fixed set of validation batches (step 0, samples from i * B), shared
-  // out round-robin over the data-parallel ranks.
+  // The validation set is train.eval_steps global batches (step 0, samples
+  // 0 .. eval_steps x train_batch_size), each split over micro-batches and
+  // ranks as a training batch is, so every layout evaluates the same samples,
+  // and every rank runs the same number of forwards (at ZeRO stage 3 a
+  // forward is collective: it gathers each unit).
   float sum_count[2] = {0, 0};
-  for (int64_t i = dp_rank_; i < config_.train.eval_steps; i += dp_size_) {
-    StepContext ctx{config_.train.seed, 0, static_cast<uint64_t>(i * B), false};
-    val_data_->fill(0, ctx.sample0, B, Tn, inputs_.data(), targets_.data());
-    zero_->begin_micro_batch(false, false);
-    sum_count[0] += static_cast<float>(model_.forward(acts_, inputs_.data(), targets_.data(), ctx));
-    zero_->end_micro_batch();
-    sum_count[1] += 1;
+  for (int64_t s = 0; s < config_.train.eval_steps; ++s) {
+    for (int64_t micro = 0; micro < config_.grad_accum; ++micro) {
+      const int64_t first = s * config_.train_batch_size + (micro * dp_size_ + dp_rank_) * B;
+      StepContext ctx{config_.train.seed, 0, static_cast<uint64_t>(first), false};
+      val_data_->fill(0, ctx.sample0, B, Tn, inputs_.data(), targets_.data());
+      zero_->begin_micro_batch(false, false);
+      sum_count[0] +=
+          static_cast<float>(model_.forward(acts_, inputs_.data(), targets_.data(), ctx));
+      zero_->end_micro_batch();
+      sum_count[1] += 1;
+    }
   }
   if (options_.dp_group)
     options_.dp_group->all_reduce(sum_count, sum_count, 2, DType::kF32, ReduceOp::kSum)->wait();
@@ -395,6 +403,11 @@ void Trainer::describe_zero() const {
         "loom: offload_optimizer.device nvme: AdamW moments (%.1f MB per rank) in a "
         "memory-mapped file under %s, paged in and out unit by unit\n",
         double(zero_->shard_elements()) * 8.0 / 1e6, z.nvme_path.c_str());
+  if (z.offload_device == "nvme" && is_tmpfs(z.nvme_path))
+    std::printf(
+        "loom: warning: %s is on tmpfs, which is memory: the offloaded optimizer state "
+        "stays in RAM there\n",
+        z.nvme_path.c_str());
   if (z.offload_device != "none" && (z.pin_memory || z.buffer_count != 4))
     std::printf(
         "loom: offload_optimizer.pin_memory and buffer_count have no effect in this build\n");

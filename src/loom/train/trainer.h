@@ -50,7 +50,8 @@ class Trainer {
   std::vector<StepResult> run();
   // One optimizer step (all micro-batches); no output.
   StepResult train_step();
-  // Mean loss over train.eval_steps validation batches (the same batches every time).
+  // Mean loss over train.eval_steps global validation batches (the same
+  // samples every time and under every layout).
   double evaluate();
   // Samples n tokens after `prompt` (temperature 0: greedy), decoded to text.
   std::string sample(const std::string& prompt, int64_t n, double temperature, int64_t top_k,

@@ -26,6 +26,15 @@ GradBuckets::GradBuckets(const ParamLayout& layout, std::shared_ptr<ProcessGroup
   }
 }
 
+GradBuckets::~GradBuckets() {
+  for (auto& b : buckets_) {
+    try {
+      if (b.work) b.work->wait();
+    } catch (...) {  // reported where it failed
+    }
+  }
+}
+
 void GradBuckets::begin(float* grads) {
   grads_ = grads;
   next_ = 0;

@@ -26,6 +26,8 @@ class GradBuckets {
   // start each bucket during backward (else all after it).
   GradBuckets(const ParamLayout& layout, std::shared_ptr<ProcessGroup> group,
               int64_t bucket_elements, bool overlap);
+  // Waits for reductions still in flight: they write into the gradients.
+  ~GradBuckets();
 
   // Before the backward whose gradients are final (the last micro-batch).
   void begin(float* grads);

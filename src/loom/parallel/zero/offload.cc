@@ -1,7 +1,9 @@
 #include "loom/parallel/zero/offload.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -16,6 +18,11 @@
 namespace loom {
 
 namespace fs = std::filesystem;
+
+bool is_tmpfs(const std::string& dir) {
+  struct statfs st;
+  return ::statfs(dir.c_str(), &st) == 0 && st.f_type == TMPFS_MAGIC;
+}
 
 void check_writable_dir(const std::string& dir, const std::string& key) {
   LOOM_CHECK_KIND(kConfig, !dir.empty(), "{} is empty: give a folder for the optimizer files", key);
@@ -56,12 +63,14 @@ NvmeStore::NvmeStore(const std::string& dir, size_t bytes, int rank) : bytes_(by
       LOOM_FAIL(kIo, "{}: cannot map the optimizer file: {}", path_, std::strerror(err));
     }
   }
-  ::close(fd);
+  // The descriptor stays open for write-back (sync_file_range); the name goes.
+  fd_ = fd;
   ::unlink(path_.c_str());
 }
 
 NvmeStore::~NvmeStore() {
   if (base_) ::munmap(base_, bytes_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 void NvmeStore::release(size_t offset, size_t n) {
@@ -72,9 +81,11 @@ void NvmeStore::release(size_t offset, size_t n) {
   const size_t lo = offset / page * page;
   const size_t hi = std::min(bytes_, (offset + n + page - 1) / page * page);
   char* p = static_cast<char*>(base_);
-  // Start the write-back, then drop the pages from this process; the kernel
-  // finishes writing them from its page cache.
-  ::msync(p + lo, hi - lo, MS_ASYNC);
+  // Start writing the pages back to the file (without waiting), then drop
+  // them from this process. Once written they are clean page cache, which the
+  // kernel evicts under memory pressure; on tmpfs they stay in memory.
+  ::sync_file_range(fd_, static_cast<off_t>(lo), static_cast<off_t>(hi - lo),
+                    SYNC_FILE_RANGE_WRITE);
   ::madvise(p + lo, hi - lo, MADV_DONTNEED);
 }
 

@@ -30,8 +30,12 @@ class NvmeStore {
  private:
   void* base_ = nullptr;
   size_t bytes_ = 0;
+  int fd_ = -1;
   std::string path_;
 };
+
+// True when `dir` is on tmpfs (memory): offloading there saves nothing.
+bool is_tmpfs(const std::string& dir);
 
 // Throws Error(kConfig) naming `key` unless `dir` is an existing folder this
 // process can create files in.

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <exception>
 
 #include "loom/core/error.h"
 #include "loom/kernels/cpu/adamw.h"
@@ -18,6 +19,25 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 size_t bytes_of(int64_t elements) {
   return static_cast<size_t>(elements) * sizeof(float);
+}
+
+// Waits for every operation even when one fails, so that none is still
+// writing into buffers the caller frees while the error unwinds; then
+// rethrows the first failure.
+void wait_all(const std::vector<WorkPtr>& works, double* exposed = nullptr,
+              double* comm = nullptr) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::exception_ptr first;
+  for (const WorkPtr& w : works) {
+    try {
+      w->wait();
+      if (comm) *comm += w->seconds();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (exposed) *exposed += seconds_since(t0);
+  if (first) std::rethrow_exception(first);
 }
 
 }  // namespace
@@ -284,12 +304,14 @@ double ZeroEngine::clip_grad_norm(double max_norm) {
   if (config_.stage < 2) return loom::clip_grad_norm(model_.grads(), model_.num_params(), max_norm);
   double ss = cpu::sum_squares(shard_grads(), shard_elements_);
   if (group_) {
-    // The partial sums travel as f32 pairs (value and remainder), so the
-    // total keeps close to double precision.
-    float hl[2] = {static_cast<float>(ss), 0.0f};
-    hl[1] = static_cast<float>(ss - double(hl[0]));
-    group_->all_reduce(hl, hl, 2, DType::kF32, ReduceOp::kSum)->wait();
-    ss = double(hl[0]) + double(hl[1]);
+    // The ranks' partial sums travel as raw 8-byte doubles (an all-gather
+    // copies bits) and are added in rank order, the same on every rank: no
+    // f32 rounding or overflow.
+    static_assert(sizeof(double) == 2 * sizeof(float));
+    std::vector<double> all(static_cast<size_t>(world_));
+    group_->all_gather(&ss, all.data(), 2, DType::kF32)->wait();
+    ss = 0;
+    for (double x : all) ss += x;
   }
   const double norm = std::sqrt(ss);
   if (max_norm > 0 && norm > max_norm)
@@ -299,6 +321,8 @@ double ZeroEngine::clip_grad_norm(double max_norm) {
 }
 
 void ZeroEngine::step(double lr, int64_t step) {
+  // The update goes to the shard; gathered full parameters would go stale.
+  LOOM_CHECK(!full_, "optimizer step while the full parameters are gathered");
   float* params = config_.stage >= 3 ? shard_params() : model_.params();
   const float* grads = config_.stage >= 2 ? shard_grads() : model_.grads();
   if (nvme_) {
@@ -326,12 +350,13 @@ void ZeroEngine::step(double lr, int64_t step) {
                                          static_cast<size_t>(slice_[u]), DType::kF32));
       stats_.bytes += double(world_ - 1) / world_ * double(bytes_of(units_[u].size()));
     }
-    for (auto& w : works) wait_timed(w);
+    wait_all(works, &stats_.exposed_s, &stats_.comm_s);
   }
   if (config_.stage >= 3) {
     // Resident units hold the old values; gather them again on next use.
     for (int u = 0; u < num_units(); ++u)
       if (persistent_[u] && gathered_[u].buf.data()) {
+        if (gathered_[u].work) gathered_[u].work->wait();
         model_.bind_params(u, nullptr);
         gathered_elements_ -= static_cast<size_t>(units_[u].size());
         gathered_[u] = Gathered{};
@@ -357,7 +382,7 @@ void ZeroEngine::gather_full_params() {
     else
       std::memcpy(unit, mine, bytes_of(slice_[u]));
   }
-  for (auto& w : works) w->wait();
+  wait_all(works);
   full_ = true;
 }
 
@@ -395,7 +420,7 @@ void ZeroEngine::gather_moments(std::vector<float>& m, std::vector<float>& v) {
       std::memcpy(v.data() + slice_begin(u), sv, bytes_of(slice_[u]));
     }
   }
-  for (auto& w : works) w->wait();
+  wait_all(works);
   if (nvme_) nvme_->release(0, nvme_->bytes());
 }
 

@@ -77,6 +77,7 @@ class ZeroEngine {
   // into the shard first (after loading weights). No-ops at stages 0-2.
   void gather_full_params();
   void release_full_params(bool keep_changes);
+  bool full_params_gathered() const { return full_; }
   // The moments laid out like the whole flat buffer (collective when sharded).
   void gather_moments(std::vector<float>& m, std::vector<float>& v);
   // Takes this rank's slices of whole-layout moments.
