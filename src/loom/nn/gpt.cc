@@ -99,17 +99,18 @@ void Gpt<T>::release_params() {
 }
 
 template <typename T>
-std::vector<int> Gpt<T>::unit_schedule(bool backward) const {
+std::vector<UnitUse> Gpt<T>::unit_schedule(bool backward) const {
   const int L = config_.n_layer, emb = 0, lnf = L + 1;
-  std::vector<int> s{emb};
-  for (int l = 0; l < L; ++l) s.push_back(unit_of_layer(l));
-  s.push_back(lnf);
-  s.push_back(emb);  // the tied LM head
+  const Pass F = Pass::kForward, B = Pass::kBackward;
+  std::vector<UnitUse> s{{emb, F}};
+  for (int l = 0; l < L; ++l) s.push_back({unit_of_layer(l), F});
+  s.push_back({lnf, F});
+  s.push_back({emb, F});  // the tied LM head
   if (backward) {
-    s.push_back(emb);
-    s.push_back(lnf);
-    for (int l = L - 1; l >= 0; --l) s.push_back(unit_of_layer(l));
-    s.push_back(emb);
+    s.push_back({emb, B});
+    s.push_back({lnf, B});
+    for (int l = L - 1; l >= 0; --l) s.push_back({unit_of_layer(l), B});
+    s.push_back({emb, Pass::kBackwardGradsOnly});  // the lookup's gradients
   }
   return s;
 }
@@ -337,9 +338,9 @@ void Gpt<T>::backward(GptActivations<T>& a, double loss_scale) {
   cpu::dropout_inplace(
       d_resid_, cpu::DropoutSpec{&stream, a.ctx.sample0, dropout_site(-1, DropoutSite::kEmbedding)},
       B, Tn, C);
-  before(emb, Pass::kBackward);
+  before(emb, Pass::kBackwardGradsOnly);
   cpu::encoder_backward(grad(*wte_), grad(*wpe_), d_resid_, a.tokens, B, Tn, C);
-  after(emb, Pass::kBackward);
+  after(emb, Pass::kBackwardGradsOnly);
 }
 
 template <typename T>

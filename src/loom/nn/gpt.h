@@ -65,14 +65,23 @@ struct KvCache {
   std::vector<T> x, ln, stat, qkv, att, fch, fch_gelu, out, scores, logits;
 };
 
-// Which pass uses a unit's parameters.
-enum class Pass { kForward, kBackward };
+// Which pass uses a unit: forward and backward read its parameters; the
+// backward of the token and position lookup only writes gradients.
+enum class Pass { kForward, kBackward, kBackwardGradsOnly };
+inline bool reads_params(Pass p) {
+  return p != Pass::kBackwardGradsOnly;
+}
 
-// Called around every use of a unit's parameters (ZeRO stage 3 gathers them
-// before and releases them after) and, in backward, of its gradients (ZeRO
-// stages 0-2 reduce them after). A unit may be used more than once in a pass:
-// the embeddings open the forward and (tied LM head) close it; backward
-// starts and ends with them. unit_schedule() lists the uses in order.
+struct UnitUse {
+  int unit;
+  Pass pass;
+};
+
+// Called around every use of a unit (ZeRO stage 3 gathers its parameters
+// before a use that reads them and releases them after) and, in backward, of
+// its gradients (ZeRO reduces them after the last use that writes them). A unit may be used more
+// than once in a pass: the embeddings open the forward and (tied LM head) close it; backward starts
+// and ends with them. unit_schedule() lists the uses in order.
 struct GptHooks {
   std::function<void(int unit, Pass pass)> before, after;
 };
@@ -111,7 +120,7 @@ class Gpt {
   void release_params();
   void set_hooks(GptHooks hooks) { hooks_ = std::move(hooks); }
   // Units in the order forward (and then backward) uses them.
-  std::vector<int> unit_schedule(bool backward) const;
+  std::vector<UnitUse> unit_schedule(bool backward) const;
   int unit_of_layer(int l) const { return l + 1; }
 
   // Initialises every parameter from (seed, name, global element index).

@@ -164,7 +164,8 @@ void ZeroEngine::begin_micro_batch(bool backward, bool last) {
   reduce_ = backward && (config_.stage >= 2 || last);
   if (buckets_ && reduce_) buckets_->begin(model_.grads());
   // Start gathering what the micro-batch opens with.
-  if (config_.stage >= 3 && !full_ && config_.prefetch_bucket_size > 0) launch_gather(plan_[0]);
+  if (config_.stage >= 3 && !full_ && config_.prefetch_bucket_size > 0)
+    launch_gather(plan_[0].unit);
 }
 
 void ZeroEngine::end_micro_batch() {
@@ -182,26 +183,30 @@ void ZeroEngine::end_micro_batch() {
 }
 
 void ZeroEngine::on_before(int u, Pass pass) {
-  LOOM_CHECK(pos_ < plan_.size() && plan_[pos_] == u,
+  LOOM_CHECK(pos_ < plan_.size() && plan_[pos_].unit == u && plan_[pos_].pass == pass,
              "unit {} used out of schedule (use {} of {}); call begin_micro_batch first",
              units_[u].name, pos_, plan_.size());
-  if (config_.stage >= 3 && !full_) fetch(u);
-  if (pass == Pass::kBackward && config_.stage >= 2 && !grad_bufs_[u].data()) acquire_grads(u);
+  if (config_.stage >= 3 && !full_ && reads_params(pass)) fetch(u);
+  if (pass != Pass::kForward && config_.stage >= 2 && !grad_bufs_[u].data()) acquire_grads(u);
 }
 
 void ZeroEngine::on_after(int u, Pass pass) {
-  const bool again = pos_ + 1 < plan_.size() && plan_[pos_ + 1] == u;
-  if (pass == Pass::kBackward) {
+  // Whether the next use is of the same unit, and whether it reads the
+  // parameters or writes gradients: then they stay.
+  const bool next_same = pos_ + 1 < plan_.size() && plan_[pos_ + 1].unit == u;
+  const bool params_again = next_same && reads_params(plan_[pos_ + 1].pass);
+  const bool grads_again = next_same && plan_[pos_ + 1].pass != Pass::kForward;
+  if (pass != Pass::kForward) {
     if (config_.stage >= 2) {
-      if (!again) launch_reduce(u);
+      if (!grads_again) launch_reduce(u);
     } else if (buckets_ && reduce_) {
       // The unit's gradients are final once the schedule does not use it again.
-      if (std::find(plan_.begin() + static_cast<std::ptrdiff_t>(pos_) + 1, plan_.end(), u) ==
-          plan_.end())
-        buckets_->ready_from(units_[u].begin);
+      bool later = false;
+      for (size_t j = pos_ + 1; j < plan_.size(); ++j) later = later || plan_[j].unit == u;
+      if (!later) buckets_->ready_from(units_[u].begin);
     }
   }
-  if (config_.stage >= 3 && !full_ && !again) release_params(u);
+  if (config_.stage >= 3 && !full_ && reads_params(pass) && !params_again) release_params(u);
   ++pos_;
 }
 
@@ -237,7 +242,8 @@ void ZeroEngine::fetch(int u) {
   std::vector<bool> seen(units_.size(), false);
   seen[static_cast<size_t>(u)] = true;
   for (size_t j = pos_ + 1; j < plan_.size(); ++j) {
-    const int v = plan_[j];
+    if (!reads_params(plan_[j].pass)) continue;
+    const int v = plan_[j].unit;
     if (seen[static_cast<size_t>(v)]) continue;
     seen[static_cast<size_t>(v)] = true;
     if (gathered_[v].buf.data()) {

@@ -117,7 +117,7 @@ class ZeroEngine {
   std::unique_ptr<GradBuckets> buckets_;  // stages 0-1 with a group
 
   // The unit uses of the current micro-batch and the position in them.
-  std::vector<int> plan_;
+  std::vector<UnitUse> plan_;
   size_t pos_ = 0;
   bool reduce_ = false;  // gradients are reduced in this micro-batch
   bool full_ = false;    // stage 3: full parameters gathered into the model
