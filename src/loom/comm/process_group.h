@@ -68,4 +68,15 @@ class ProcessGroup {
   virtual WorkPtr barrier() = 0;
 };
 
+// Every rank's n values of an 8-byte type (double, size_t), in rank order.
+// They travel as raw bits (an all-gather copies them unchanged), so they keep
+// their full width where the groups' reductions work in f32.
+template <typename T>
+std::vector<T> all_gather_words(ProcessGroup& group, const T* in, size_t n) {
+  static_assert(sizeof(T) == 2 * sizeof(float), "an 8-byte type");
+  std::vector<T> out(n * static_cast<size_t>(group.size()));
+  group.all_gather(in, out.data(), 2 * n, DType::kF32)->wait();
+  return out;
+}
+
 }  // namespace loom

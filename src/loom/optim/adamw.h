@@ -49,8 +49,6 @@ class AdamW {
   void step(float* params, const float* grads, double lr, int64_t step, size_t first = 0,
             size_t last = SIZE_MAX);
   const OptimizerConfig& config() const { return config_; }
-  const std::vector<AdamWSegment>& segments() const { return segments_; }
-  int64_t state_elements() const { return state_elements_; }
   // First and second moments (state_elements each).
   float* exp_avg() const { return m_; }
   float* exp_avg_sq() const { return v_; }

@@ -136,11 +136,8 @@ std::vector<float> Trainer::gather_params() {
 MemStats Trainer::peak_memory_over_ranks() {
   MemStats mem = memory_tracker().stats();
   if (!options_.dp_group) return mem;
-  // Byte counts travel as raw 8-byte words (an all-gather copies bits).
-  static_assert(sizeof(size_t) == 2 * sizeof(float));
-  std::vector<size_t> all(static_cast<size_t>(kNumMemCategories * dp_size_));
-  options_.dp_group->all_gather(mem.peak.data(), all.data(), 2 * kNumMemCategories, DType::kF32)
-      ->wait();
+  const std::vector<size_t> all =
+      all_gather_words(*options_.dp_group, mem.peak.data(), kNumMemCategories);
   for (int r = 0; r < dp_size_; ++r)
     for (int c = 0; c < kNumMemCategories; ++c)
       mem.peak[c] = std::max(mem.peak[c], all[static_cast<size_t>(r * kNumMemCategories + c)]);

@@ -36,8 +36,6 @@ class GradBuckets {
   // After backward: starts what is left, waits for all, returns the timings.
   BucketStats finish();
 
-  int64_t num_buckets() const { return static_cast<int64_t>(buckets_.size()); }
-
  private:
   struct Bucket {
     int64_t begin, end;  // elements [begin, end) of the flat buffer

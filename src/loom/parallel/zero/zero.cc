@@ -132,10 +132,7 @@ float* ZeroEngine::shard_grads() const {
 }
 
 void ZeroEngine::wait_timed(const WorkPtr& w) {
-  const auto t0 = std::chrono::steady_clock::now();
-  w->wait();
-  stats_.exposed_s += seconds_since(t0);
-  stats_.comm_s += w->seconds();
+  wait_all({w}, &stats_.exposed_s, &stats_.comm_s);
 }
 
 void ZeroEngine::init_params(uint64_t seed) {
@@ -310,12 +307,9 @@ double ZeroEngine::clip_grad_norm(double max_norm) {
   if (config_.stage < 2) return loom::clip_grad_norm(model_.grads(), model_.num_params(), max_norm);
   double ss = cpu::sum_squares(shard_grads(), shard_elements_);
   if (group_) {
-    // The ranks' partial sums travel as raw 8-byte doubles (an all-gather
-    // copies bits) and are added in rank order, the same on every rank: no
-    // f32 rounding or overflow.
-    static_assert(sizeof(double) == 2 * sizeof(float));
-    std::vector<double> all(static_cast<size_t>(world_));
-    group_->all_gather(&ss, all.data(), 2, DType::kF32)->wait();
+    // The ranks' partial sums, added in rank order, the same on every rank:
+    // no f32 rounding or overflow.
+    const std::vector<double> all = all_gather_words(*group_, &ss, 1);
     ss = 0;
     for (double x : all) ss += x;
   }
