@@ -14,8 +14,8 @@
 #include "loom/core/threads.h"
 #include "loom/profile/gemm_peak.h"
 #include "loom/train/config.h"
-#include "loom/train/fs.h"
-#include "loom/train/tokenizer.h"
+#include "loom/io/fs.h"
+#include "loom/data/tokenizer.h"
 #include "loom/train/trainer.h"
 
 namespace loom::app {

@@ -6,9 +6,9 @@
 #include "commands.h"
 #include "loom/core/error.h"
 #include "loom/core/threads.h"
-#include "loom/train/checkpoint.h"
-#include "loom/train/generate.h"
-#include "loom/train/tokenizer.h"
+#include "loom/checkpoint/checkpoint.h"
+#include "loom/infer/generate.h"
+#include "loom/data/tokenizer.h"
 
 namespace loom::app {
 

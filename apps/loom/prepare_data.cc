@@ -3,7 +3,7 @@
 #include <memory>
 
 #include "commands.h"
-#include "loom/train/prepare.h"
+#include "loom/data/prepare.h"
 
 namespace loom::app {
 

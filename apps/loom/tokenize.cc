@@ -9,7 +9,7 @@
 
 #include "commands.h"
 #include "loom/core/error.h"
-#include "loom/train/tokenizer.h"
+#include "loom/data/tokenizer.h"
 
 namespace loom::app {
 

@@ -7,10 +7,10 @@
 #include <fstream>
 
 #include "loom/core/error.h"
-#include "loom/train/checkpoint.h"
-#include "loom/train/fs.h"
-#include "loom/train/generate.h"
-#include "loom/train/safetensors.h"
+#include "loom/checkpoint/checkpoint.h"
+#include "loom/io/fs.h"
+#include "loom/infer/generate.h"
+#include "loom/io/safetensors.h"
 #include "test_util.h"
 
 namespace loom {

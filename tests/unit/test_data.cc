@@ -8,9 +8,9 @@
 #include <fstream>
 
 #include "loom/core/error.h"
-#include "loom/train/data.h"
-#include "loom/train/fs.h"
-#include "loom/train/token_file.h"
+#include "loom/data/batch_source.h"
+#include "loom/io/fs.h"
+#include "loom/data/token_file.h"
 #include "test_util.h"
 
 namespace loom {

@@ -6,9 +6,9 @@
 #include <nlohmann/json.hpp>
 
 #include "loom/core/error.h"
-#include "loom/train/fs.h"
-#include "loom/train/gpt2_tokenizer.h"
-#include "loom/train/prepare.h"
+#include "loom/io/fs.h"
+#include "loom/data/gpt2_tokenizer.h"
+#include "loom/data/prepare.h"
 
 namespace loom {
 namespace {

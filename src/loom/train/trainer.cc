@@ -13,9 +13,9 @@
 #include "loom/core/error.h"
 #include "loom/core/rng.h"
 #include "loom/profile/gemm_peak.h"
-#include "loom/train/checkpoint.h"
-#include "loom/train/fs.h"
-#include "loom/train/generate.h"
+#include "loom/checkpoint/checkpoint.h"
+#include "loom/io/fs.h"
+#include "loom/infer/generate.h"
 
 namespace loom {
 

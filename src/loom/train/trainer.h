@@ -15,8 +15,8 @@
 #include "loom/optim/adamw.h"
 #include "loom/parallel/zero/zero.h"
 #include "loom/train/config.h"
-#include "loom/train/data.h"
-#include "loom/train/tokenizer.h"
+#include "loom/data/batch_source.h"
+#include "loom/data/tokenizer.h"
 
 namespace loom {
 

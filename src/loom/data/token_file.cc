@@ -1,4 +1,4 @@
-#include "loom/train/token_file.h"
+#include "loom/data/token_file.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -9,7 +9,7 @@
 #include <cstring>
 
 #include "loom/core/error.h"
-#include "loom/train/fs.h"
+#include "loom/io/fs.h"
 
 namespace loom {
 

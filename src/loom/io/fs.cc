@@ -1,4 +1,4 @@
-#include "loom/train/fs.h"
+#include "loom/io/fs.h"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -1,7 +1,7 @@
-#include "loom/train/tokenizer.h"
+#include "loom/data/tokenizer.h"
 
 #include "loom/core/error.h"
-#include "loom/train/gpt2_tokenizer.h"
+#include "loom/data/gpt2_tokenizer.h"
 
 namespace loom {
 

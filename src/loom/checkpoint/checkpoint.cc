@@ -1,4 +1,4 @@
-#include "loom/train/checkpoint.h"
+#include "loom/checkpoint/checkpoint.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -9,9 +9,9 @@
 #include <regex>
 
 #include "loom/core/error.h"
-#include "loom/train/fs.h"
-#include "loom/train/safetensors.h"
-#include "loom/train/sha256.h"
+#include "loom/io/fs.h"
+#include "loom/io/safetensors.h"
+#include "loom/io/sha256.h"
 
 namespace loom {
 

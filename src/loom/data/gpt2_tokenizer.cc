@@ -1,4 +1,4 @@
-#include "loom/train/gpt2_tokenizer.h"
+#include "loom/data/gpt2_tokenizer.h"
 
 #include <unicode/uchar.h>
 
@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "loom/core/error.h"
-#include "loom/train/fs.h"
+#include "loom/io/fs.h"
 
 namespace loom {
 

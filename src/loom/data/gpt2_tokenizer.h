@@ -12,7 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "loom/train/tokenizer.h"
+#include "loom/data/tokenizer.h"
 
 namespace loom {
 

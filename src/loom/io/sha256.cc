@@ -1,4 +1,4 @@
-#include "loom/train/sha256.h"
+#include "loom/io/sha256.h"
 
 #include <cstring>
 

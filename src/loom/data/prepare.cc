@@ -1,4 +1,4 @@
-#include "loom/train/prepare.h"
+#include "loom/data/prepare.h"
 
 #include <algorithm>
 #include <chrono>
@@ -8,10 +8,10 @@
 #include <nlohmann/json.hpp>
 
 #include "loom/core/error.h"
-#include "loom/train/fs.h"
-#include "loom/train/sha256.h"
-#include "loom/train/token_file.h"
-#include "loom/train/tokenizer.h"
+#include "loom/io/fs.h"
+#include "loom/io/sha256.h"
+#include "loom/data/token_file.h"
+#include "loom/data/tokenizer.h"
 
 namespace loom {
 

@@ -1,4 +1,4 @@
-#include "loom/train/safetensors.h"
+#include "loom/io/safetensors.h"
 
 #include <algorithm>
 #include <cstring>
@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "loom/core/error.h"
-#include "loom/train/fs.h"
+#include "loom/io/fs.h"
 
 namespace loom {
 

@@ -1,4 +1,4 @@
-#include "loom/train/generate.h"
+#include "loom/infer/generate.h"
 
 #include <algorithm>
 #include <cmath>

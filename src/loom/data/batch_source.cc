@@ -1,8 +1,8 @@
-#include "loom/train/data.h"
+#include "loom/data/batch_source.h"
 
 #include "loom/core/error.h"
 #include "loom/core/rng.h"
-#include "loom/train/token_file.h"
+#include "loom/data/token_file.h"
 
 namespace loom {
 
