@@ -4,11 +4,11 @@
 #include <string>
 
 #include "commands.h"
+#include "loom/checkpoint/checkpoint.h"
 #include "loom/core/error.h"
 #include "loom/core/threads.h"
-#include "loom/checkpoint/checkpoint.h"
-#include "loom/infer/generate.h"
 #include "loom/data/tokenizer.h"
+#include "loom/infer/generate.h"
 
 namespace loom::app {
 
@@ -51,7 +51,7 @@ void add_generate_command(CLI::App& app) {
                     "{}: the run had no tokenizer (synthetic data), so there is no text to decode",
                     a->checkpoint);
     auto tokenizer = make_tokenizer(state.tokenizer);
-    Gpt<float> model(model_config(read_checkpoint_config(a->checkpoint)));
+    GptStage<float> model(model_config(read_checkpoint_config(a->checkpoint)));
     load_checkpoint(a->checkpoint, model);
     auto ids = generate(model, tokenizer->encode(a->prompt), a->sample);
     std::printf("%s%s\n", a->prompt.c_str(), tokenizer->decode(ids).c_str());

@@ -8,6 +8,7 @@
 
 #include "commands.h"
 #include "loom/comm/mpi/mpi_process_group.h"
+#include "loom/comm/parallel_context.h"
 #include "loom/core/threads.h"
 #include "loom/train/config.h"
 #include "loom/train/trainer.h"
@@ -38,7 +39,11 @@ void run_train(const TrainArgs& args, MpiRuntime* rt) {
   options.overwrite = args.overwrite;
   options.resume = args.resume;
   options.init_from = args.init_from;
-  if (rt) options.dp_group = rt->world(config.comm);
+  // The grid from the parallel.* keys (every size but data parallelism is 1
+  // until its layers land; parse_config refuses others).
+  const GridShape shape{world, config.parallel.tensor, config.parallel.pipeline,
+                        config.parallel.expert};
+  options.parallel = make_parallel_context(rt ? rt->world(config.comm) : nullptr, shape);
   Trainer trainer(std::move(config), options, threads);
   trainer.run();
 }

@@ -63,7 +63,7 @@ RunResult train(const std::vector<std::string>& overrides, std::shared_ptr<Proce
   Config c = parse_config(kBase, "harness", overrides, world);
   RunOptions o;
   o.quiet = true;
-  o.dp_group = std::move(group);
+  o.parallel = make_parallel_context(std::move(group), GridShape{});
   Trainer t(std::move(c), o, ThreadConfig{});
   RunResult r;
   for (const auto& s : t.run()) r.losses.push_back(s.loss);
@@ -176,7 +176,7 @@ TEST(Zero, ModelStateBytesFollowTheFormulas) {
                             n);
     RunOptions o;
     o.quiet = true;
-    o.dp_group = runtime().world(CommOptions{});
+    o.parallel = make_parallel_context(runtime().world(CommOptions{}), GridShape{});
     Trainer t(std::move(c), o, ThreadConfig{});
     const double P = double(t.model().num_params());
     const double params = double(current(MemCategory::kParams) - p0);
@@ -232,7 +232,7 @@ TEST(Zero, NvmeOffloadKeepsTheMomentsOutOfMemory) {
                             n);
     RunOptions o;
     o.quiet = true;
-    o.dp_group = runtime().world(CommOptions{});
+    o.parallel = make_parallel_context(runtime().world(CommOptions{}), GridShape{});
     Trainer t(std::move(c), o, ThreadConfig{});
     EXPECT_EQ(current(MemCategory::kOptimizer), o0) << "stage " << stage;
     t.train_step();

@@ -6,10 +6,10 @@
 #include <filesystem>
 #include <fstream>
 
-#include "loom/core/error.h"
 #include "loom/checkpoint/checkpoint.h"
-#include "loom/io/fs.h"
+#include "loom/core/error.h"
 #include "loom/infer/generate.h"
+#include "loom/io/fs.h"
 #include "loom/io/safetensors.h"
 #include "test_util.h"
 
@@ -30,7 +30,7 @@ using test::error_of;
 
 TEST(Checkpoint, RoundTripRestoresParamsMomentsAndState) {
   TempDir tmp;
-  Gpt<float> a(small());
+  GptStage<float> a(small());
   a.init(1);
   AdamW opt(a.layout(), OptimizerConfig{});
   for (int64_t i = 0; i < a.num_params(); ++i) {
@@ -43,7 +43,7 @@ TEST(Checkpoint, RoundTripRestoresParamsMomentsAndState) {
   EXPECT_EQ(fs::path(dir).filename(), "step-00000007");
   EXPECT_EQ(resolve_checkpoint("latest", tmp.path.string()), dir);
 
-  Gpt<float> b(small());
+  GptStage<float> b(small());
   AdamW opt_b(b.layout(), OptimizerConfig{});
   TrainerState got = load_checkpoint(dir, b, opt_b.exp_avg(), opt_b.exp_avg_sq());
   EXPECT_EQ(got.step, 7);
@@ -62,7 +62,7 @@ TEST(Checkpoint, RoundTripRestoresParamsMomentsAndState) {
 
 TEST(Checkpoint, KeepLastPrunesAndChecksumsCatchDamage) {
   TempDir tmp;
-  Gpt<float> m(small());
+  GptStage<float> m(small());
   m.init(2);
   for (int64_t s = 1; s <= 4; ++s)
     save_checkpoint(tmp.path.string(), m, nullptr, nullptr, TrainerState{s, 0, 1, 2, ""}, {}, 2);
@@ -75,7 +75,7 @@ TEST(Checkpoint, KeepLastPrunesAndChecksumsCatchDamage) {
   std::string bytes = read_file(model.string());
   bytes[bytes.size() - 3] ^= 0x40;
   std::ofstream(model, std::ios::binary) << bytes;
-  Gpt<float> other(small());
+  GptStage<float> other(small());
   EXPECT_HAS(error_of([&] { load_checkpoint((tmp.path / "step-00000004").string(), other); }),
              "model.safetensors: checksum mismatch");
   fs::remove(tmp.path / "step-00000003" / "manifest.json");
@@ -85,20 +85,20 @@ TEST(Checkpoint, KeepLastPrunesAndChecksumsCatchDamage) {
 
 TEST(Checkpoint, ShapeMismatchNamesTheTensor) {
   TempDir tmp;
-  Gpt<float> m(small());
+  GptStage<float> m(small());
   std::string dir =
       save_checkpoint(tmp.path.string(), m, nullptr, nullptr, TrainerState{1, 0, 1, 0, ""}, {}, 0);
   GptConfig wider = small();
   wider.n_embd = 32;
-  Gpt<float> w(wider);
+  GptStage<float> w(wider);
   EXPECT_HAS(error_of([&] { load_checkpoint(dir, w); }),
              "'transformer.wte.weight' has shape [50,16] but the config needs [50,32]");
   GptConfig deeper = small();
   deeper.n_layer = 3;
-  Gpt<float> d(deeper);
+  GptStage<float> d(deeper);
   EXPECT_HAS(error_of([&] { load_hf_weights(dir + "/model.safetensors", d); }),
              "the file has model.n_layer 2 but the config's model.n_layer is 3");
-  Gpt<float> same(small());
+  GptStage<float> same(small());
   load_hf_weights(dir + "/model.safetensors", same);
   EXPECT_EQ(std::memcmp(same.params(), m.params(), m.num_params() * sizeof(float)), 0);
 }
@@ -141,7 +141,7 @@ TEST(Safetensors, DamagedFilesAreRejectedWithTheReason) {
 }
 
 TEST(Generate, GreedyIsDeterministicAndSurvivesAFullContext) {
-  Gpt<float> m(small());
+  GptStage<float> m(small());
   m.init(9);
   SampleOptions greedy{20, 0.0, 0, 1};  // 20 > seq_len 8: the cache restarts
   auto a = generate(m, {1, 2, 3}, greedy);

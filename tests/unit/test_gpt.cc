@@ -9,7 +9,7 @@
 
 #include "loom/core/error.h"
 #include "loom/core/rng.h"
-#include "loom/nn/gpt.h"
+#include "loom/model/gpt_stage.h"
 #include "loom/optim/adamw.h"
 #include "loom/train/config.h"
 #include "loom/train/trainer.h"
@@ -36,7 +36,7 @@ std::vector<int32_t> tokens(int64_t n, int vocab, uint32_t seed) {
 }
 
 TEST(Gpt, ParameterNamesAndShapesFollowHuggingFaceGpt2) {
-  Gpt<float> m(tiny(0));
+  GptStage<float> m(tiny(0));
   std::vector<std::string> names;
   for (const Param& p : m.layout().params()) names.push_back(p.name);
   ASSERT_EQ(names.size(), 2u + 12u * 2u + 2u);
@@ -55,7 +55,7 @@ TEST(Gpt, ParameterNamesAndShapesFollowHuggingFaceGpt2) {
 }
 
 TEST(Gpt, InitIsKeyedOnSeedNameAndIndex) {
-  Gpt<float> m(tiny(0));
+  GptStage<float> m(tiny(0));
   m.init(99);
   const Param& fc = m.layout().find("transformer.h.1.mlp.c_fc.weight");
   NormalStream s(99, fc.name);
@@ -70,14 +70,14 @@ TEST(Gpt, InitIsKeyedOnSeedNameAndIndex) {
 }
 
 TEST(Gpt, BackwardMatchesFiniteDifferencesWithDropout) {
-  Gpt<double> m(tiny(0.1f));
+  GptStage<double> m(tiny(0.1f));
   m.init(5);
   const int64_t B = 2, T = 8;
   auto in = tokens(B * T, 50, 1), tg = tokens(B * T, 50, 2);
   auto acts = m.make_activations(B, T);
   StepContext ctx{7, 3, 10, true};
   m.zero_grads();
-  m.forward(acts, in.data(), tg.data(), ctx);
+  m.forward(acts, in.data(), nullptr, tg.data(), ctx);
   m.backward(acts, 1.0);
   std::vector<double> analytic(m.grads(), m.grads() + m.num_params());
   const double h = 1e-5;
@@ -90,9 +90,9 @@ TEST(Gpt, BackwardMatchesFiniteDifferencesWithDropout) {
       double* x = m.param(p) + i;
       double saved = *x;
       *x = saved + h;
-      double lp = m.forward(acts, in.data(), tg.data(), ctx);
+      double lp = m.forward(acts, in.data(), nullptr, tg.data(), ctx);
       *x = saved - h;
-      double lm = m.forward(acts, in.data(), tg.data(), ctx);
+      double lm = m.forward(acts, in.data(), nullptr, tg.data(), ctx);
       *x = saved;
       double fd = (lp - lm) / (2 * h);
       ASSERT_NEAR(analytic[p.offset + i], fd, 1e-7 + 1e-5 * std::abs(fd))
@@ -107,8 +107,8 @@ TEST(Gpt, BackwardMatchesFiniteDifferencesWithDropout) {
 }
 
 TEST(Gpt, Float32AgreesWithFloat64) {
-  Gpt<float> f(tiny(0.1f));
-  Gpt<double> d(tiny(0.1f));
+  GptStage<float> f(tiny(0.1f));
+  GptStage<double> d(tiny(0.1f));
   f.init(3);
   d.init(3);
   const int64_t B = 3, T = 8;
@@ -118,8 +118,8 @@ TEST(Gpt, Float32AgreesWithFloat64) {
   StepContext ctx{1, 0, 0, true};
   f.zero_grads();
   d.zero_grads();
-  double lf = f.forward(af, in.data(), tg.data(), ctx);
-  double ld = d.forward(ad, in.data(), tg.data(), ctx);
+  double lf = f.forward(af, in.data(), nullptr, tg.data(), ctx);
+  double ld = d.forward(ad, in.data(), nullptr, tg.data(), ctx);
   EXPECT_NEAR(lf, ld, 1e-5 * ld);
   f.backward(af, 1.0);
   d.backward(ad, 1.0);
@@ -128,12 +128,12 @@ TEST(Gpt, Float32AgreesWithFloat64) {
 }
 
 TEST(Gpt, KvCacheDecodingMatchesTheFullForward) {
-  Gpt<float> m(tiny(0.1f));  // dropout is off outside training
+  GptStage<float> m(tiny(0.1f));  // dropout is off outside training
   m.init(4);
   const int64_t T = 8;
   auto in = tokens(T, 50, 6);
   auto acts = m.make_activations(1, T);
-  m.forward(acts, in.data(), nullptr, StepContext{1, 0, 0, false});
+  m.forward(acts, in.data(), nullptr, nullptr, StepContext{1, 0, 0, false});
   KvCache<float> cache = m.make_kv_cache();
   const int64_t Vp = m.config().padded_vocab();
   for (int64_t t = 0; t < T; ++t) {
@@ -146,7 +146,7 @@ TEST(Gpt, KvCacheDecodingMatchesTheFullForward) {
 }
 
 TEST(Gpt, OverfitsAFixedBatch) {
-  Gpt<float> m(tiny(0));
+  GptStage<float> m(tiny(0));
   m.init(1);
   AdamW opt(m.layout(), OptimizerConfig{"AdamW", 1e-2, 0.9, 0.99, 1e-8, 0.0});
   const int64_t B = 4, T = 8;
@@ -155,7 +155,7 @@ TEST(Gpt, OverfitsAFixedBatch) {
   double first = 0, last = 0;
   for (int step = 1; step <= 150; ++step) {
     m.zero_grads();
-    last = m.forward(acts, in.data(), tg.data(), StepContext{1, 0, 0, true});
+    last = m.forward(acts, in.data(), nullptr, tg.data(), StepContext{1, 0, 0, true});
     if (step == 1) first = last;
     m.backward(acts, 1.0);
     opt.step(m.params(), m.grads(), 1e-2, step);

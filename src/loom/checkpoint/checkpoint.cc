@@ -32,7 +32,7 @@ void fsync_path(const fs::path& p) {
 }
 
 // The Hugging Face shape of a parameter: wte without its padding rows.
-std::vector<int64_t> hf_shape(const Gpt<float>& model, const Param& p) {
+std::vector<int64_t> hf_shape(const GptStage<float>& model, const Param& p) {
   std::vector<int64_t> s;
   for (int i = 0; i < p.shape.rank(); ++i) s.push_back(p.shape[i]);
   if (p.name == "transformer.wte.weight") s[0] = model.config().vocab_size;
@@ -56,9 +56,9 @@ void copy_entry(const SafetensorsEntry& e, float* dst, int64_t count) {
 
 }  // namespace
 
-std::string save_checkpoint(const std::string& root, const Gpt<float>& model, const float* exp_avg,
-                            const float* exp_avg_sq, const TrainerState& state, const json& config,
-                            int64_t keep_last) {
+std::string save_checkpoint(const std::string& root, const GptStage<float>& model,
+                            const float* exp_avg, const float* exp_avg_sq,
+                            const TrainerState& state, const json& config, int64_t keep_last) {
   char name[32];
   std::snprintf(name, sizeof name, "step-%08ld", static_cast<long>(state.step));
   const fs::path final_dir = fs::path(root) / name;
@@ -172,7 +172,7 @@ TrainerState read_trainer_state(const std::string& dir) {
   return s;
 }
 
-TrainerState load_checkpoint(const std::string& dir, Gpt<float>& model, float* exp_avg,
+TrainerState load_checkpoint(const std::string& dir, GptStage<float>& model, float* exp_avg,
                              float* exp_avg_sq) {
   verify_checkpoint(dir);
   const fs::path d(dir);
@@ -202,7 +202,7 @@ TrainerState load_checkpoint(const std::string& dir, Gpt<float>& model, float* e
   return read_trainer_state(dir);
 }
 
-void load_hf_weights(const std::string& path, Gpt<float>& model) {
+void load_hf_weights(const std::string& path, GptStage<float>& model) {
   SafetensorsFile f(path);
   const GptConfig& c = model.config();
   // The model's shape as the file describes it, checked key by key.

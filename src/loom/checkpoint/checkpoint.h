@@ -12,7 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "loom/nn/gpt.h"
+#include "loom/model/gpt_stage.h"
 #include "loom/optim/adamw.h"
 
 namespace loom {
@@ -29,9 +29,10 @@ struct TrainerState {
 // it, and removes all but the newest `keep_last` (0 keeps all). Returns the
 // folder. exp_avg and exp_avg_sq are the AdamW moments laid out like the whole
 // flat parameter buffer (not a shard), or null to write none.
-std::string save_checkpoint(const std::string& root, const Gpt<float>& model, const float* exp_avg,
-                            const float* exp_avg_sq, const TrainerState& state,
-                            const nlohmann::json& config, int64_t keep_last);
+std::string save_checkpoint(const std::string& root, const GptStage<float>& model,
+                            const float* exp_avg, const float* exp_avg_sq,
+                            const TrainerState& state, const nlohmann::json& config,
+                            int64_t keep_last);
 
 // A checkpoint folder, or `root` + "/latest" resolved through the pointer file.
 std::string resolve_checkpoint(const std::string& dir_or_latest, const std::string& root);
@@ -44,11 +45,11 @@ TrainerState read_trainer_state(const std::string& dir);
 
 // Loads parameters (and the moments, into whole-layout buffers, when given)
 // after verifying; shapes must match the model. Returns the trainer state.
-TrainerState load_checkpoint(const std::string& dir, Gpt<float>& model, float* exp_avg = nullptr,
-                             float* exp_avg_sq = nullptr);
+TrainerState load_checkpoint(const std::string& dir, GptStage<float>& model,
+                             float* exp_avg = nullptr, float* exp_avg_sq = nullptr);
 
 // Loads Hugging Face GPT-2 weights (f32, f16 or bf16) from a safetensors file
 // into `model`, checking the file's shapes against the config's keys.
-void load_hf_weights(const std::string& path, Gpt<float>& model);
+void load_hf_weights(const std::string& path, GptStage<float>& model);
 
 }  // namespace loom

@@ -30,7 +30,7 @@ int sample_token(const float* logits, int vocab, double temperature, int64_t top
   return ranked[keep - 1].second;
 }
 
-std::vector<uint32_t> generate(Gpt<float>& model, const std::vector<uint32_t>& prompt,
+std::vector<uint32_t> generate(GptStage<float>& model, const std::vector<uint32_t>& prompt,
                                const SampleOptions& o) {
   LOOM_CHECK_KIND(kConfig, !prompt.empty(), "generation needs a non-empty prompt");
   const GptConfig& c = model.config();

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "loom/nn/gpt.h"
+#include "loom/model/gpt_stage.h"
 
 namespace loom {
 
@@ -17,7 +17,7 @@ struct SampleOptions {
 
 // Returns the `max_tokens` tokens that follow `prompt` (non-empty). When the
 // context reaches seq_len, the cache restarts from the last seq_len / 2 tokens.
-std::vector<uint32_t> generate(Gpt<float>& model, const std::vector<uint32_t>& prompt,
+std::vector<uint32_t> generate(GptStage<float>& model, const std::vector<uint32_t>& prompt,
                                const SampleOptions& options);
 
 // The next token from one row of logits (the first `vocab` entries count).

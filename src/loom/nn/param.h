@@ -1,6 +1,8 @@
 // Parameters as named views into flat buffers (DESIGN.md, principle 2): the
 // optimizer, clipping, sharding and checkpoints all work on ranges of one
 // buffer, and names (Hugging Face GPT-2 state-dict names) reach any element.
+// Layers declare their parameters through ParamLayout::add, the one builder;
+// each gets a ParamId that the layer keeps.
 #pragma once
 
 #include <cstdint>
@@ -11,27 +13,74 @@
 
 namespace loom {
 
-// Which piece of the global tensor a rank holds: dim -1 means all of it.
-struct Shard {
-  int dim = -1;
-  int index = 0;
-  int count = 1;
+// Which slice of the global tensor a rank stores (tensor parallelism splits a
+// weight among `count` ranks; this rank holds piece `index`).
+//   kWhole  the whole tensor.
+//   kDim    equal contiguous pieces along dimension `dim` (a row split when
+//           dim is 0, a column split, not one contiguous range, when it is 1).
+//   kHeads  dimension `dim` is `blocks` equal blocks side by side (the fused
+//           q | k | v of c_attn), and each block is split into `count`
+//           pieces: rank r holds piece r of every block, so it keeps whole
+//           attention heads.
+//   kVocab  rows (dimension 0) split into equal ranges of the padded
+//           vocabulary; the rows at or beyond `valid_rows` are padding.
+struct ShardSpec {
+  enum Kind { kWhole, kDim, kHeads, kVocab };
+  Kind kind = kWhole;
+  int dim = 0;
+  int index = 0, count = 1;
+  int blocks = 1;  // kHeads
+
+  static ShardSpec whole() { return {}; }
+  static ShardSpec split(int dim, int index, int count) { return {kDim, dim, index, count, 1}; }
+  static ShardSpec heads(int dim, int index, int count, int blocks = 3) {
+    return {kHeads, dim, index, count, blocks};
+  }
+  static ShardSpec vocab(int index, int count) { return {kVocab, 0, index, count, 1}; }
+  bool sharded() const { return kind != kWhole && count > 1; }
+  std::string describe() const;  // "whole", "dim 1 piece 0/2", ...
+};
+
+// The shape of the slice `spec` takes of `global`; throws when the split
+// dimension does not divide evenly.
+Shape shard_shape(const Shape& global, const ShardSpec& spec);
+// The global flat index (row-major) of local element `i` of the slice.
+int64_t shard_global_index(const Shape& global, const ShardSpec& spec, int64_t i);
+// Copies between a slice and the whole tensor: local (shard_shape) <->
+// global (`global`, row-major). Checkpoints assemble whole tensors from the
+// ranks' slices with to_global and hand each rank its slice with from_global.
+template <typename T>
+void shard_to_global(const Shape& global, const ShardSpec& spec, const T* local, T* whole);
+template <typename T>
+void shard_from_global(const Shape& global, const ShardSpec& spec, const T* whole, T* local);
+
+struct ParamId {
+  int index = -1;
+  bool valid() const { return index >= 0; }
+};
+
+// How a parameter is initialised: every element from (seed, name, global
+// element index), so a slice holds exactly the elements of the whole tensor.
+struct ParamInit {
+  float std = 0;  // N(0, std); 0 means the constant `value`
+  float value = 0;
+  int64_t valid_rows = -1;  // rows at or beyond it (vocabulary padding) stay 0; -1: all rows
 };
 
 struct Param {
   std::string name;    // "transformer.h.0.attn.c_attn.weight"
   Shape shape;         // global shape
-  Shard shard;         // the piece stored here
+  ShardSpec shard;     // the slice stored here
+  Shape local;         // its shape
   int64_t offset = 0;  // first element in the flat buffers
-  int64_t numel = 0;   // elements stored here
+  int64_t numel = 0;   // elements stored here (local.numel())
   int unit = 0;        // the unit (see ParamLayout) it belongs to
   bool decay = false;  // weight decay applies (matrices and embeddings, not biases or norms)
-  float init_std = 0;  // N(0, init_std); 0 means constant init_value
-  float init_value = 0;
+  ParamInit init;
 };
 
 // A contiguous range of the flat buffers holding the parameters that are used
-// together (the embeddings, one transformer layer, the final norm). ZeRO
+// together (the embeddings, one transformer block, the final norm). ZeRO
 // shards, gathers and reduces unit by unit: each unit's size is a multiple of
 // the layout's unit_multiple, so it splits into equal slices.
 struct Unit {
@@ -45,13 +94,18 @@ class ParamLayout {
  public:
   // unit_multiple: every unit's size is padded up to a multiple of it.
   explicit ParamLayout(int64_t unit_multiple = 1) : unit_multiple_(unit_multiple) {}
-  // Opens a unit; parameters added until the next begin_unit() belong to it.
-  void begin_unit(std::string name);
-  // Appends a parameter stored whole to the open unit; returns its index.
-  size_t add(std::string name, Shape shape, bool decay, float init_std, float init_value);
+  // Opens a unit and returns its index; parameters added until the next
+  // begin_unit() belong to it.
+  int begin_unit(std::string name);
+  // Appends a parameter (its slice `shard` of the global `shape`) to the open unit.
+  ParamId add(std::string name, Shape shape, bool decay, ParamInit init,
+              ShardSpec shard = ShardSpec::whole());
   const std::vector<Param>& params() const { return params_; }
+  const Param& operator[](ParamId id) const { return params_[static_cast<size_t>(id.index)]; }
   const std::vector<Unit>& units() const { return units_; }
+  int unit_index(const std::string& name) const;     // -1 when there is none
   const Param& find(const std::string& name) const;  // throws with the name when missing
+  const Param* find_or_null(const std::string& name) const;
   // Elements of the flat buffers: parameters, alignment and unit padding.
   int64_t total() const { return total_; }
   // Elements of the parameters alone (what a user calls the parameter count).

@@ -68,6 +68,22 @@ const std::vector<KeySpec>& schema() {
       {"model.seq_len", Kind::kInt, 1, 1 << 20},
       {"model.dropout", Kind::kNumber, 0, 0.999},
       {"parallel.data", Kind::kInt, 1, 1 << 20},
+      {"parallel.tensor", Kind::kInt, 1, 1 << 20},
+      {"parallel.pipeline", Kind::kInt, 1, 1 << 20},
+      {"parallel.expert", Kind::kInt, 1, 1 << 20},
+      {"activation_checkpointing.policy",
+       Kind::kString,
+       0,
+       0,
+       {"none", "full", "selective", "every_n", "budget"}},
+      {"activation_checkpointing.every_n", Kind::kInt, 1, 4096},
+      {"activation_checkpointing.budget_bytes", Kind::kInt, 1, kMaxInt},
+      {"activation_checkpointing.partition_activations", Kind::kBool},
+      {"activation_checkpointing.cpu_checkpointing", Kind::kBool},
+      {"activation_checkpointing.contiguous_memory_optimization", Kind::kBool},
+      {"activation_checkpointing.number_checkpoints", Kind::kInt, 0, kMaxInt},
+      {"activation_checkpointing.synchronize_checkpoint_boundary", Kind::kBool},
+      {"activation_checkpointing.profile", Kind::kBool},
       {"data.train", Kind::kString},
       {"data.val", Kind::kString},
       {"data.synthetic", Kind::kBool},
@@ -260,11 +276,69 @@ bool has(const json& j, const char* path) {
   return lookup(j, path) != nullptr;
 }
 
-void resolve_batch(Config& c, const json& j, int world_size, const std::string& source) {
-  c.data_parallel = get_or<int64_t>(j, "parallel.data", world_size);
-  if (c.data_parallel != world_size)
+void resolve_parallel(Config& c, const json& j, int world_size, const std::string& source) {
+  ParallelConfig& p = c.parallel;
+  p.tensor = get_or<int>(j, "parallel.tensor", 1);
+  p.pipeline = get_or<int>(j, "parallel.pipeline", 1);
+  p.expert = get_or<int>(j, "parallel.expert", 1);
+  // The grid takes these sizes already; the layers that use them come with
+  // their own issues.
+  for (auto [key, size] :
+       {std::pair{"parallel.tensor", p.tensor}, std::pair{"parallel.pipeline", p.pipeline},
+        std::pair{"parallel.expert", p.expert}})
+    if (size != 1)
+      LOOM_FAIL(kUnsupported,
+                "{}: {} is {}, but this build trains with data parallelism only (tensor, "
+                "pipeline and expert parallelism are not built yet); set it to 1",
+                source, key, size);
+  const int64_t model = int64_t{p.tensor} * p.pipeline;
+  if (world_size % model != 0)
+    fail(source, format("the job's {} rank(s) do not divide into parallel.tensor {} x "
+                        "parallel.pipeline {}",
+                        world_size, p.tensor, p.pipeline));
+  c.data_parallel = get_or<int64_t>(j, "parallel.data", world_size / model);
+  if (c.data_parallel * model != world_size)
+    fail(source, format("parallel.data is {} but the job has {} rank(s) (= tensor {} x pipeline "
+                        "{} x data {})",
+                        c.data_parallel, world_size, p.tensor, p.pipeline, world_size / model));
+}
+
+void resolve_checkpointing(Config& c, const json& j, const std::string& source) {
+  CheckpointingConfig& a = c.checkpointing;
+  a.policy.kind =
+      CheckpointPolicy::parse(get_or<std::string>(j, "activation_checkpointing.policy", "none"));
+  a.policy.every_n = get_or<int>(j, "activation_checkpointing.every_n", 2);
+  a.policy.budget_bytes = get_or<int64_t>(j, "activation_checkpointing.budget_bytes", 0);
+  if (a.policy.kind == CheckpointPolicy::kBudget &&
+      !has(j, "activation_checkpointing.budget_bytes"))
     fail(source,
-         format("parallel.data is {} but the job has {} rank(s)", c.data_parallel, world_size));
+         "activation_checkpointing.policy is budget but activation_checkpointing."
+         "budget_bytes is not set (activation bytes per rank)");
+  if (a.policy.kind != CheckpointPolicy::kBudget && has(j, "activation_checkpointing.budget_bytes"))
+    fail(source, format("activation_checkpointing.budget_bytes is set but the policy is {} "
+                        "(set activation_checkpointing.policy to budget)",
+                        CheckpointPolicy::name(a.policy.kind)));
+  if (a.policy.kind != CheckpointPolicy::kEveryN && has(j, "activation_checkpointing.every_n"))
+    fail(source, format("activation_checkpointing.every_n is set but the policy is {} (set "
+                        "activation_checkpointing.policy to every_n)",
+                        CheckpointPolicy::name(a.policy.kind)));
+  a.partition_activations =
+      get_or<bool>(j, "activation_checkpointing.partition_activations", false);
+  a.cpu_checkpointing = get_or<bool>(j, "activation_checkpointing.cpu_checkpointing", false);
+  a.contiguous_memory_optimization =
+      get_or<bool>(j, "activation_checkpointing.contiguous_memory_optimization", false);
+  a.number_checkpoints = get_or<int64_t>(j, "activation_checkpointing.number_checkpoints", 0);
+  a.synchronize_checkpoint_boundary =
+      get_or<bool>(j, "activation_checkpointing.synchronize_checkpoint_boundary", false);
+  a.profile = get_or<bool>(j, "activation_checkpointing.profile", false);
+  for (const char* k :
+       {"partition_activations", "cpu_checkpointing", "contiguous_memory_optimization",
+        "number_checkpoints", "synchronize_checkpoint_boundary", "profile"})
+    a.deepspeed_keys =
+        a.deepspeed_keys || has(j, (std::string("activation_checkpointing.") + k).c_str());
+}
+
+void resolve_batch(Config& c, const json& j, const std::string& source) {
   const int64_t dp = c.data_parallel;
   bool has_tbs = has(j, "train_batch_size"), has_mb = has(j, "train_micro_batch_size_per_gpu"),
        has_ga = has(j, "gradient_accumulation_steps");
@@ -336,7 +410,23 @@ json to_json(const Config& c) {
   j["model"] = {{"n_layer", c.model.n_layer}, {"n_embd", c.model.n_embd},
                 {"n_head", c.model.n_head},   {"vocab_size", c.model.vocab_size},
                 {"seq_len", c.model.seq_len}, {"dropout", c.model.dropout}};
-  j["parallel"] = {{"data", c.data_parallel}};
+  j["parallel"] = {{"data", c.data_parallel},
+                   {"tensor", c.parallel.tensor},
+                   {"pipeline", c.parallel.pipeline},
+                   {"expert", c.parallel.expert}};
+  {
+    const CheckpointingConfig& a = c.checkpointing;
+    json ac = {{"policy", CheckpointPolicy::name(a.policy.kind)},
+               {"partition_activations", a.partition_activations},
+               {"cpu_checkpointing", a.cpu_checkpointing},
+               {"contiguous_memory_optimization", a.contiguous_memory_optimization},
+               {"number_checkpoints", a.number_checkpoints},
+               {"synchronize_checkpoint_boundary", a.synchronize_checkpoint_boundary},
+               {"profile", a.profile}};
+    if (a.policy.kind == CheckpointPolicy::kEveryN) ac["every_n"] = a.policy.every_n;
+    if (a.policy.kind == CheckpointPolicy::kBudget) ac["budget_bytes"] = a.policy.budget_bytes;
+    j["activation_checkpointing"] = ac;
+  }
   j["data"] = {{"train", c.data.train},
                {"val", c.data.val},
                {"synthetic", c.data.synthetic},
@@ -404,7 +494,9 @@ Config parse_config(const std::string& text, const std::string& source,
               "set fp16.enabled and bf16.enabled to false",
               source);
 
-  resolve_batch(c, j, world_size, source);
+  resolve_parallel(c, j, world_size, source);
+  resolve_batch(c, j, source);
+  resolve_checkpointing(c, j, source);
   c.gradient_clipping = get_or<double>(j, "gradient_clipping", 0.0);
 
   OptimizerConfig& o = c.optimizer;

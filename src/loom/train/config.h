@@ -11,7 +11,8 @@
 #include <vector>
 
 #include "loom/comm/mpi/mpi_process_group.h"
-#include "loom/nn/gpt.h"
+#include "loom/model/gpt_stage.h"
+#include "loom/model/recompute.h"
 #include "loom/optim/adamw.h"
 #include "loom/optim/lr_schedule.h"
 #include "loom/parallel/zero/zero_config.h"
@@ -47,12 +48,32 @@ struct LogConfig {
   double peak_gflops = 0;  // the MFU denominator; 0: measured at start
 };
 
+// parallel.*: the rank grid. dp = world / (tensor x pipeline).
+struct ParallelConfig {
+  int tensor = 1, pipeline = 1, expert = 1;
+};
+
+// activation_checkpointing: loom's policy, and DeepSpeed's keys (accepted;
+// what each does here is logged at start and listed in docs/config.md).
+struct CheckpointingConfig {
+  CheckpointPolicy policy;
+  bool partition_activations = false;
+  bool cpu_checkpointing = false;
+  bool contiguous_memory_optimization = false;
+  int64_t number_checkpoints = 0;  // 0: not given
+  bool synchronize_checkpoint_boundary = false;
+  bool profile = false;
+  bool deepspeed_keys = false;  // any of the above was given
+};
+
 struct Config {
   GptConfig model;
   int64_t train_batch_size = 0;
   int64_t micro_batch = 0;  // train_micro_batch_size_per_gpu
   int64_t grad_accum = 0;   // gradient_accumulation_steps
   int64_t data_parallel = 1;
+  ParallelConfig parallel;
+  CheckpointingConfig checkpointing;
   double gradient_clipping = 0.0;  // 0: off
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;

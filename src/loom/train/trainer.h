@@ -1,22 +1,21 @@
-// The single-process training loop: micro-batches with gradient accumulation,
-// clipping, AdamW with a DeepSpeed schedule, periodic validation, metrics.jsonl
-// and progress per DESIGN.md's output contract.
+// The run loop: the cadence around the step engine. It owns the data, the
+// tokenizer, the run folder, evaluation, checkpoints, metrics, progress and
+// the closing summary and sample; every optimizer step is the engine's.
 #pragma once
 
 #include <cstdint>
-#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "loom/comm/parallel_context.h"
 #include "loom/core/threads.h"
-#include "loom/nn/gpt.h"
-#include "loom/optim/adamw.h"
-#include "loom/parallel/zero/zero.h"
-#include "loom/train/config.h"
 #include "loom/data/batch_source.h"
 #include "loom/data/tokenizer.h"
+#include "loom/train/config.h"
+#include "loom/train/metrics.h"
+#include "loom/train/step_engine.h"
 
 namespace loom {
 
@@ -26,19 +25,10 @@ struct RunOptions {
   bool quiet = false;      // no progress output
   std::string resume;      // checkpoint folder or "latest"; "" starts fresh
   std::string init_from;   // Hugging Face GPT-2 safetensors to start from
-  // The data-parallel group (all ranks of an mpirun job); null: one process.
-  // Rank 0 alone writes the run folder, metrics, checkpoints and progress.
-  std::shared_ptr<ProcessGroup> dp_group;
-};
-
-struct StepResult {
-  int64_t step = 0;  // 1-based
-  double loss = 0, lr = 0, grad_norm = 0;
-  double t_forward = 0, t_backward = 0, t_optimizer = 0, t_step = 0;  // seconds
-  double tokens_per_s = 0, mfu = 0;
-  std::optional<double> val_loss;
-  double t_comm = 0, t_comm_exposed = 0, comm_bytes = 0;  // data-parallel communication
-  MemStats mem;  // peaks: the maximum over ranks of each category
+  // The rank grid and its groups (make_parallel_context); the default is
+  // one process. World rank 0 alone writes the run folder, metrics,
+  // checkpoints and progress.
+  ParallelContext parallel;
 };
 
 class Trainer {
@@ -58,40 +48,35 @@ class Trainer {
                      uint64_t seed);
 
   const Config& config() const { return config_; }
-  Gpt<float>& model() { return model_; }
-  ZeroEngine& zero() { return *zero_; }
-  // The whole flat parameter buffer (gathered from the shards at ZeRO
-  // stage 3: collective, every rank must call it).
-  std::vector<float> gather_params();
+  GptStage<float>& model() { return engine_->stage(); }
+  ZeroEngine& zero() { return engine_->zero(); }
+  StepEngine& engine() { return *engine_; }
+  // The whole flat parameter buffer (collective at ZeRO stage 3).
+  std::vector<float> gather_params() { return engine_->gather_params(); }
   int64_t step() const { return step_; }
   double peak_gflops() const { return peak_gflops_; }
 
  private:
+  void load_initial_state(uint64_t seed);
   void open_run_folder();
   std::string checkpoint_root() const;
   void save(double lr);
-  bool sharded() const { return options_.dp_group && config_.zero.stage >= 1; }
+  bool sharded() const { return options_.parallel.dp && config_.zero.stage >= 1; }
+  void describe_run() const;
   void describe_zero() const;
-  MemStats peak_memory_over_ranks();
-  void write_metrics(const StepResult& r);
-  void show_progress(const StepResult& r, double elapsed, int64_t done);
-  void print_summary(const std::vector<StepResult>& results, double elapsed);
+  void describe_checkpointing() const;
 
   Config config_;
   RunOptions options_;
   ThreadConfig threads_;
-  Gpt<float> model_;
-  std::unique_ptr<ZeroEngine> zero_;  // optimizer, gradient reduction, sharding
-  GptActivations<float> acts_;
+  std::unique_ptr<StepEngine> engine_;
   std::unique_ptr<BatchSource> train_data_, val_data_;
   std::unique_ptr<Tokenizer> tokenizer_;  // null when the data's tokenizer is unknown
-  int dp_rank_ = 0, dp_size_ = 1;
-  bool writer_ = true;  // rank 0: writes outputs, shows progress
-  std::vector<int32_t> inputs_, targets_;
+  bool writer_ = true;                    // world rank 0: writes outputs, shows progress
   double peak_gflops_ = 0;
   int64_t step_ = 0;
-  std::ofstream metrics_;
-  bool tty_ = false;
+  MetricsLog metrics_;
+  std::unique_ptr<Progress> progress_;
 };
 
 }  // namespace loom

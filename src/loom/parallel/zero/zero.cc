@@ -42,8 +42,8 @@ void wait_all(const std::vector<WorkPtr>& works, double* exposed = nullptr,
 
 }  // namespace
 
-GptStorage ZeroEngine::storage(const ZeroConfig& config, int world) {
-  GptStorage s;
+StoreOptions ZeroEngine::storage(const ZeroConfig& config, int world) {
+  StoreOptions s;
   // 16-element slices keep every rank's slice on a 64-byte boundary.
   s.unit_multiple = config.stage >= 1 ? 16 * static_cast<int64_t>(world) : 1;
   s.params = config.stage < 3;
@@ -51,9 +51,9 @@ GptStorage ZeroEngine::storage(const ZeroConfig& config, int world) {
   return s;
 }
 
-ZeroEngine::ZeroEngine(Gpt<float>& model, std::shared_ptr<ProcessGroup> group,
+ZeroEngine::ZeroEngine(ParamStore<float>& store, std::shared_ptr<ProcessGroup> group,
                        const ZeroConfig& config, const OptimizerConfig& optimizer)
-    : model_(model), group_(std::move(group)), config_(config) {
+    : store_(store), group_(std::move(group)), config_(config) {
   LOOM_CHECK_KIND(kConfig, config_.stage >= 0 && config_.stage <= 3,
                   "zero_optimization.stage must be 0, 1, 2 or 3, got {}", config_.stage);
   LOOM_CHECK_KIND(kConfig, config_.reduce_bucket_size > 0,
@@ -61,12 +61,12 @@ ZeroEngine::ZeroEngine(Gpt<float>& model, std::shared_ptr<ProcessGroup> group,
                   config_.reduce_bucket_size);
   if (group_) rank_ = group_->rank(), world_ = group_->size();
   if (config_.stage >= 1) srank_ = rank_, shards_ = world_;
-  const GptStorage want = storage(config_, world_);
+  const StoreOptions want = storage(config_, world_);
   LOOM_CHECK(
-      (model_.params() != nullptr) == want.params && (model_.grads() != nullptr) == want.grads,
+      (store_.params() != nullptr) == want.params && (store_.grads() != nullptr) == want.grads,
       "the model was not built with ZeroEngine::storage() for stage {}", config_.stage);
 
-  const ParamLayout& layout = model_.layout();
+  const ParamLayout& layout = store_.layout();
   units_ = layout.units();
   std::vector<AdamWSegment> segments;
   for (int u = 0; u < num_units(); ++u) {
@@ -107,12 +107,12 @@ ZeroEngine::ZeroEngine(Gpt<float>& model, std::shared_ptr<ProcessGroup> group,
   grad_bufs_.resize(units_.size());
   for (const Unit& u : units_)
     persistent_.push_back(config_.stage >= 3 && u.size() <= config_.persistence_threshold);
-  model_.set_hooks(
-      {[this](int u, Pass p) { on_before(u, p); }, [this](int u, Pass p) { on_after(u, p); }});
+  store_.set_hooks(UnitHooks{[this](int u, Pass p) { on_before(u, p); },
+                             [this](int u, Pass p) { on_after(u, p); }});
 }
 
 ZeroEngine::~ZeroEngine() {
-  model_.set_hooks({});
+  store_.set_hooks(UnitHooks{});
   // Nothing may still write into buffers about to be freed.
   auto quiet_wait = [](const WorkPtr& w) {
     try {
@@ -137,29 +137,32 @@ void ZeroEngine::wait_timed(const WorkPtr& w) {
 
 void ZeroEngine::init_params(uint64_t seed) {
   if (config_.stage < 3) {
-    model_.init(seed);
+    store_.init(seed);
     return;
   }
   for (int u = 0; u < num_units(); ++u)
-    model_.init_range(seed, slice_begin(u), slice_begin(u) + slice_[u],
+    store_.init_range(seed, slice_begin(u), slice_begin(u) + slice_[u],
                       shard_params() + shard_off_[u]);
 }
 
 void ZeroEngine::zero_grads() {
   if (config_.stage < 2)
-    model_.zero_grads();
+    store_.zero_grads();
   else
     std::memset(shard_grads(), 0, bytes_of(shard_elements_));
 }
 
-void ZeroEngine::begin_micro_batch(bool backward, bool last) {
+void ZeroEngine::begin_micro_batch(std::vector<UnitUse> schedule, bool last) {
   LOOM_CHECK(plan_.empty(), "begin_micro_batch before the previous micro-batch ended");
-  plan_ = model_.unit_schedule(backward);
+  LOOM_CHECK(!schedule.empty(), "begin_micro_batch with an empty unit schedule");
+  plan_ = std::move(schedule);
+  bool backward = false;
+  for (const UnitUse& use : plan_) backward = backward || writes_grads(use.pass);
   pos_ = 0;
   // Stages 0-1 keep full gradients and reduce once per step; stages 2-3 hold
   // no full gradients, so every micro-batch's are reduced into the shard.
   reduce_ = backward && (config_.stage >= 2 || last);
-  if (buckets_ && reduce_) buckets_->begin(model_.grads());
+  if (buckets_ && reduce_) buckets_->begin(store_.grads());
   // Start gathering what the micro-batch opens with.
   if (config_.stage >= 3 && !full_ && config_.prefetch_bucket_size > 0)
     launch_gather(plan_[0].unit);
@@ -184,7 +187,7 @@ void ZeroEngine::on_before(int u, Pass pass) {
              "unit {} used out of schedule (use {} of {}); call begin_micro_batch first",
              units_[u].name, pos_, plan_.size());
   if (config_.stage >= 3 && !full_ && reads_params(pass)) fetch(u);
-  if (pass != Pass::kForward && config_.stage >= 2 && !grad_bufs_[u].data()) acquire_grads(u);
+  if (writes_grads(pass) && config_.stage >= 2 && !grad_bufs_[u].data()) acquire_grads(u);
 }
 
 void ZeroEngine::on_after(int u, Pass pass) {
@@ -192,8 +195,8 @@ void ZeroEngine::on_after(int u, Pass pass) {
   // parameters or writes gradients: then they stay.
   const bool next_same = pos_ + 1 < plan_.size() && plan_[pos_ + 1].unit == u;
   const bool params_again = next_same && reads_params(plan_[pos_ + 1].pass);
-  const bool grads_again = next_same && plan_[pos_ + 1].pass != Pass::kForward;
-  if (pass != Pass::kForward) {
+  const bool grads_again = next_same && writes_grads(plan_[pos_ + 1].pass);
+  if (writes_grads(pass)) {
     if (config_.stage >= 2) {
       if (!grads_again) launch_reduce(u);
     } else if (buckets_ && reduce_) {
@@ -230,7 +233,7 @@ void ZeroEngine::fetch(int u) {
     wait_timed(g.work);
     g.work = nullptr;
   }
-  model_.bind_params(u, g.buf.as<float>());
+  store_.bind_params(u, g.buf.as<float>());
   if (config_.prefetch_bucket_size <= 0) return;
   // Prefetch along the schedule: at least the next unit, then more while
   // the elements in flight stay within stage3_prefetch_bucket_size.
@@ -258,7 +261,7 @@ void ZeroEngine::release_params(int u) {
   Gathered& g = gathered_[u];
   if (!g.buf.data()) return;
   LOOM_CHECK(g.work == nullptr, "unit {} released while its gather is in flight", units_[u].name);
-  model_.bind_params(u, nullptr);
+  store_.bind_params(u, nullptr);
   gathered_elements_ -= static_cast<size_t>(units_[u].size());
   g.buf = Buffer();
 }
@@ -271,12 +274,12 @@ void ZeroEngine::acquire_grads(int u) {
     drain_one();
   while (reducing_.size() > 1 && reducing_elements_ > config_.reduce_bucket_size) drain_one();
   grad_bufs_[u] = Buffer(bytes_of(units_[u].size()), MemCategory::kComm);
-  model_.bind_grads(u, grad_bufs_[u].as<float>());
+  store_.bind_grads(u, grad_bufs_[u].as<float>());
 }
 
 void ZeroEngine::launch_reduce(int u) {
   Buffer buf = std::move(grad_bufs_[u]);
-  model_.bind_grads(u, nullptr);
+  store_.bind_grads(u, nullptr);
   float* p = buf.as<float>();
   WorkPtr w;
   if (group_) {
@@ -304,7 +307,7 @@ void ZeroEngine::drain_one() {
 }
 
 double ZeroEngine::clip_grad_norm(double max_norm) {
-  if (config_.stage < 2) return loom::clip_grad_norm(model_.grads(), model_.num_params(), max_norm);
+  if (config_.stage < 2) return loom::clip_grad_norm(store_.grads(), store_.num_params(), max_norm);
   double ss = cpu::sum_squares(shard_grads(), shard_elements_);
   if (group_) {
     // The ranks' partial sums, added in rank order, the same on every rank:
@@ -323,8 +326,8 @@ double ZeroEngine::clip_grad_norm(double max_norm) {
 void ZeroEngine::step(double lr, int64_t step) {
   // The update goes to the shard; gathered full parameters would go stale.
   LOOM_CHECK(!full_, "optimizer step while the full parameters are gathered");
-  float* params = config_.stage >= 3 ? shard_params() : model_.params();
-  const float* grads = config_.stage >= 2 ? shard_grads() : model_.grads();
+  float* params = config_.stage >= 3 ? shard_params() : store_.params();
+  const float* grads = config_.stage >= 2 ? shard_grads() : store_.grads();
   if (nvme_) {
     // Unit by unit: only the moments being updated are resident.
     for (int u = 0; u < num_units(); ++u) {
@@ -345,7 +348,7 @@ void ZeroEngine::step(double lr, int64_t step) {
     // Every rank updated its slices; gather the units' full parameters.
     std::vector<WorkPtr> works;
     for (int u = 0; u < num_units(); ++u) {
-      float* unit = model_.params() + units_[u].begin;
+      float* unit = store_.params() + units_[u].begin;
       works.push_back(group_->all_gather(unit + srank_ * slice_[u], unit,
                                          static_cast<size_t>(slice_[u]), DType::kF32));
       stats_.bytes += double(world_ - 1) / world_ * double(bytes_of(units_[u].size()));
@@ -357,7 +360,7 @@ void ZeroEngine::step(double lr, int64_t step) {
     for (int u = 0; u < num_units(); ++u)
       if (persistent_[u] && gathered_[u].buf.data()) {
         if (gathered_[u].work) gathered_[u].work->wait();
-        model_.bind_params(u, nullptr);
+        store_.bind_params(u, nullptr);
         gathered_elements_ -= static_cast<size_t>(units_[u].size());
         gathered_[u] = Gathered{};
       }
@@ -372,11 +375,11 @@ CommStats ZeroEngine::take_stats() {
 
 void ZeroEngine::gather_full_params() {
   if (config_.stage < 3 || full_) return;
-  model_.allocate_params();
+  store_.allocate_params();
   std::vector<WorkPtr> works;
   for (int u = 0; u < num_units(); ++u) {
     const float* mine = shard_params() + shard_off_[u];
-    float* unit = model_.params() + units_[u].begin;
+    float* unit = store_.params() + units_[u].begin;
     if (group_)
       works.push_back(group_->all_gather(mine, unit, static_cast<size_t>(slice_[u]), DType::kF32));
     else
@@ -390,9 +393,9 @@ void ZeroEngine::release_full_params(bool keep_changes) {
   if (config_.stage < 3 || !full_) return;
   if (keep_changes)
     for (int u = 0; u < num_units(); ++u)
-      std::memcpy(shard_params() + shard_off_[u], model_.params() + slice_begin(u),
+      std::memcpy(shard_params() + shard_off_[u], store_.params() + slice_begin(u),
                   bytes_of(slice_[u]));
-  model_.release_params();
+  store_.release_params();
   // Gathered copies (resident units) may be stale now.
   for (int u = 0; u < num_units(); ++u)
     if (gathered_[u].buf.data()) {
@@ -404,7 +407,7 @@ void ZeroEngine::release_full_params(bool keep_changes) {
 }
 
 void ZeroEngine::gather_moments(std::vector<float>& m, std::vector<float>& v) {
-  const size_t total = static_cast<size_t>(model_.num_params());
+  const size_t total = static_cast<size_t>(store_.num_params());
   m.assign(total, 0.0f);
   v.assign(total, 0.0f);
   std::vector<WorkPtr> works;

@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "loom/comm/process_group.h"
-#include "loom/nn/gpt.h"
+#include "loom/nn/param_store.h"
 #include "loom/optim/adamw.h"
 #include "loom/parallel/data/grad_buckets.h"
 #include "loom/parallel/zero/offload.h"
@@ -43,12 +43,13 @@ struct CommStats {
 class ZeroEngine {
  public:
   // How to build the model for `config` on `world` data-parallel ranks.
-  static GptStorage storage(const ZeroConfig& config, int world);
+  static StoreOptions storage(const ZeroConfig& config, int world);
 
-  // group: the data-parallel group, or null for one process. The model must
-  // have been built with storage(config, group size).
-  ZeroEngine(Gpt<float>& model, std::shared_ptr<ProcessGroup> group, const ZeroConfig& config,
-             const OptimizerConfig& optimizer);
+  // group: the data-parallel group, or null for one process. The store must
+  // have been built with storage(config, group size). The engine reaches the
+  // model only through the store: its unit ranges, buffers and hooks.
+  ZeroEngine(ParamStore<float>& store, std::shared_ptr<ProcessGroup> group,
+             const ZeroConfig& config, const OptimizerConfig& optimizer);
   ~ZeroEngine();
 
   int stage() const { return config_.stage; }
@@ -58,9 +59,11 @@ class ZeroEngine {
   // Initialises the parameters this rank holds from the seed.
   void init_params(uint64_t seed);
   void zero_grads();
-  // Before a micro-batch's forward: `backward` if one follows it, `last` if
-  // it is the step's last micro-batch (stages 0-1 reduce gradients only then).
-  void begin_micro_batch(bool backward, bool last);
+  // Before a micro-batch's forward: the unit uses the model will make
+  // (GptStage::unit_schedule; with backward passes when a backward follows),
+  // `last` if it is the step's last micro-batch (stages 0-1 reduce
+  // gradients only then).
+  void begin_micro_batch(std::vector<UnitUse> schedule, bool last);
   // After the micro-batch's backward (or forward alone): waits for its
   // gradient reductions.
   void end_micro_batch();
@@ -102,7 +105,7 @@ class ZeroEngine {
   float* shard_params() const;
   float* shard_grads() const;
 
-  Gpt<float>& model_;
+  ParamStore<float>& store_;
   std::shared_ptr<ProcessGroup> group_;
   ZeroConfig config_;
   int rank_ = 0, world_ = 1;

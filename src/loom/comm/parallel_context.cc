@@ -1,0 +1,36 @@
+#include "loom/comm/parallel_context.h"
+
+#include <string>
+
+#include "loom/comm/mpi/mpi_process_group.h"
+#include "loom/core/error.h"
+
+namespace loom {
+
+ParallelContext make_parallel_context(std::shared_ptr<ProcessGroup> world, GridShape shape) {
+  shape.world = world ? world->size() : 1;
+  ParallelContext ctx;
+  ctx.grid = Grid(shape);
+  ctx.rank = world ? world->rank() : 0;
+  ctx.world = world;
+  if (!world) return ctx;
+  auto group = [&](const std::string& kind) -> std::shared_ptr<ProcessGroup> {
+    const std::vector<std::vector<int>> all = ctx.grid.all_groups(kind);
+    if (all.front().size() == 1) return nullptr;
+    if (static_cast<int>(all.front().size()) == world->size()) return world;
+    auto mpi = std::dynamic_pointer_cast<MpiProcessGroup>(world);
+    LOOM_CHECK_KIND(kUnsupported, mpi != nullptr,
+                    "process group backend '{}' cannot split off {} groups", world->name(), kind);
+    return mpi->split(all, kind);
+  };
+  ctx.tp = group("tp");
+  ctx.dp = group("dp");
+  ctx.pp = group("pp");
+  ctx.model_parallel = group("mp");
+  ctx.embedding = group("embedding");
+  ctx.ep = group("ep");
+  ctx.ep_dp = group("ep_dp");
+  return ctx;
+}
+
+}  // namespace loom

@@ -1,0 +1,33 @@
+// The rank grid and every process group it hands out, built once and passed
+// explicitly to whatever communicates (DESIGN.md: nothing global). A group of
+// one rank is null: no communication happens over it.
+#pragma once
+
+#include <memory>
+
+#include "loom/comm/grid.h"
+#include "loom/comm/process_group.h"
+
+namespace loom {
+
+struct ParallelContext {
+  Grid grid{GridShape{}};
+  int rank = 0;  // in the world
+  std::shared_ptr<ProcessGroup> world;
+  std::shared_ptr<ProcessGroup> dp, tp, pp, ep, ep_dp;
+  std::shared_ptr<ProcessGroup> embedding;       // first and last pipeline stage
+  std::shared_ptr<ProcessGroup> model_parallel;  // tp x pp ranks of one replica
+
+  GridCoord coord() const { return grid.coord(rank); }
+  int dp_rank() const { return dp ? dp->rank() : 0; }
+  int dp_size() const { return dp ? dp->size() : 1; }
+  // Rank 0 of the world writes the run folder, metrics and checkpoints.
+  bool writer() const { return rank == 0; }
+};
+
+// The context of `world` (null: one process) laid out as `shape`. Collective
+// over `world` when a group must be split off (every rank calls it with the
+// same shape); a group of the whole world reuses `world`.
+ParallelContext make_parallel_context(std::shared_ptr<ProcessGroup> world, GridShape shape);
+
+}  // namespace loom

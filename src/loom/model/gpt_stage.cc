@@ -1,0 +1,428 @@
+#include "loom/model/gpt_stage.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "loom/core/error.h"
+#include "loom/kernels/cpu/matmul.h"
+
+namespace loom {
+
+namespace {
+
+template <typename T>
+void zero(T* p, int64_t n) {
+  std::memset(p, 0, static_cast<size_t>(n) * sizeof(T));
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+template <typename T>
+GptStage<T>::GptStage(const GptConfig& config, StageSpec spec, StoreOptions storage)
+    : config_(config), first_(spec.first), last_(spec.last < 0 ? config.n_layer : spec.last) {
+  LOOM_CHECK(first_ >= 0 && first_ <= last_ && last_ <= config.n_layer,
+             "stage blocks [{}, {}) outside the model's {} layers", first_, last_, config.n_layer);
+  ParamLayout layout(storage.unit_multiple);
+  if (first_ == 0) {
+    emb_unit_ = layout.begin_unit("embeddings");
+    embedding_ = std::make_unique<Embedding<T>>(layout, config);
+  }
+  for (int l = first_; l < last_; ++l) {
+    block_units_.push_back(layout.begin_unit("h." + std::to_string(l)));
+    blocks_.push_back(std::make_unique<Block<T>>(layout, config, l));
+  }
+  if (last_ == config.n_layer) {
+    lnf_unit_ = layout.begin_unit("ln_f");
+    head_ = std::make_unique<Head<T>>(layout, config);
+    if (embedding_) {
+      head_->tie(embedding_->wte);
+      wte_unit_ = emb_unit_;
+    } else {
+      wte_unit_ = layout.begin_unit("lm_head");
+      head_->declare_wte(layout);
+    }
+  }
+  store_.build(std::move(layout), storage);
+  plan_.blocks.assign(blocks_.size(), Recompute::kNone);
+}
+
+template <typename T>
+std::vector<UnitUse> GptStage<T>::unit_schedule(bool backward) const {
+  std::vector<UnitUse> s;
+  if (embedding_) s.push_back({emb_unit_, Pass::kForward});
+  for (int u : block_units_) s.push_back({u, Pass::kForward});
+  if (head_) {
+    s.push_back({lnf_unit_, Pass::kForward});
+    s.push_back({wte_unit_, Pass::kForward});  // the tied LM head
+  }
+  if (!backward) return s;
+  if (head_) {
+    s.push_back({wte_unit_, Pass::kBackward});
+    s.push_back({lnf_unit_, Pass::kBackward});
+  }
+  for (size_t i = blocks_.size(); i-- > 0;) {
+    if (mode(i) == Recompute::kFull) s.push_back({block_units_[i], Pass::kRecompute});
+    s.push_back({block_units_[i], Pass::kBackward});
+  }
+  // The lookup's backward writes gradients without reading parameters.
+  if (embedding_) s.push_back({emb_unit_, Pass::kBackwardGradsOnly});
+  return s;
+}
+
+template <typename T>
+size_t GptStage<T>::block_bytes(int64_t B, int64_t Tn, Recompute m) const {
+  if (blocks_.empty()) return 0;
+  return static_cast<size_t>(blocks_[0]->record_elems(B, Tn, m)) * sizeof(T);
+}
+
+template <typename T>
+RecomputePlan GptStage<T>::plan(const CheckpointPolicy& policy, int64_t B, int64_t Tn,
+                                int in_flight) const {
+  const size_t n = blocks_.size();
+  auto with = [&](auto&& choose) {
+    RecomputePlan p;
+    for (size_t i = 0; i < n; ++i) p.blocks.push_back(choose(static_cast<int>(i) + first_));
+    p.head_logits = p.count(Recompute::kFull) > 0;
+    return p;
+  };
+  switch (policy.kind) {
+    case CheckpointPolicy::kNone:
+      return with([](int) { return Recompute::kNone; });
+    case CheckpointPolicy::kFull:
+      return with([](int) { return Recompute::kFull; });
+    case CheckpointPolicy::kSelective:
+      return with([](int) { return Recompute::kSelective; });
+    case CheckpointPolicy::kEveryN:
+      LOOM_CHECK_KIND(kConfig, policy.every_n >= 1,
+                      "activation_checkpointing.every_n must be >= 1, got {}", policy.every_n);
+      return with(
+          [&](int l) { return l % policy.every_n == 0 ? Recompute::kFull : Recompute::kNone; });
+    case CheckpointPolicy::kBudget:
+      break;
+  }
+  // Budget: keep whole as many blocks as fit (the last ones, whose backward
+  // comes first), the rest recomputed in full; the bytes counted are what
+  // the activations category will hold at its peak: `in_flight` stores plus
+  // the shared room.
+  const size_t input = static_cast<size_t>(B * Tn * config_.n_embd) * sizeof(T);
+  auto bytes_with = [&](size_t whole) {
+    RecomputePlan p = with([&](int l) {
+      return static_cast<size_t>(l - first_) + whole >= n ? Recompute::kNone : Recompute::kFull;
+    });
+    const size_t b = in_flight * store_bytes(B, Tn, p) + room_bytes(B, Tn, p);
+    return std::make_pair(b, p);
+  };
+  const size_t budget = static_cast<size_t>(std::max<int64_t>(0, policy.budget_bytes));
+  const auto [least, all_full] = bytes_with(0);
+  if (budget < input || budget < least)
+    LOOM_FAIL(kConfig,
+              "activation_checkpointing.budget_bytes {} is too small: one block's input is {} "
+              "bytes per micro-batch, and this stage needs at least {} bytes of activations "
+              "({} micro-batch(es) of {} x {} in flight, every block recomputed)",
+              budget, input, least, in_flight, B, Tn);
+  RecomputePlan best = all_full;
+  for (size_t whole = 1; whole <= n; ++whole) {
+    auto [b, p] = bytes_with(whole);
+    if (b > budget) break;
+    best = p;
+  }
+  return best;
+}
+
+template <typename T>
+void GptStage<T>::set_plan(RecomputePlan plan) {
+  LOOM_CHECK(plan.blocks.size() == blocks_.size(), "a recompute plan for {} blocks, stage has {}",
+             plan.blocks.size(), blocks_.size());
+  plan_ = std::move(plan);
+  // The room's size depends on the plan.
+  work_bt_ = 0;
+  scratch_ = Buffer();
+  room_ = Buffer();
+}
+
+template <typename T>
+size_t GptStage<T>::store_bytes(int64_t B, int64_t Tn, const RecomputePlan& plan) const {
+  const int64_t BT = B * Tn;
+  int64_t n = BT * config_.n_embd;  // input
+  for (size_t i = 0; i < blocks_.size(); ++i) n += blocks_[i]->record_elems(B, Tn, plan.blocks[i]);
+  if (head_) {
+    Arena<T> rec, room;
+    head_->bind(rec, room, BT, plan.head_logits);
+    n += rec.used();
+  }
+  return static_cast<size_t>(n) * sizeof(T);
+}
+
+template <typename T>
+size_t GptStage<T>::room_bytes(int64_t B, int64_t Tn, const RecomputePlan& plan) const {
+  const int64_t BT = B * Tn;
+  int64_t n = 0;
+  for (size_t i = 0; i < blocks_.size(); ++i)
+    n = std::max(n, blocks_[i]->recompute_elems(B, Tn, plan.blocks[i]));
+  if (head_ && plan.head_logits) n = std::max(n, BT * config_.padded_vocab());
+  return static_cast<size_t>(n) * sizeof(T);
+}
+
+template <typename T>
+void GptStage<T>::ensure_work(int64_t B, int64_t Tn) {
+  const int64_t BT = B * Tn, C = config_.n_embd;
+  if (BT <= work_bt_) return;
+  int64_t block_scratch = BT * C;  // the head's d_lnf
+  for (const auto& b : blocks_) block_scratch = std::max(block_scratch, b->scratch_elems(B, Tn));
+  scratch_ =
+      Buffer(static_cast<size_t>(BT * C + block_scratch) * sizeof(T), MemCategory::kWorkspace);
+  const size_t room = room_bytes(B, Tn);
+  room_ = room > 0 ? Buffer(room, MemCategory::kActivations) : Buffer();
+  work_bt_ = BT;
+}
+
+template <typename T>
+StageActivations<T> GptStage<T>::make_activations(int64_t B, int64_t Tn) const {
+  LOOM_CHECK(Tn >= 1 && Tn <= config_.seq_len, "sequence length {} outside [1, {}]", Tn,
+             config_.seq_len);
+  LOOM_CHECK(B >= 1, "micro-batch size {} must be >= 1", B);
+  StageActivations<T> a;
+  a.B = B;
+  a.Tn = Tn;
+  a.buffer = Buffer(store_bytes(B, Tn), MemCategory::kActivations);
+  Arena<T> rec(a.buffer.template as<T>());
+  a.input = rec.take(B * Tn * config_.n_embd);
+  a.output = a.input;
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    a.blocks.push_back(rec.take(0));
+    Arena<T> room;
+    a.output = blocks_[i]->bind(rec, room, B, Tn, mode(i)).res3;
+  }
+  if (head_) {
+    a.head = rec.take(0);
+    Arena<T> room;
+    head_->bind(rec, room, B * Tn, plan_.head_logits);
+  }
+  LOOM_CHECK(static_cast<size_t>(rec.used()) * sizeof(T) == a.buffer.bytes(),
+             "activation layout of {} elements in a buffer of {} bytes", rec.used(),
+             a.buffer.bytes());
+  return a;
+}
+
+template <typename T>
+HeadRecord<T> GptStage<T>::head_record(const StageActivations<T>& a, T* room) const {
+  Arena<T> rec(a.head), rm(room);
+  return head_->bind(rec, rm, a.B * a.Tn, plan_.head_logits);
+}
+
+template <typename T>
+int64_t GptStage<T>::block_output_offset(const StageActivations<T>& a, size_t i) const {
+  Arena<T> rec(a.blocks[i]), room;
+  return blocks_[i]->bind(rec, room, a.B, a.Tn, mode(i)).res3 - a.blocks[i];
+}
+
+template <typename T>
+double GptStage<T>::forward(StageActivations<T>& a, const int32_t* tokens, const T* input,
+                            const int32_t* targets, const StepContext& ctx) {
+  const int64_t B = a.B, Tn = a.Tn, BT = B * Tn, C = config_.n_embd;
+  a.ctx = ctx;
+  a.tokens = tokens;
+  a.targets = targets;
+  ensure_work(B, Tn);
+  T* room = room_.as<T>();
+  const Dropout drop(ctx, config_.dropout);
+  if (embedding_) {
+    LOOM_CHECK(tokens != nullptr, "the first stage's forward needs tokens");
+    store_.before(emb_unit_, Pass::kForward);
+    embedding_->forward(store_, a.input, tokens, B, Tn, drop);
+    store_.after(emb_unit_, Pass::kForward);
+  } else {
+    LOOM_CHECK(input != nullptr, "stage [{}, {}) needs the previous stage's output", first_, last_);
+    std::memcpy(a.input, input, static_cast<size_t>(BT * C) * sizeof(T));
+  }
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    const int u = block_units_[i];
+    const T* x = block_input(a, i);
+    Arena<T> rec(a.blocks[i]), rm(room);
+    BlockRecord<T> r;
+    if (mode(i) == Recompute::kFull) {
+      // Computed in the shared room; only the output stays.
+      Arena<T> whole(room), none;
+      r = blocks_[i]->bind(whole, none, B, Tn, Recompute::kNone);
+      r.res3 = blocks_[i]->bind(rec, rm, B, Tn, Recompute::kFull).res3;
+    } else {
+      r = blocks_[i]->bind(rec, rm, B, Tn, mode(i));
+    }
+    store_.before(u, Pass::kForward);
+    blocks_[i]->forward(store_, r, x, B, Tn, mode(i) == Recompute::kSelective, drop);
+    store_.after(u, Pass::kForward);
+  }
+  if (!head_) return 0.0;
+  HeadRecord<T> h = head_record(a, room);
+  store_.before(lnf_unit_, Pass::kForward);
+  head_->norm_forward(store_, h, a.output, BT);
+  store_.after(lnf_unit_, Pass::kForward);
+  store_.before(wte_unit_, Pass::kForward);
+  head_->logits_forward(store_, h, BT);
+  store_.after(wte_unit_, Pass::kForward);
+  a.logits = h.logits;
+  if (targets == nullptr) return 0.0;
+  return head_->loss(h, targets, BT) / static_cast<double>(BT);
+}
+
+template <typename T>
+void GptStage<T>::backward(StageActivations<T>& a, double loss_scale, const T* d_output,
+                           T* d_input) {
+  const int64_t B = a.B, Tn = a.Tn, BT = B * Tn, C = config_.n_embd;
+  const size_t bytes = static_cast<size_t>(BT * C) * sizeof(T);
+  ensure_work(B, Tn);
+  T* room = room_.as<T>();
+  T* d_resid = scratch_.as<T>();
+  T* rest = d_resid + BT * C;
+  const Dropout drop(a.ctx, config_.dropout);
+  if (head_) {
+    LOOM_CHECK(a.targets != nullptr, "backward needs a forward pass with targets");
+    HeadRecord<T> h = head_record(a, room);
+    // d(mean loss)/d(loss_n) = 1 / BT, times the caller's scale (accumulation, loss scaling).
+    std::vector<T> dloss(static_cast<size_t>(BT), T(loss_scale / static_cast<double>(BT)));
+    T* d_lnf = rest;
+    zero(d_lnf, BT * C);
+    store_.before(wte_unit_, Pass::kBackward);
+    if (plan_.head_logits) {
+      const auto t0 = std::chrono::steady_clock::now();
+      head_->logits_forward(store_, h, BT);  // the same GEMM as forward: the same logits
+      recompute_s_ += seconds_since(t0);
+    }
+    head_->logits_backward(store_, h, a.targets, dloss.data(), d_lnf, BT);
+    store_.after(wte_unit_, Pass::kBackward);
+    zero(d_resid, BT * C);
+    store_.before(lnf_unit_, Pass::kBackward);
+    head_->norm_backward(store_, h, d_resid, d_lnf, a.output, BT);
+    store_.after(lnf_unit_, Pass::kBackward);
+  } else {
+    LOOM_CHECK(d_output != nullptr, "stage [{}, {}) needs the gradient of its output", first_,
+               last_);
+    std::memcpy(d_resid, d_output, bytes);
+  }
+  for (size_t i = blocks_.size(); i-- > 0;) {
+    const int u = block_units_[i];
+    const T* x = block_input(a, i);
+    BlockRecord<T> r;
+    if (mode(i) == Recompute::kFull) {
+      // The block's forward again, into the room, from its kept input.
+      Arena<T> whole(room), none;
+      r = blocks_[i]->bind(whole, none, B, Tn, Recompute::kNone);
+      const auto t0 = std::chrono::steady_clock::now();
+      store_.before(u, Pass::kRecompute);
+      blocks_[i]->forward(store_, r, x, B, Tn, false, drop);
+      store_.after(u, Pass::kRecompute);
+      recompute_s_ += seconds_since(t0);
+    } else {
+      Arena<T> rec(a.blocks[i]), rm(room);
+      r = blocks_[i]->bind(rec, rm, B, Tn, mode(i));
+    }
+    store_.before(u, Pass::kBackward);
+    blocks_[i]->backward(store_, r, x, d_resid, B, Tn, mode(i) == Recompute::kSelective, drop,
+                         rest);
+    store_.after(u, Pass::kBackward);
+  }
+  if (embedding_) {
+    store_.before(emb_unit_, Pass::kBackwardGradsOnly);
+    embedding_->backward(store_, d_resid, a.tokens, B, Tn, drop);
+    store_.after(emb_unit_, Pass::kBackwardGradsOnly);
+  } else {
+    LOOM_CHECK(d_input != nullptr, "stage [{}, {}) needs room for the gradient of its input",
+               first_, last_);
+    std::memcpy(d_input, d_resid, bytes);
+  }
+}
+
+template <typename T>
+double GptStage<T>::take_recompute_seconds() {
+  double s = recompute_s_;
+  recompute_s_ = 0;
+  return s;
+}
+
+template <typename T>
+KvCache<T> GptStage<T>::make_kv_cache() const {
+  LOOM_CHECK(embedding_ && head_, "decoding needs a stage with the embedding and the head");
+  const size_t C = static_cast<size_t>(config_.n_embd), L = blocks_.size();
+  const size_t Tn = static_cast<size_t>(config_.seq_len);
+  KvCache<T> c;
+  c.k.resize(L * Tn * C), c.v.resize(L * Tn * C);
+  c.x.resize(C), c.ln.resize(C), c.stat.resize(2), c.qkv.resize(3 * C), c.att.resize(C);
+  // One row's feed-forward record (the MLP's: its GELU input and output).
+  c.ffn.resize(blocks_.empty() ? 0 : static_cast<size_t>(blocks_[0]->ffn->record_elems(1, false)));
+  c.out.resize(C), c.scores.resize(Tn);
+  c.logits.resize(static_cast<size_t>(config_.padded_vocab()));
+  return c;
+}
+
+template <typename T>
+const T* GptStage<T>::decode_step(KvCache<T>& c, int32_t token) {
+  const int64_t C = config_.n_embd, NH = config_.n_head, hs = C / NH, Tn = config_.seq_len;
+  const int64_t pos = c.len;
+  LOOM_CHECK(pos < Tn, "KV cache full: position {} of seq_len {}", pos, Tn);
+  LOOM_CHECK(token >= 0 && token < config_.vocab_size, "token {} outside the vocabulary {}", token,
+             config_.vocab_size);
+  const ParamStore<T>& ps = store_;
+  const T* wte = ps.param(embedding_->wte);
+  const T* wpe = ps.param(embedding_->wpe);
+  for (int64_t i = 0; i < C; ++i) c.x[i] = wte[token * C + i] + wpe[pos * C + i];
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    const Block<T>& b = *blocks_[l];
+    T* K = c.k.data() + static_cast<int64_t>(l) * Tn * C;
+    T* V = c.v.data() + static_cast<int64_t>(l) * Tn * C;
+    b.ln_1.forward(ps, c.ln.data(), &c.stat[0], &c.stat[1], c.x.data(), 1);
+    cpu::matmul_forward(c.qkv.data(), c.ln.data(), ps.param(b.attn.c_attn_w),
+                        ps.param(b.attn.c_attn_b), 1, C, 3 * C);
+    std::copy(c.qkv.begin() + C, c.qkv.begin() + 2 * C, K + pos * C);
+    std::copy(c.qkv.begin() + 2 * C, c.qkv.end(), V + pos * C);
+    const T scale = T(1) / std::sqrt(T(hs));
+    for (int64_t h = 0; h < NH; ++h) {
+      const T* q = c.qkv.data() + h * hs;
+      T mx = -std::numeric_limits<T>::infinity();
+      for (int64_t j = 0; j <= pos; ++j) {
+        T dot = 0;
+        for (int64_t d = 0; d < hs; ++d) dot += q[d] * K[j * C + h * hs + d];
+        c.scores[j] = dot * scale;
+        mx = std::max(mx, c.scores[j]);
+      }
+      T sum = 0;
+      for (int64_t j = 0; j <= pos; ++j) sum += (c.scores[j] = std::exp(c.scores[j] - mx));
+      T* y = c.att.data() + h * hs;
+      std::fill(y, y + hs, T(0));
+      for (int64_t j = 0; j <= pos; ++j)
+        for (int64_t d = 0; d < hs; ++d) y[d] += c.scores[j] / sum * V[j * C + h * hs + d];
+    }
+    cpu::matmul_forward(c.out.data(), c.att.data(), ps.param(b.attn.c_proj_w),
+                        ps.param(b.attn.c_proj_b), 1, C, C);
+    for (int64_t i = 0; i < C; ++i) c.x[i] += c.out[i];
+    b.ln_2.forward(ps, c.ln.data(), &c.stat[0], &c.stat[1], c.x.data(), 1);
+    b.ffn->forward(ps, c.ffn.data(), false, c.out.data(), c.ln.data(), 1, nullptr);
+    for (int64_t i = 0; i < C; ++i) c.x[i] += c.out[i];
+  }
+  head_->ln_f.forward(ps, c.ln.data(), &c.stat[0], &c.stat[1], c.x.data(), 1);
+  cpu::matmul_nt_forward(c.logits.data(), c.ln.data(), wte, 1, C, config_.padded_vocab());
+  c.len = pos + 1;
+  return c.logits.data();
+}
+
+template <typename T>
+double GptStage<T>::flops_per_token() const {
+  // The whole model's parameters as a user counts them (vocabulary padding
+  // is matmul work, not parameters; the tied head counts once).
+  const double C = config_.n_embd, L = config_.n_layer;
+  const double params =
+      L * (12.0 * C * C + 13.0 * C) + config_.vocab_size * C + config_.seq_len * C + 2.0 * C;
+  return 6.0 * params + 12.0 * L * static_cast<double>(config_.seq_len) * C;
+}
+
+template class GptStage<float>;
+template class GptStage<double>;
+
+}  // namespace loom

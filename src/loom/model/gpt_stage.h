@@ -1,0 +1,155 @@
+// A GPT stage: the part of GPT-2 one pipeline rank holds. Optional token and
+// position embedding, transformer blocks [first, last) (global indices), and,
+// on the last stage, the head (final norm, LM head tied to wte, loss). One
+// stage holding every block is the whole model. A last stage that is not the
+// first keeps its own copy of transformer.wte.weight for the tied head.
+//
+// Parameters live in the stage's ParamStore, unit by unit (embeddings, one
+// unit per block, ln_f, and the head's wte copy where there is one). What a
+// micro-batch keeps between forward and backward lives in a StageActivations
+// the caller owns, so several micro-batches can be in flight; backward's
+// scratch and the room that recomputation writes into belong to the stage.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "loom/core/memory.h"
+#include "loom/model/recompute.h"
+#include "loom/nn/block.h"
+#include "loom/nn/embedding.h"
+#include "loom/nn/head.h"
+#include "loom/nn/param_store.h"
+
+namespace loom {
+
+struct StageSpec {
+  int first = 0;
+  int last = -1;  // one past the last block; -1: n_layer
+};
+
+// One micro-batch of (B, T) in flight through a stage.
+template <typename T>
+struct StageActivations {
+  int64_t B = 0, Tn = 0;
+  Buffer buffer;  // the whole record, under MemCategory::kActivations
+  StepContext ctx;
+  const int32_t* tokens = nullptr;   // (B,T), owned by the caller (first stage)
+  const int32_t* targets = nullptr;  // (B,T) or null (last stage)
+  T* input = nullptr;                // (B,T,C): the first block's input
+  std::vector<T*> blocks;            // each block's record
+  T* head = nullptr;                 // the head's record
+  T* output = nullptr;               // (B,T,C): the last block's output
+  T* logits = nullptr;               // (B,T,Vp) after forward, on the last stage
+};
+
+// Keys and values of every layer for one sequence being decoded, plus the
+// one-row scratch a decoding step needs.
+template <typename T>
+struct KvCache {
+  int64_t len = 0;      // positions filled
+  std::vector<T> k, v;  // per layer (seq_len, C)
+  std::vector<T> x, ln, stat, qkv, att, ffn, out, scores, logits;
+};
+
+template <typename T>
+class GptStage {
+ public:
+  GptStage(const GptConfig& config, StageSpec spec = {}, StoreOptions storage = {});
+
+  const GptConfig& config() const { return config_; }
+  int first() const { return first_; }
+  int last() const { return last_; }
+  bool has_embedding() const { return embedding_ != nullptr; }
+  bool has_head() const { return head_ != nullptr; }
+
+  ParamStore<T>& store() { return store_; }
+  const ParamStore<T>& store() const { return store_; }
+  const ParamLayout& layout() const { return store_.layout(); }
+  int64_t num_params() const { return store_.num_params(); }
+  T* params() const { return store_.params(); }
+  T* grads() const { return store_.grads(); }
+  T* param(const Param& p) const { return store_.param(p); }
+  T* grad(const Param& p) const { return store_.grad(p); }
+  void init(uint64_t seed) { store_.init(seed); }
+  void zero_grads() { store_.zero_grads(); }
+  int unit_of_block(int layer) const { return block_units_[static_cast<size_t>(layer - first_)]; }
+
+  // Activation checkpointing: the plan for (B, T) micro-batches under
+  // `policy` with `in_flight` micro-batches held at once (the budget covers
+  // them all, and the stage's shared room); set_plan applies one. Stores
+  // made before set_plan must not be used after it.
+  RecomputePlan plan(const CheckpointPolicy& policy, int64_t B, int64_t Tn,
+                     int in_flight = 1) const;
+  void set_plan(RecomputePlan plan);
+  const RecomputePlan& recompute_plan() const { return plan_; }
+  // Activation bytes under the current plan: one micro-batch's store, and the
+  // stage's shared room (recomputed blocks, logits, selective parts).
+  size_t store_bytes(int64_t B, int64_t Tn) const { return store_bytes(B, Tn, plan_); }
+  size_t room_bytes(int64_t B, int64_t Tn) const { return room_bytes(B, Tn, plan_); }
+  size_t store_bytes(int64_t B, int64_t Tn, const RecomputePlan& plan) const;
+  size_t room_bytes(int64_t B, int64_t Tn, const RecomputePlan& plan) const;
+  // The per-block record sizes the budget policy works from.
+  size_t block_bytes(int64_t B, int64_t Tn, Recompute mode) const;
+
+  // Units in the order forward (and then backward) uses them.
+  std::vector<UnitUse> unit_schedule(bool backward) const;
+
+  // A store for micro-batches of (B, T), T <= seq_len, under the current plan.
+  StageActivations<T> make_activations(int64_t B, int64_t Tn) const;
+
+  // The first stage reads `tokens` (B,T); another reads `input` (B,T,C), the
+  // previous stage's output. The last stage returns the mean loss over B*T
+  // tokens when targets are given (else 0; logits in a.logits); another
+  // leaves its output in a.output.
+  double forward(StageActivations<T>& a, const int32_t* tokens, const T* input,
+                 const int32_t* targets, const StepContext& ctx);
+  // Accumulates into the gradients the gradient of loss_scale * mean loss.
+  // A stage without the head takes d_output (B,T,C), the gradient of its
+  // output; a stage without the embedding writes d_input (B,T,C).
+  void backward(StageActivations<T>& a, double loss_scale, const T* d_output = nullptr,
+                T* d_input = nullptr);
+  // Seconds spent recomputing forwards in backward since the last call.
+  double take_recompute_seconds();
+
+  // Incremental decoding (a stage with the embedding and the head): feeds
+  // `token` at position cache.len (< seq_len) and returns the logits
+  // (padded_vocab) for the next position.
+  KvCache<T> make_kv_cache() const;
+  const T* decode_step(KvCache<T>& cache, int32_t token);
+
+  // Model FLOPs per token for training (6 x params + 12 x layers x T x C)
+  // of the whole model, the numerator of MFU; never counts recomputation.
+  double flops_per_token() const;
+
+ private:
+  Recompute mode(size_t i) const { return plan_.blocks[i]; }
+  void ensure_work(int64_t B, int64_t Tn);
+  T* block_input(const StageActivations<T>& a, size_t i) const {
+    return i == 0 ? a.input : a.blocks[i - 1] + block_output_offset(a, i - 1);
+  }
+  int64_t block_output_offset(const StageActivations<T>& a, size_t i) const;
+  HeadRecord<T> head_record(const StageActivations<T>& a, T* room) const;
+
+  GptConfig config_;
+  int first_ = 0, last_ = 0;
+  ParamStore<T> store_;
+  std::unique_ptr<Embedding<T>> embedding_;
+  std::vector<std::unique_ptr<Block<T>>> blocks_;
+  std::unique_ptr<Head<T>> head_;
+  int emb_unit_ = -1, lnf_unit_ = -1, wte_unit_ = -1;
+  std::vector<int> block_units_;
+  RecomputePlan plan_;
+  // Backward's gradient scratch (workspace) and the shared recompute room
+  // (activations), sized for the largest micro-batch seen.
+  int64_t work_bt_ = 0;
+  Buffer scratch_, room_;
+  double recompute_s_ = 0;
+};
+
+extern template class GptStage<float>;
+extern template class GptStage<double>;
+
+}  // namespace loom

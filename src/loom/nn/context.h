@@ -1,0 +1,62 @@
+// What every layer's forward and backward needs besides its parameters: the
+// model's shape, the per-step keys that make dropout reproducible under any
+// layout, and a bump allocator that lays records out inside one buffer.
+#pragma once
+
+#include <cstdint>
+
+#include "loom/core/rng.h"
+#include "loom/kernels/cpu/elementwise.h"
+
+namespace loom {
+
+struct GptConfig {
+  int n_layer = 2;
+  int n_embd = 64;
+  int n_head = 4;
+  int vocab_size = 256;
+  int seq_len = 64;
+  float dropout = 0.0f;
+  // vocab_size rounded up to a multiple of 128; the extra logits are padding.
+  int padded_vocab() const { return (vocab_size + 127) / 128 * 128; }
+};
+
+// Per-micro-batch inputs that make dropout reproducible under any layout.
+struct StepContext {
+  uint64_t seed = 0;
+  uint64_t step = 0;
+  uint64_t sample0 = 0;  // global index of the micro-batch's first sample
+  bool training = true;  // dropout only when training
+};
+
+// The dropout stream of one micro-batch: masks are keyed on (seed, step,
+// global sample, site), so a recomputed forward draws the same masks.
+struct Dropout {
+  Dropout(const StepContext& ctx, float p)
+      : stream(ctx.seed, ctx.step, ctx.training ? p : 0.0f), sample0(ctx.sample0) {}
+  cpu::DropoutSpec at(int layer, DropoutSite site) const {
+    return cpu::DropoutSpec{&stream, sample0, dropout_site(layer, site)};
+  }
+  DropoutStream stream;
+  uint64_t sample0;
+};
+
+// Hands out consecutive ranges of a buffer; with a null base it only counts,
+// so the same code sizes a record and lays it out.
+template <typename T>
+class Arena {
+ public:
+  explicit Arena(T* base = nullptr) : base_(base) {}
+  T* take(int64_t n) {
+    T* r = base_ ? base_ + used_ : nullptr;
+    used_ += n;
+    return r;
+  }
+  int64_t used() const { return used_; }
+
+ private:
+  T* base_;
+  int64_t used_ = 0;
+};
+
+}  // namespace loom

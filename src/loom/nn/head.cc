@@ -1,0 +1,70 @@
+#include "loom/nn/head.h"
+
+#include "loom/kernels/cpu/cross_entropy.h"
+#include "loom/kernels/cpu/matmul.h"
+
+namespace loom {
+
+template <typename T>
+Head<T>::Head(ParamLayout& layout, const GptConfig& c)
+    : ln_f(layout, "transformer.ln_f", c.n_embd), c_(c) {}
+
+template <typename T>
+ParamId Head<T>::declare_wte(ParamLayout& layout) {
+  // The same name, shape and initialisation as the embedding's: the copies
+  // start equal and their gradients are summed across the embedding group.
+  wte_ = layout.add("transformer.wte.weight", {c_.padded_vocab(), c_.n_embd}, true,
+                    ParamInit{0.02f, 0, c_.vocab_size});
+  return wte_;
+}
+
+template <typename T>
+HeadRecord<T> Head<T>::bind(Arena<T>& rec, Arena<T>& room, int64_t BT,
+                            bool recompute_logits) const {
+  const int64_t C = c_.n_embd, Vp = c_.padded_vocab();
+  HeadRecord<T> r{};
+  r.lnf = rec.take(BT * C), r.lnf_mean = rec.take(BT), r.lnf_rstd = rec.take(BT);
+  r.logits = (recompute_logits ? room : rec).take(BT * Vp);
+  r.losses = rec.take(BT), r.lse = rec.take(BT);
+  return r;
+}
+
+template <typename T>
+void Head<T>::norm_forward(const ParamStore<T>& ps, const HeadRecord<T>& r, const T* x,
+                           int64_t BT) const {
+  ln_f.forward(ps, r.lnf, r.lnf_mean, r.lnf_rstd, x, BT);
+}
+
+template <typename T>
+void Head<T>::logits_forward(const ParamStore<T>& ps, const HeadRecord<T>& r, int64_t BT) const {
+  cpu::matmul_nt_forward(r.logits, r.lnf, ps.param(wte_), BT, c_.n_embd, c_.padded_vocab());
+}
+
+template <typename T>
+double Head<T>::loss(const HeadRecord<T>& r, const int32_t* targets, int64_t BT) const {
+  cpu::cross_entropy_forward(r.losses, r.lse, r.logits, targets, BT, c_.vocab_size,
+                             c_.padded_vocab());
+  double sum = 0;
+  for (int64_t i = 0; i < BT; ++i) sum += r.losses[i];
+  return sum;
+}
+
+template <typename T>
+void Head<T>::logits_backward(const ParamStore<T>& ps, const HeadRecord<T>& r,
+                              const int32_t* targets, const T* dloss, T* d_lnf, int64_t BT) const {
+  cpu::cross_entropy_backward(r.logits, r.lse, targets, dloss, BT, c_.vocab_size,
+                              c_.padded_vocab());
+  cpu::matmul_nt_backward(d_lnf, ps.grad(wte_), r.logits, r.lnf, ps.param(wte_), BT, c_.n_embd,
+                          c_.padded_vocab());
+}
+
+template <typename T>
+void Head<T>::norm_backward(const ParamStore<T>& ps, const HeadRecord<T>& r, T* dx, const T* d_lnf,
+                            const T* x, int64_t BT) const {
+  ln_f.backward(ps, dx, d_lnf, x, r.lnf_mean, r.lnf_rstd, BT);
+}
+
+template class Head<float>;
+template class Head<double>;
+
+}  // namespace loom

@@ -1,0 +1,29 @@
+#include "loom/nn/layernorm.h"
+
+#include "loom/kernels/cpu/layernorm.h"
+
+namespace loom {
+
+template <typename T>
+LayerNorm<T>::LayerNorm(ParamLayout& layout, const std::string& prefix, int64_t C) : C_(C) {
+  weight = layout.add(prefix + ".weight", {C}, false, ParamInit{0, 1});
+  bias = layout.add(prefix + ".bias", {C}, false, ParamInit{0, 0});
+}
+
+template <typename T>
+void LayerNorm<T>::forward(const ParamStore<T>& ps, T* out, T* mean, T* rstd, const T* x,
+                           int64_t N) const {
+  cpu::layernorm_forward(out, mean, rstd, x, ps.param(weight), ps.param(bias), N, C_);
+}
+
+template <typename T>
+void LayerNorm<T>::backward(const ParamStore<T>& ps, T* dx, const T* dout, const T* x,
+                            const T* mean, const T* rstd, int64_t N) const {
+  cpu::layernorm_backward(dx, ps.grad(weight), ps.grad(bias), dout, x, ps.param(weight), mean, rstd,
+                          N, C_);
+}
+
+template class LayerNorm<float>;
+template class LayerNorm<double>;
+
+}  // namespace loom

@@ -1,0 +1,73 @@
+#include "loom/nn/mlp.h"
+
+#include <cstring>
+
+#include "loom/kernels/cpu/elementwise.h"
+#include "loom/kernels/cpu/matmul.h"
+
+namespace loom {
+
+namespace {
+constexpr float kInitStd = 0.02f;
+
+template <typename T>
+void zero(T* p, int64_t n) {
+  std::memset(p, 0, static_cast<size_t>(n) * sizeof(T));
+}
+}  // namespace
+
+template <typename T>
+Mlp<T>::Mlp(ParamLayout& layout, const std::string& prefix, int64_t C, float proj_std) : C_(C) {
+  c_fc_w = layout.add(prefix + ".c_fc.weight", {C, 4 * C}, true, ParamInit{kInitStd});
+  c_fc_b = layout.add(prefix + ".c_fc.bias", {4 * C}, false, ParamInit{});
+  c_proj_w = layout.add(prefix + ".c_proj.weight", {4 * C, C}, true, ParamInit{proj_std});
+  c_proj_b = layout.add(prefix + ".c_proj.bias", {C}, false, ParamInit{});
+}
+
+template <typename T>
+int64_t Mlp<T>::record_elems(int64_t BT, bool selective) const {
+  return BT * 4 * C_ * (selective ? 1 : 2);
+}
+
+template <typename T>
+int64_t Mlp<T>::recompute_elems(int64_t BT, bool selective) const {
+  return selective ? BT * 4 * C_ : 0;
+}
+
+template <typename T>
+int64_t Mlp<T>::scratch_elems(int64_t BT) const {
+  return BT * 4 * C_ * 2;
+}
+
+template <typename T>
+void Mlp<T>::forward(const ParamStore<T>& ps, T* record, bool selective, T* out, const T* x,
+                     int64_t BT, T* recompute) const {
+  T* fch = record;
+  T* fch_gelu = selective ? recompute : record + BT * 4 * C_;
+  cpu::matmul_forward(fch, x, ps.param(c_fc_w), ps.param(c_fc_b), BT, C_, 4 * C_);
+  cpu::gelu_forward(fch_gelu, fch, BT * 4 * C_);
+  cpu::matmul_forward(out, fch_gelu, ps.param(c_proj_w), ps.param(c_proj_b), BT, 4 * C_, C_);
+}
+
+template <typename T>
+void Mlp<T>::backward(const ParamStore<T>& ps, T* record, bool selective, T* dx, const T* dout,
+                      const T* x, int64_t BT, T* scratch, T* recompute) const {
+  const T* fch = record;
+  T* fch_gelu = selective ? recompute : record + BT * 4 * C_;
+  // GELU is elementwise: recomputing it gives the forward's values exactly.
+  if (selective) cpu::gelu_forward(fch_gelu, fch, BT * 4 * C_);
+  T* d_fch = scratch;
+  T* d_fch_gelu = scratch + BT * 4 * C_;
+  zero(d_fch_gelu, BT * 4 * C_);
+  cpu::matmul_backward(d_fch_gelu, ps.grad(c_proj_w), ps.grad(c_proj_b), dout, fch_gelu,
+                       ps.param(c_proj_w), BT, 4 * C_, C_);
+  zero(d_fch, BT * 4 * C_);
+  cpu::gelu_backward(d_fch, fch, d_fch_gelu, BT * 4 * C_);
+  cpu::matmul_backward(dx, ps.grad(c_fc_w), ps.grad(c_fc_b), d_fch, x, ps.param(c_fc_w), BT, C_,
+                       4 * C_);
+}
+
+template class Mlp<float>;
+template class Mlp<double>;
+
+}  // namespace loom

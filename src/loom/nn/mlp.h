@@ -1,0 +1,55 @@
+// The feed-forward slot of a transformer block, and GPT-2's MLP that fills
+// it by default (c_fc, GELU, c_proj). A mixture-of-experts layer fills the
+// same slot: the block sees only this interface.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "loom/nn/context.h"
+#include "loom/nn/param_store.h"
+
+namespace loom {
+
+template <typename T>
+class FeedForward {
+ public:
+  virtual ~FeedForward() = default;
+  // Elements one micro-batch of BT rows keeps for backward; `selective`
+  // leaves out what is cheap to recompute.
+  virtual int64_t record_elems(int64_t BT, bool selective) const = 0;
+  // Room for what selective leaves out (forward writes it there and
+  // backward recomputes it there); the stage shares it between layers.
+  virtual int64_t recompute_elems(int64_t BT, bool selective) const = 0;
+  // Backward's gradient scratch.
+  virtual int64_t scratch_elems(int64_t BT) const = 0;
+  // out (BT,C) = ffn(x (BT,C)); `record` holds record_elems(BT, selective).
+  virtual void forward(const ParamStore<T>& ps, T* record, bool selective, T* out, const T* x,
+                       int64_t BT, T* recompute) const = 0;
+  // Accumulates dx (BT,C) and the parameter gradients from dout (BT,C).
+  virtual void backward(const ParamStore<T>& ps, T* record, bool selective, T* dx, const T* dout,
+                        const T* x, int64_t BT, T* scratch, T* recompute) const = 0;
+};
+
+template <typename T>
+class Mlp final : public FeedForward<T> {
+ public:
+  // Declares <prefix>.c_fc.{weight,bias} (C, 4C) (4C) and
+  // <prefix>.c_proj.{weight,bias} (4C, C) (C); c_proj drawn with proj_std.
+  Mlp(ParamLayout& layout, const std::string& prefix, int64_t C, float proj_std);
+  ParamId c_fc_w, c_fc_b, c_proj_w, c_proj_b;
+
+  // Record: fch (BT,4C) the GELU's input, and unless selective its output.
+  int64_t record_elems(int64_t BT, bool selective) const override;
+  int64_t recompute_elems(int64_t BT, bool selective) const override;
+  int64_t scratch_elems(int64_t BT) const override;
+  void forward(const ParamStore<T>& ps, T* record, bool selective, T* out, const T* x, int64_t BT,
+               T* recompute) const override;
+  void backward(const ParamStore<T>& ps, T* record, bool selective, T* dx, const T* dout,
+                const T* x, int64_t BT, T* scratch, T* recompute) const override;
+
+ private:
+  int64_t C_;
+};
+
+}  // namespace loom

@@ -1,0 +1,103 @@
+// Where a model's parameters and gradients live, unit by unit. By default the
+// store owns full flat buffers; under ZeRO a data-parallel engine owns shards
+// and binds each unit's storage before a layer uses it. Layers reach their
+// parameters only through the store (param(id), grad(id)) and announce every
+// use of a unit through its hooks, so the engine never sees the model itself.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "loom/core/memory.h"
+#include "loom/nn/param.h"
+
+namespace loom {
+
+// Which pass uses a unit: forward and backward read its parameters; a
+// recompute (activation checkpointing) reads them again before backward;
+// the backward of the token and position lookup only writes gradients.
+enum class Pass { kForward, kRecompute, kBackward, kBackwardGradsOnly };
+inline bool reads_params(Pass p) {
+  return p != Pass::kBackwardGradsOnly;
+}
+inline bool writes_grads(Pass p) {
+  return p == Pass::kBackward || p == Pass::kBackwardGradsOnly;
+}
+
+struct UnitUse {
+  int unit;
+  Pass pass;
+};
+
+// Called around every use of a unit (ZeRO stage 3 gathers its parameters
+// before a use that reads them and releases them after) and, in backward, of
+// its gradients (ZeRO reduces them after the last use that writes them). A
+// unit may be used more than once in a pass: the embeddings open the forward
+// and (tied LM head) close it. The model publishes the order of the uses
+// (GptStage::unit_schedule).
+struct UnitHooks {
+  std::function<void(int unit, Pass pass)> before, after;
+};
+
+struct StoreOptions {
+  int64_t unit_multiple = 1;  // every unit padded to a multiple of this
+  bool params = true;         // allocate the full parameter buffer
+  bool grads = true;          // allocate the full gradient buffer
+};
+
+template <typename T>
+class ParamStore {
+ public:
+  ParamStore() = default;
+  // Takes the finished layout; allocates what `options` asks for.
+  void build(ParamLayout layout, StoreOptions options);
+
+  const ParamLayout& layout() const { return layout_; }
+  // Elements of the flat buffers (parameters plus alignment and unit padding).
+  int64_t num_params() const { return layout_.total(); }
+  // The full flat buffers; null when not allocated (see StoreOptions).
+  T* params() const { return params_.template as<T>(); }
+  T* grads() const { return grads_.template as<T>(); }
+  T* param(const Param& p) const { return unit_params_[p.unit] + (p.offset - begin(p.unit)); }
+  T* grad(const Param& p) const { return unit_grads_[p.unit] + (p.offset - begin(p.unit)); }
+  T* param(ParamId id) const { return param(layout_[id]); }
+  T* grad(ParamId id) const { return grad(layout_[id]); }
+
+  // Points unit u's parameters (gradients) at `base`, which holds the unit's
+  // elements [begin, end) of the flat layout; null unbinds.
+  void bind_params(int u, T* base) { unit_params_[static_cast<size_t>(u)] = base; }
+  void bind_grads(int u, T* base) { unit_grads_[static_cast<size_t>(u)] = base; }
+  // Allocates the full parameter buffer if it is not, and binds every unit
+  // to it; release_params() frees it again (both for ZeRO stage 3).
+  void allocate_params();
+  void release_params();
+
+  // Initialises every parameter from (seed, name, global element index).
+  void init(uint64_t seed);
+  // Writes elements [begin, end) of the initialised flat buffer into dst
+  // (padding zero): a ZeRO shard initialises only what it holds.
+  void init_range(uint64_t seed, int64_t begin, int64_t end, T* dst) const;
+  void zero_grads();
+
+  void set_hooks(UnitHooks hooks) { hooks_ = std::move(hooks); }
+  void before(int u, Pass pass) const {
+    if (hooks_.before) hooks_.before(u, pass);
+  }
+  void after(int u, Pass pass) const {
+    if (hooks_.after) hooks_.after(u, pass);
+  }
+
+ private:
+  int64_t begin(int u) const { return layout_.units()[static_cast<size_t>(u)].begin; }
+
+  ParamLayout layout_;
+  Buffer params_, grads_;
+  std::vector<T*> unit_params_, unit_grads_;
+  UnitHooks hooks_;
+};
+
+extern template class ParamStore<float>;
+extern template class ParamStore<double>;
+
+}  // namespace loom

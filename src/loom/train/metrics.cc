@@ -1,0 +1,112 @@
+#include "loom/train/metrics.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "loom/core/error.h"
+#include "loom/io/fs.h"
+
+namespace loom {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string format_duration(double s) {
+  int64_t t = static_cast<int64_t>(std::max(0.0, s) + 0.5);
+  char buf[32];
+  if (t >= 3600)
+    std::snprintf(buf, sizeof buf, "%ldh%02ldm", long(t / 3600), long(t / 60 % 60));
+  else
+    std::snprintf(buf, sizeof buf, "%ldm%02lds", long(t / 60), long(t % 60));
+  return buf;
+}
+
+void MetricsLog::open(const std::string& path, int64_t keep_through) {
+  std::string kept;
+  std::error_code ec;
+  if (keep_through > 0 && fs::exists(path, ec)) {
+    std::istringstream lines(read_file(path));
+    for (std::string line; std::getline(lines, line);) {
+      json j = json::parse(line, nullptr, false);
+      if (!j.is_discarded() && j.value("step", int64_t{0}) <= keep_through) kept += line + "\n";
+    }
+  }
+  write_file_atomic(path, kept);
+  out_.open(path, std::ios::app);
+  LOOM_CHECK_KIND(kIo, out_.good(), "{}: cannot open for writing", path);
+}
+
+void MetricsLog::write(const StepResult& r) {
+  if (!out_.is_open()) return;
+  json m = json::object();
+  for (int c = 0; c < kNumMemCategories; ++c)
+    m[std::string(mem_category_name(static_cast<MemCategory>(c)))] = r.mem.peak[c];
+  json j = {{"step", r.step},
+            {"loss", r.loss},
+            {"lr", r.lr},
+            {"grad_norm", r.grad_norm},
+            {"loss_scale", 1.0},
+            {"tokens_per_s", r.tokens_per_s},
+            {"mfu", r.mfu},
+            {"mem", m},
+            {"time",
+             {{"step", r.t_step},
+              {"forward", r.t_forward},
+              {"backward", r.t_backward},
+              {"recompute", r.t_recompute},
+              {"optimizer", r.t_optimizer},
+              {"comm", r.t_comm},
+              {"comm_exposed", r.t_comm_exposed},
+              {"bubble", 0.0}}}};
+  if (r.val_loss) j["val_loss"] = *r.val_loss;
+  j["comm_bytes"] = r.comm_bytes;
+  out_ << j.dump() << "\n";
+  out_.flush();
+}
+
+void Progress::show(const StepResult& r, double elapsed, int64_t done) const {
+  if (quiet_) return;
+  double eta = elapsed / static_cast<double>(done) * static_cast<double>(total_ - r.step);
+  std::string val = r.val_loss ? format(" | val {}", std::round(*r.val_loss * 1e4) / 1e4) : "";
+  if (tty_) {
+    const int width = 24;
+    int filled = static_cast<int>(width * r.step / total_);
+    std::string bar = std::string(filled, '#') + std::string(width - filled, '.');
+    std::printf("\r[%s] step %ld/%ld | loss %.4f%s | %.0f tok/s | ETA %s   ", bar.c_str(),
+                long(r.step), long(total_), r.loss, val.c_str(), r.tokens_per_s,
+                format_duration(eta).c_str());
+    if (r.step == total_) std::printf("\n");
+    std::fflush(stdout);
+  } else if (r.step % every_ == 0 || r.step == total_ || r.val_loss) {
+    std::printf("step %ld/%ld loss %.4f%s lr %.3g grad_norm %.3f tok/s %.0f mfu %.3f eta %s\n",
+                long(r.step), long(total_), r.loss, val.c_str(), r.lr, r.grad_norm, r.tokens_per_s,
+                r.mfu, format_duration(eta).c_str());
+    std::fflush(stdout);
+  }
+}
+
+void Progress::summary(const std::vector<StepResult>& results, double elapsed, double peak_gflops,
+                       const std::string& out_dir) const {
+  if (results.empty() || quiet_) return;
+  std::vector<double> tps;
+  for (const auto& r : results) tps.push_back(r.tokens_per_s);
+  std::sort(tps.begin(), tps.end());
+  std::optional<double> val;
+  for (const auto& r : results)
+    if (r.val_loss) val = r.val_loss;
+  std::printf("\nloom: done in %s: loss %.4f -> %.4f", format_duration(elapsed).c_str(),
+              results.front().loss, results.back().loss);
+  if (val) std::printf(" (val %.4f)", *val);
+  std::printf(", median %.0f tokens/s, MFU %.1f%% of %.0f GFLOP/s\n", tps[tps.size() / 2],
+              100.0 * results.back().mfu, peak_gflops);
+  if (!out_dir.empty())
+    std::printf("loom: run folder %s (metrics.jsonl, config.resolved.json)\n", out_dir.c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace loom

@@ -1,0 +1,57 @@
+// What a run reports per optimizer step: metrics.jsonl (DESIGN.md's output
+// contract; scripts read it, never the terminal) and the terminal progress.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "loom/core/memory.h"
+
+namespace loom {
+
+struct StepResult {
+  int64_t step = 0;  // 1-based
+  double loss = 0, lr = 0, grad_norm = 0;
+  double t_forward = 0, t_backward = 0, t_recompute = 0, t_optimizer = 0, t_step = 0;  // seconds
+  double tokens_per_s = 0, mfu = 0;
+  std::optional<double> val_loss;
+  double t_comm = 0, t_comm_exposed = 0, comm_bytes = 0;  // data-parallel communication
+  MemStats mem;  // peaks: the maximum over ranks of each category
+};
+
+// metrics.jsonl: one JSON object per step.
+class MetricsLog {
+ public:
+  // Opens `path`, keeping the lines of steps <= keep_through (a resumed run
+  // keeps what its checkpoint covers and drops what came after).
+  void open(const std::string& path, int64_t keep_through);
+  void write(const StepResult& r);
+
+ private:
+  std::ofstream out_;
+};
+
+// Rank 0's terminal: a bar on a terminal, a line every log.every steps
+// otherwise, and the closing summary.
+class Progress {
+ public:
+  Progress(int64_t total_steps, int64_t every, bool quiet, bool tty)
+      : total_(total_steps), every_(every), quiet_(quiet), tty_(tty) {}
+  bool quiet() const { return quiet_; }
+  bool tty() const { return tty_; }
+  void show(const StepResult& r, double elapsed, int64_t done) const;
+  // "done in 2m31s: loss 5.5 -> 2.1 (val 2.2), median N tokens/s, MFU ..."
+  void summary(const std::vector<StepResult>& results, double elapsed, double peak_gflops,
+               const std::string& out_dir) const;
+
+ private:
+  int64_t total_, every_;
+  bool quiet_, tty_;
+};
+
+std::string format_duration(double seconds);  // "2m05s", "1h03m"
+
+}  // namespace loom
