@@ -1,6 +1,7 @@
 #include "loom/kernels/cpu/encoder.h"
 
 #include <algorithm>
+#include <vector>
 
 namespace loom::cpu {
 
@@ -21,22 +22,41 @@ void encoder_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, 
 template <typename T>
 void encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t B, int64_t Tn,
                       int64_t C) {
-  // Tokens repeat, so rows of dwte are shared between positions: split the
-  // work by channel blocks instead, so no two threads touch one element.
+  // Each row's contributions are summed apart (positions in order) and added
+  // to the gradient once, so the result does not depend on what the gradient
+  // held before: the lookup's part of wte's gradient is the same whether the
+  // tied head's part is already in the buffer (one stage) or in another
+  // stage's copy (pipeline), and their sum is bitwise the same.
+  const int64_t BT = B * Tn;
+  std::vector<int64_t> order(static_cast<size_t>(BT));
+  for (int64_t i = 0; i < BT; ++i) order[static_cast<size_t>(i)] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [tokens](int64_t a, int64_t b) { return tokens[a] < tokens[b]; });
+  // Rows of dwte are shared between positions: split the work by channel
+  // blocks, so no two threads touch one element.
   constexpr int64_t kBlock = 32;
 #pragma omp parallel for
   for (int64_t c0 = 0; c0 < C; c0 += kBlock) {
-    int64_t c1 = std::min(C, c0 + kBlock);
-    for (int64_t b = 0; b < B; ++b) {
-      for (int64_t t = 0; t < Tn; ++t) {
-        const T* d = dout + (b * Tn + t) * C;
-        T* e = dwte + static_cast<int64_t>(tokens[b * Tn + t]) * C;
-        T* p = dwpe + t * C;
-        for (int64_t c = c0; c < c1; ++c) {
-          e[c] += d[c];
-          p[c] += d[c];
-        }
+    const int64_t n = std::min(C, c0 + kBlock) - c0;
+    T acc[kBlock];
+    for (size_t k = 0; k < order.size();) {
+      const int32_t tok = tokens[order[k]];
+      std::fill(acc, acc + n, T(0));
+      for (; k < order.size() && tokens[order[k]] == tok; ++k) {
+        const T* d = dout + order[k] * C + c0;
+        for (int64_t c = 0; c < n; ++c) acc[c] += d[c];
       }
+      T* e = dwte + static_cast<int64_t>(tok) * C + c0;
+      for (int64_t c = 0; c < n; ++c) e[c] += acc[c];
+    }
+    for (int64_t t = 0; t < Tn; ++t) {
+      std::fill(acc, acc + n, T(0));
+      for (int64_t b = 0; b < B; ++b) {
+        const T* d = dout + (b * Tn + t) * C + c0;
+        for (int64_t c = 0; c < n; ++c) acc[c] += d[c];
+      }
+      T* p = dwpe + t * C + c0;
+      for (int64_t c = 0; c < n; ++c) p[c] += acc[c];
     }
   }
 }

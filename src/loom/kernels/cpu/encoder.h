@@ -10,7 +10,8 @@ template <typename T>
 void encoder_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int64_t B,
                      int64_t Tn, int64_t C);
 
-// Accumulates dwte[tokens[b, t]] += dout[b, t] and dwpe[t] += dout[b, t].
+// Accumulates dwte[tokens[b, t]] += dout[b, t] and dwpe[t] += dout[b, t], each row's
+// contributions summed apart first and added once.
 template <typename T>
 void encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t B, int64_t Tn,
                       int64_t C);

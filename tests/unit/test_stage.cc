@@ -1,0 +1,325 @@
+// Stages and activation stores: a model cut into two stages trains like one,
+// several micro-batches can be between forward and backward, and every
+// activation-checkpointing policy gives bitwise the same losses, gradients
+// and trained weights as keeping everything.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "loom/core/memory.h"
+#include "loom/model/gpt_stage.h"
+#include "loom/train/config.h"
+#include "loom/train/trainer.h"
+#include "test_util.h"
+
+namespace loom {
+namespace {
+
+using test::error_of;
+
+GptConfig tiny(float dropout = 0.1f, int layers = 4) {
+  GptConfig c;
+  c.n_layer = layers;
+  c.n_embd = 32;
+  c.n_head = 4;
+  c.vocab_size = 100;  // padded to 128
+  c.seq_len = 16;
+  c.dropout = dropout;
+  return c;
+}
+
+std::vector<int32_t> tokens(int64_t n, int vocab, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = static_cast<int32_t>(gen() % static_cast<uint32_t>(vocab));
+  return t;
+}
+
+// The gradient of every parameter, by name.
+std::map<std::string, std::vector<float>> grads_by_name(const GptStage<float>& s) {
+  std::map<std::string, std::vector<float>> g;
+  for (const Param& p : s.layout().params()) g[p.name].assign(s.grad(p), s.grad(p) + p.numel);
+  return g;
+}
+
+TEST(Stage, TwoStagesBackToBackTrainLikeOne) {
+  const GptConfig c = tiny(0.1f, 4);
+  const int64_t B = 2, T = 16, BT = B * T, C = c.n_embd;
+  auto in = tokens(BT, c.vocab_size, 1), tg = tokens(BT, c.vocab_size, 2);
+  const StepContext ctx{7, 3, 40, true};
+
+  GptStage<float> one(c);
+  one.init(9);
+  one.zero_grads();
+  auto a1 = one.make_activations(B, T);
+  const double loss_one = one.forward(a1, in.data(), nullptr, tg.data(), ctx);
+  one.backward(a1, 1.0);
+
+  GptStage<float> first(c, StageSpec{0, 2}), second(c, StageSpec{2, 4});
+  EXPECT_TRUE(first.has_embedding() && !first.has_head());
+  EXPECT_TRUE(!second.has_embedding() && second.has_head());
+  // The last stage holds its own copy of wte, under the same name, in its own unit.
+  const Param& copy = second.layout().find("transformer.wte.weight");
+  EXPECT_EQ(second.layout().units()[static_cast<size_t>(copy.unit)].name, "lm_head");
+  EXPECT_EQ(second.layout().find_or_null("transformer.wpe.weight"), nullptr);
+  first.init(9);
+  second.init(9);
+  first.zero_grads();
+  second.zero_grads();
+  auto af = first.make_activations(B, T);
+  auto as = second.make_activations(B, T);
+  first.forward(af, in.data(), nullptr, nullptr, ctx);
+  const double loss_two = second.forward(as, nullptr, af.output, tg.data(), ctx);
+  std::vector<float> d_mid(static_cast<size_t>(BT * C));
+  second.backward(as, 1.0, nullptr, d_mid.data());
+  first.backward(af, 1.0, d_mid.data(), nullptr);
+
+  EXPECT_EQ(loss_one, loss_two);
+  auto g1 = grads_by_name(one), gf = grads_by_name(first), gs = grads_by_name(second);
+  EXPECT_EQ(gf.size() + gs.size(), g1.size() + 1);  // wte on both
+  for (const auto& [name, g] : g1) {
+    std::vector<float> split;
+    if (name == "transformer.wte.weight") {
+      // The embedding group's sum: the lookup's gradient plus the head's.
+      split = gf.at(name);
+      for (size_t i = 0; i < split.size(); ++i) split[i] += gs.at(name)[i];
+    } else {
+      split = gf.count(name) ? gf.at(name) : gs.at(name);
+    }
+    ASSERT_EQ(g, split) << name;
+  }
+}
+
+TEST(Stage, MicroBatchesInFlightKeepTheirOwnActivations) {
+  const GptConfig c = tiny(0.1f, 2);
+  const int64_t B = 2, T = 16, BT = B * T;
+  auto in1 = tokens(BT, c.vocab_size, 3), tg1 = tokens(BT, c.vocab_size, 4);
+  auto in2 = tokens(BT, c.vocab_size, 5), tg2 = tokens(BT, c.vocab_size, 6);
+  const StepContext ctx1{1, 0, 0, true}, ctx2{1, 0, 2, true};
+  GptStage<float> m(c);
+  m.init(3);
+  auto s1 = m.make_activations(B, T), s2 = m.make_activations(B, T);
+
+  // One after the other, each micro-batch's gradients on their own.
+  m.zero_grads();
+  const double l1 = m.forward(s1, in1.data(), nullptr, tg1.data(), ctx1);
+  m.backward(s1, 0.5);
+  auto g1 = grads_by_name(m);
+  m.zero_grads();
+  const double l2 = m.forward(s2, in2.data(), nullptr, tg2.data(), ctx2);
+  m.backward(s2, 0.5);
+  auto g2 = grads_by_name(m);
+
+  // Both forwards, then the backwards in reverse order: each backward reads
+  // its own store, so each gives the same gradients bitwise.
+  auto t1 = m.make_activations(B, T), t2 = m.make_activations(B, T);
+  EXPECT_EQ(m.forward(t1, in1.data(), nullptr, tg1.data(), ctx1), l1);
+  EXPECT_EQ(m.forward(t2, in2.data(), nullptr, tg2.data(), ctx2), l2);
+  m.zero_grads();
+  m.backward(t2, 0.5);
+  EXPECT_EQ(grads_by_name(m), g2);
+  m.zero_grads();
+  m.backward(t1, 0.5);
+  EXPECT_EQ(grads_by_name(m), g1);
+}
+
+RecomputePlan plan_for(const GptStage<float>& s, CheckpointPolicy::Kind k, int64_t B, int64_t T,
+                       int every_n = 2, int64_t budget = 0) {
+  CheckpointPolicy p;
+  p.kind = k;
+  p.every_n = every_n;
+  p.budget_bytes = budget;
+  return s.plan(p, B, T);
+}
+
+TEST(Stage, EveryRecomputePolicyGivesTheSameLossAndGradientsBitwise) {
+  const GptConfig c = tiny(0.1f, 4);
+  const int64_t B = 2, T = 16, BT = B * T;
+  auto in = tokens(BT, c.vocab_size, 7), tg = tokens(BT, c.vocab_size, 8);
+  const StepContext ctx{5, 2, 8, true};
+  auto run = [&](CheckpointPolicy::Kind k, int every_n, int64_t budget) {
+    GptStage<float> m(c);
+    m.set_plan(plan_for(m, k, B, T, every_n, budget));
+    m.init(11);
+    m.zero_grads();
+    auto a = m.make_activations(B, T);
+    const double loss = m.forward(a, in.data(), nullptr, tg.data(), ctx);
+    m.backward(a, 1.0);
+    return std::make_pair(loss, grads_by_name(m));
+  };
+  const auto ref = run(CheckpointPolicy::kNone, 2, 0);
+  GptStage<float> probe(c);
+  const int64_t half = static_cast<int64_t>(probe.block_bytes(B, T, Recompute::kNone) * 2 +
+                                            probe.block_bytes(B, T, Recompute::kFull) * 2 +
+                                            probe.store_bytes(B, T) / 2);
+  struct Case {
+    CheckpointPolicy::Kind k;
+    int every_n;
+    int64_t budget;
+  };
+  for (Case cs : {Case{CheckpointPolicy::kFull, 2, 0}, Case{CheckpointPolicy::kSelective, 2, 0},
+                  Case{CheckpointPolicy::kEveryN, 2, 0}, Case{CheckpointPolicy::kEveryN, 3, 0},
+                  Case{CheckpointPolicy::kBudget, 2, half}}) {
+    const auto got = run(cs.k, cs.every_n, cs.budget);
+    EXPECT_EQ(got.first, ref.first) << CheckpointPolicy::name(cs.k);
+    EXPECT_TRUE(got.second == ref.second)
+        << CheckpointPolicy::name(cs.k) << " every_n " << cs.every_n;
+  }
+}
+
+TEST(Stage, PlansFollowThePolicy) {
+  const GptConfig c = tiny(0.1f, 6);
+  GptStage<float> m(c);
+  const int64_t B = 2, T = 16;
+  auto full = plan_for(m, CheckpointPolicy::kFull, B, T);
+  EXPECT_EQ(full.count(Recompute::kFull), 6);
+  EXPECT_TRUE(full.head_logits);
+  auto sel = plan_for(m, CheckpointPolicy::kSelective, B, T);
+  EXPECT_EQ(sel.count(Recompute::kSelective), 6);
+  EXPECT_FALSE(sel.head_logits);
+  auto every3 = plan_for(m, CheckpointPolicy::kEveryN, B, T, 3);
+  EXPECT_EQ(every3.blocks,
+            (std::vector<Recompute>{Recompute::kFull, Recompute::kNone, Recompute::kNone,
+                                    Recompute::kFull, Recompute::kNone, Recompute::kNone}));
+  // A block kept whole costs its record; one recomputed keeps its output.
+  const size_t whole = m.block_bytes(B, T, Recompute::kNone);
+  const size_t kept = m.block_bytes(B, T, Recompute::kFull);
+  EXPECT_EQ(kept, static_cast<size_t>(B * T * c.n_embd) * sizeof(float));
+  EXPECT_GT(whole, 15 * kept);
+  // Budget: every block recomputed needs the all-full bytes; each whole
+  // block adds (whole - kept); the last blocks are the ones kept whole.
+  m.set_plan(full);
+  const size_t least = m.store_bytes(B, T) + m.room_bytes(B, T);
+  auto b0 = plan_for(m, CheckpointPolicy::kBudget, B, T, 2, static_cast<int64_t>(least));
+  EXPECT_EQ(b0.count(Recompute::kNone), 0);
+  auto b2 = plan_for(m, CheckpointPolicy::kBudget, B, T, 2,
+                     static_cast<int64_t>(least + 2 * (whole - kept) + 100));
+  EXPECT_EQ(b2.blocks,
+            (std::vector<Recompute>{Recompute::kFull, Recompute::kFull, Recompute::kFull,
+                                    Recompute::kFull, Recompute::kNone, Recompute::kNone}));
+  auto all = plan_for(m, CheckpointPolicy::kBudget, B, T, 2, int64_t{1} << 40);
+  EXPECT_EQ(all.count(Recompute::kNone), 6);
+  EXPECT_FALSE(all.head_logits);
+  // Too small: the numbers in the message.
+  const std::string e = error_of([&] { plan_for(m, CheckpointPolicy::kBudget, B, T, 2, 1000); });
+  EXPECT_HAS(e, "activation_checkpointing.budget_bytes 1000 is too small");
+  EXPECT_HAS(e, "one block's input is " + std::to_string(kept) + " bytes");
+  EXPECT_HAS(e, "at least " + std::to_string(least) + " bytes");
+}
+
+TEST(Stage, TheActivationsCategoryHoldsTheStoreAndTheRoom) {
+  const GptConfig c = tiny(0.1f, 6);
+  const int64_t B = 2, T = 16, BT = B * T;
+  auto in = tokens(BT, c.vocab_size, 9), tg = tokens(BT, c.vocab_size, 10);
+  for (auto k : {CheckpointPolicy::kNone, CheckpointPolicy::kFull, CheckpointPolicy::kSelective}) {
+    GptStage<float> m(c);
+    m.set_plan(plan_for(m, k, B, T));
+    m.init(1);
+    const size_t before = memory_tracker().stats().current[int(MemCategory::kActivations)];
+    memory_tracker().reset_peaks();
+    {
+      auto a = m.make_activations(B, T);
+      m.forward(a, in.data(), nullptr, tg.data(), StepContext{1, 0, 0, true});
+      m.backward(a, 1.0);
+    }
+    const size_t peak = memory_tracker().stats().peak[int(MemCategory::kActivations)];
+    EXPECT_EQ(peak - before, m.store_bytes(B, T) + m.room_bytes(B, T)) << CheckpointPolicy::name(k);
+  }
+}
+
+TEST(Stage, TheUnitScheduleRecomputesBeforeBackward) {
+  GptStage<float> m(tiny(0.0f, 2));
+  CheckpointPolicy p;
+  p.kind = CheckpointPolicy::kFull;
+  m.set_plan(m.plan(p, 1, 16));
+  std::vector<std::pair<int, Pass>> got;
+  for (const UnitUse& u : m.unit_schedule(true)) got.emplace_back(u.unit, u.pass);
+  const Pass F = Pass::kForward, R = Pass::kRecompute, Bk = Pass::kBackward;
+  // Units: 0 embeddings, 1-2 the blocks, 3 ln_f; the tied head reads unit 0.
+  EXPECT_EQ(got, (std::vector<std::pair<int, Pass>>{{0, F},
+                                                    {1, F},
+                                                    {2, F},
+                                                    {3, F},
+                                                    {0, F},
+                                                    {0, Bk},
+                                                    {3, Bk},
+                                                    {2, R},
+                                                    {2, Bk},
+                                                    {1, R},
+                                                    {1, Bk},
+                                                    {0, Pass::kBackwardGradsOnly}}));
+}
+
+Config tiny_run(const std::string& policy, int stage) {
+  std::string text = R"({
+    "train_batch_size": 8, "gradient_accumulation_steps": 2,
+    "gradient_clipping": 0.5,
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.1}},
+    "model": {"n_layer": 4, "n_embd": 32, "n_head": 4, "vocab_size": 64, "seq_len": 16, "dropout": 0.1},
+    "data": {"synthetic": true},
+    "train": {"steps": 10, "seed": 11},
+    "log": {"peak_gflops": 100}
+  })";
+  return parse_config(text, "test",
+                      {"activation_checkpointing.policy=" + policy,
+                       "zero_optimization.stage=" + std::to_string(stage)});
+}
+
+TEST(Trainer, CheckpointingPoliciesTrainBitwiseLikeNoneAtEveryZeroStage) {
+  RunOptions quiet;
+  quiet.quiet = true;
+  for (int stage : {0, 1, 2, 3}) {
+    auto train = [&](const std::string& policy) {
+      Config c = tiny_run(policy, stage);
+      if (policy == "every_n") c.checkpointing.policy.every_n = 3;
+      Trainer t(std::move(c), quiet, ThreadConfig{});
+      std::vector<double> losses;
+      for (const auto& r : t.run()) losses.push_back(r.loss);
+      return std::make_pair(losses, t.gather_params());
+    };
+    const auto ref = train("none");
+    for (const char* policy : {"full", "selective", "every_n"}) {
+      const auto got = train(policy);
+      EXPECT_EQ(got.first, ref.first) << policy << " at stage " << stage;
+      EXPECT_TRUE(got.second == ref.second) << policy << " at stage " << stage;
+    }
+  }
+}
+
+TEST(Config, ActivationCheckpointingKeysAreChecked) {
+  auto parse = [](const std::vector<std::string>& o) {
+    return error_of([&] {
+      parse_config(R"({"train_batch_size": 4, "data": {"synthetic": true}})", "f.json", o);
+    });
+  };
+  EXPECT_HAS(parse({"activation_checkpointing.policy=some"}),
+             "activation_checkpointing.policy: unknown value \"some\" (expected one of none, full, "
+             "selective, every_n, budget)");
+  EXPECT_HAS(parse({"activation_checkpointing.policy=budget"}),
+             "activation_checkpointing.policy is budget but activation_checkpointing.budget_bytes "
+             "is not set");
+  EXPECT_HAS(parse({"activation_checkpointing.budget_bytes=1000"}),
+             "budget_bytes is set but the policy is none");
+  EXPECT_HAS(parse({"activation_checkpointing.polcy=full"}),
+             "did you mean 'activation_checkpointing.policy'");
+  EXPECT_HAS(parse({"parallel.tensor=2"}),
+             "parallel.tensor is 2, but this build trains with data "
+             "parallelism only");
+  // DeepSpeed's keys are accepted.
+  Config c = parse_config(
+      R"({"train_batch_size": 4, "data": {"synthetic": true},
+          "activation_checkpointing": {"partition_activations": true, "cpu_checkpointing": false,
+            "contiguous_memory_optimization": true, "number_checkpoints": 4,
+            "synchronize_checkpoint_boundary": false, "profile": true, "policy": "full"}})",
+      "f.json", {});
+  EXPECT_EQ(c.checkpointing.policy.kind, CheckpointPolicy::kFull);
+  EXPECT_TRUE(c.checkpointing.deepspeed_keys);
+  EXPECT_EQ(c.resolved["activation_checkpointing"]["policy"], "full");
+}
+
+}  // namespace
+}  // namespace loom
