@@ -12,10 +12,10 @@
 #include "loom/core/error.h"
 #include "loom/core/memory.h"
 #include "loom/core/threads.h"
+#include "loom/data/tokenizer.h"
+#include "loom/io/fs.h"
 #include "loom/profile/gemm_peak.h"
 #include "loom/train/config.h"
-#include "loom/io/fs.h"
-#include "loom/data/tokenizer.h"
 #include "loom/train/trainer.h"
 
 namespace loom::app {
@@ -81,11 +81,11 @@ void run_train_bench(const TrainBenchArgs& a) {
   RunOptions options;
   options.quiet = true;
   Trainer trainer(std::move(config), options, threads);
-  std::vector<double> step_times;
+  std::vector<double> step_times, recompute_times;
   for (int64_t s = 0; s < a.steps; ++s) {
     if (s == a.warmup) memory_tracker().reset_peaks();
     StepResult r = trainer.train_step();
-    if (s >= a.warmup) step_times.push_back(r.t_step);
+    if (s >= a.warmup) step_times.push_back(r.t_step), recompute_times.push_back(r.t_recompute);
   }
   const Config& c = trainer.config();
   double step_s = median(step_times);
@@ -108,6 +108,17 @@ void run_train_bench(const TrainBenchArgs& a) {
                       {"peak_gflops", trainer.peak_gflops()},
                       {"mfu", flops / (trainer.peak_gflops() * 1e9)},
                       {"peak_bytes", peak_bytes}};
+  // Activation checkpointing: the plan and the bytes it was made from.
+  const GptStage<float>& stage = trainer.model();
+  const int64_t B = c.micro_batch, Tn = c.model.seq_len;
+  j["activation_checkpointing"] = {
+      {"policy", CheckpointPolicy::name(c.checkpointing.policy.kind)},
+      {"plan", stage.recompute_plan().describe()},
+      {"store_bytes", stage.store_bytes(B, Tn)},
+      {"room_bytes", stage.room_bytes(B, Tn)},
+      {"block_bytes_whole", stage.block_bytes(B, Tn, Recompute::kNone)},
+      {"block_bytes_full", stage.block_bytes(B, Tn, Recompute::kFull)},
+      {"recompute_time_s", median(recompute_times)}};
   if (a.json) {
     std::printf("%s\n", j.dump().c_str());
     return;

@@ -317,7 +317,7 @@ void GptStage<T>::backward(StageActivations<T>& a, double loss_scale, const T* d
       r = blocks_[i]->bind(whole, none, B, Tn, Recompute::kNone);
       const auto t0 = std::chrono::steady_clock::now();
       store_.before(u, Pass::kRecompute);
-      blocks_[i]->forward(store_, r, x, B, Tn, false, drop);
+      blocks_[i]->forward(store_, r, x, B, Tn, false, drop, /*record_only=*/true);
       store_.after(u, Pass::kRecompute);
       recompute_s_ += seconds_since(t0);
     } else {

@@ -80,14 +80,15 @@ int64_t Block<T>::scratch_elems(int64_t B, int64_t Tn) const {
 
 template <typename T>
 void Block<T>::forward(const ParamStore<T>& ps, const BlockRecord<T>& r, const T* x, int64_t B,
-                       int64_t Tn, bool selective, const Dropout& drop) const {
+                       int64_t Tn, bool selective, const Dropout& drop, bool record_only) const {
   const int64_t BT = B * Tn, C = C_;
   ln_1.forward(ps, r.ln1, r.ln1_mean, r.ln1_rstd, x, BT);
   attn.forward(ps, r.attn, r.res2, r.ln1, B, Tn, drop.at(layer_, DropoutSite::kAttnProbs));
   cpu::dropout_inplace(r.res2, drop.at(layer_, DropoutSite::kAttnResid), B, Tn, C);
   cpu::add_inplace(r.res2, x, BT * C);
   ln_2.forward(ps, r.ln2, r.ln2_mean, r.ln2_rstd, r.res2, BT);
-  ffn->forward(ps, r.ffn, selective, r.res3, r.ln2, BT, r.ffn_recompute);
+  ffn->forward(ps, r.ffn, selective, record_only ? nullptr : r.res3, r.ln2, BT, r.ffn_recompute);
+  if (record_only) return;
   cpu::dropout_inplace(r.res3, drop.at(layer_, DropoutSite::kMlpResid), B, Tn, C);
   cpu::add_inplace(r.res3, r.res2, BT * C);
 }

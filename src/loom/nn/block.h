@@ -52,9 +52,12 @@ class Block {
   int64_t recompute_elems(int64_t B, int64_t Tn, Recompute mode) const;
   int64_t scratch_elems(int64_t B, int64_t Tn) const;
 
-  // Fills r (bound with kNone or kSelective) from x (B,T,C); r.res3 is the output.
+  // Fills r (bound with kNone or kSelective) from x (B,T,C); r.res3 is the
+  // output. record_only: a recomputation for backward, which reads the
+  // record but not the output, so the feed-forward's last projection and
+  // the second residual are skipped (a third of the block's GEMM work).
   void forward(const ParamStore<T>& ps, const BlockRecord<T>& r, const T* x, int64_t B, int64_t Tn,
-               bool selective, const Dropout& drop) const;
+               bool selective, const Dropout& drop, bool record_only = false) const;
   // dresid (B,T,C): the gradient of the output in, of the input x out.
   void backward(const ParamStore<T>& ps, const BlockRecord<T>& r, const T* x, T* dresid, int64_t B,
                 int64_t Tn, bool selective, const Dropout& drop, T* scratch) const;

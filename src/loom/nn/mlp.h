@@ -24,6 +24,8 @@ class FeedForward {
   // Backward's gradient scratch.
   virtual int64_t scratch_elems(int64_t BT) const = 0;
   // out (BT,C) = ffn(x (BT,C)); `record` holds record_elems(BT, selective).
+  // A null `out` fills only the record (a recomputation for backward, which
+  // never reads the output).
   virtual void forward(const ParamStore<T>& ps, T* record, bool selective, T* out, const T* x,
                        int64_t BT, T* recompute) const = 0;
   // Accumulates dx (BT,C) and the parameter gradients from dout (BT,C).
