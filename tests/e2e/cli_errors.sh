@@ -26,6 +26,16 @@ expect_error "model.n_embd 30 is not divisible by model.n_head 4" \
 expect_error "train_batch_size 3 != train_micro_batch_size_per_gpu 2 x gradient_accumulation_steps 1 x data-parallel size 1 (= 2)" \
   run --config "$WORK/good.json" --set train_batch_size=3 --set gradient_accumulation_steps=1
 expect_error "$WORK/missing.json: cannot open config file" run --config "$WORK/missing.json"
+expect_error "activation_checkpointing.policy: unknown value \"most\" (expected one of none, full, selective, every_n, budget)" \
+  run --config "$WORK/good.json" --set activation_checkpointing.policy=most
+expect_error "activation_checkpointing.policy is budget but activation_checkpointing.budget_bytes is not set" \
+  run --config "$WORK/good.json" --set activation_checkpointing.policy=budget
+expect_error "activation_checkpointing.budget_bytes 1000 is too small: one block's input is 4096 bytes per micro-batch, and this stage needs at least" \
+  run --config "$WORK/good.json" --set activation_checkpointing.policy=budget --set activation_checkpointing.budget_bytes=1000
+expect_error "activation_checkpointing.budget_bytes 10000 is too small: one block's input is 4096 bytes" \
+  run --config "$WORK/good.json" --set activation_checkpointing.policy=budget --set activation_checkpointing.budget_bytes=10000
+expect_error "parallel.pipeline is 2, but this build trains with data parallelism only" \
+  run --config "$WORK/good.json" --set parallel.pipeline=2
 
 # seq_len beyond the data: a token file with 10 tokens.
 mkdir -p "$WORK/text" && printf 'tiny text' > "$WORK/text/a.txt"

@@ -22,7 +22,8 @@ JSON
 cat "$WORK/out.txt"
 json_check "$WORK/run/metrics.jsonl" 'len(lines) == 12 and [l["step"] for l in lines] == list(range(1, 13))'
 json_check "$WORK/run/metrics.jsonl" 'all(k in l for l in lines for k in ("loss","lr","grad_norm","loss_scale","tokens_per_s","mfu","mem","time"))'
-json_check "$WORK/run/metrics.jsonl" 'all(set(l["time"]) >= {"forward","backward","optimizer","comm","comm_exposed","bubble"} for l in lines)'
+json_check "$WORK/run/metrics.jsonl" 'all(set(l["time"]) >= {"forward","backward","recompute","optimizer","comm","comm_exposed","bubble"} for l in lines)'
+json_check "$WORK/run/metrics.jsonl" 'all(l["time"]["recompute"] == 0 for l in lines)'
 json_check "$WORK/run/metrics.jsonl" 'all(set(l["mem"]) == {"params","grads","optimizer","activations","comm","workspace"} for l in lines)'
 json_check "$WORK/run/metrics.jsonl" '[l["step"] for l in lines if "val_loss" in l] == [4, 8, 12]'
 json_check "$WORK/run/metrics.jsonl" 'lines[-1]["loss"] < lines[0]["loss"] - 0.5'
@@ -32,6 +33,26 @@ json_check "$WORK/run/config.resolved.json" 'd["train_micro_batch_size_per_gpu"]
 grep -q "loom: threads: 2" "$WORK/out.txt" || fail "thread count not logged"
 grep -q -- "--- sample" "$WORK/out.txt" || fail "no sample printed"
 grep -q "loom: done in" "$WORK/out.txt" || fail "no summary"
+
+# Full recomputation from the CLI: the same losses as without, less activation
+# memory, recompute time reported, the plan logged.
+"$LOOM" train --config "$WORK/cfg.json" --set activation_checkpointing.policy=full \
+  --set activation_checkpointing.profile=true --out "$WORK/run-full" > "$WORK/out-full.txt"
+grep -q "loom: activation checkpointing full: 2 blocks: 0 whole, 0 selective, 2 full; LM-head logits recomputed" \
+  "$WORK/out-full.txt" || fail "no recompute plan logged: $(cat "$WORK/out-full.txt")"
+grep -q "activation_checkpointing.profile: recompute time is always in metrics.jsonl" "$WORK/out-full.txt" ||
+  fail "DeepSpeed key not logged"
+python3 - "$WORK/run/metrics.jsonl" "$WORK/run-full/metrics.jsonl" <<'PY' || fail "full recomputation differs"
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+assert [l["loss"] for l in a] == [l["loss"] for l in b], "losses differ"
+assert [l.get("val_loss") for l in a] == [l.get("val_loss") for l in b], "validation differs"
+assert all(l["time"]["recompute"] > 0 for l in b)
+assert max(l["mem"]["activations"] for l in b) < 0.6 * max(l["mem"]["activations"] for l in a)
+print("ok: full recomputation trains the same losses with", max(l["mem"]["activations"] for l in b),
+      "activation bytes instead of", max(l["mem"]["activations"] for l in a))
+PY
 
 # An affinity narrower than the thread count is reported.
 taskset -c 0 "$LOOM" train --config "$WORK/cfg.json" --set train.steps=1 --set train.eval_every=0 \

@@ -211,6 +211,32 @@ TEST(Stage, PlansFollowThePolicy) {
   EXPECT_HAS(e, "at least " + std::to_string(least) + " bytes");
 }
 
+TEST(Stage, BudgetPlansAStageWithoutTheHead) {
+  // A middle stage of one block: with it whole there is no recompute room,
+  // so keeping it costs less than recomputing it (its output plus the room);
+  // the planner costs every choice and keeps the most whole blocks that fit.
+  const GptConfig c = tiny(0.1f, 6);
+  GptStage<float> mid(c, StageSpec{2, 3});
+  const int64_t B = 2, T = 16;
+  auto whole = plan_for(mid, CheckpointPolicy::kNone, B, T);
+  const size_t all_whole = mid.store_bytes(B, T, whole) + mid.room_bytes(B, T, whole);
+  auto full = plan_for(mid, CheckpointPolicy::kFull, B, T);
+  EXPECT_FALSE(full.head_logits);
+  EXPECT_LT(all_whole, mid.store_bytes(B, T, full) + mid.room_bytes(B, T, full));
+  auto got = plan_for(mid, CheckpointPolicy::kBudget, B, T, 2, static_cast<int64_t>(all_whole));
+  EXPECT_EQ(got.count(Recompute::kNone), 1);
+}
+
+TEST(Stage, StoresMadeUnderAnotherPlanAreRefused) {
+  GptStage<float> m(tiny(0.0f, 2));
+  m.init(1);
+  auto a = m.make_activations(1, 16);
+  m.set_plan(plan_for(m, CheckpointPolicy::kFull, 1, 16));
+  std::vector<int32_t> in(16, 1);
+  EXPECT_HAS(error_of([&] { m.forward(a, in.data(), nullptr, in.data(), StepContext{}); }),
+             "an activation store made under another recompute plan");
+}
+
 TEST(Stage, TheActivationsCategoryHoldsTheStoreAndTheRoom) {
   const GptConfig c = tiny(0.1f, 6);
   const int64_t B = 2, T = 16, BT = B * T;

@@ -56,9 +56,29 @@ void copy_entry(const SafetensorsEntry& e, float* dst, int64_t count) {
 
 }  // namespace
 
+namespace {
+
+// Checkpoints hold whole tensors; a stage with sliced parameters (tensor
+// parallelism) assembles them with shard_to_global first, which the layer
+// that slices them does.
+void check_whole(const GptStage<float>& model, const char* what) {
+  for (const Param& p : model.layout().params())
+    LOOM_CHECK_KIND(kUnsupported, !p.shard.sharded(),
+                    "{}: parameter '{}' is a slice ({}) of its tensor; this build reads and "
+                    "writes whole tensors only",
+                    what, p.name, p.shard.describe());
+  LOOM_CHECK_KIND(kUnsupported, model.has_embedding() && model.has_head(),
+                  "{}: the stage holds blocks [{}, {}) of {}; this build reads and writes whole "
+                  "models only",
+                  what, model.first(), model.last(), model.config().n_layer);
+}
+
+}  // namespace
+
 std::string save_checkpoint(const std::string& root, const GptStage<float>& model,
                             const float* exp_avg, const float* exp_avg_sq,
                             const TrainerState& state, const json& config, int64_t keep_last) {
+  check_whole(model, "save_checkpoint");
   char name[32];
   std::snprintf(name, sizeof name, "step-%08ld", static_cast<long>(state.step));
   const fs::path final_dir = fs::path(root) / name;
@@ -74,6 +94,8 @@ std::string save_checkpoint(const std::string& root, const GptStage<float>& mode
                       static_cast<size_t>(numel(shape)) * sizeof(float)});
   }
   // The LM head is tied to wte; Hugging Face's state dict names it too.
+  LOOM_CHECK(params.front().name == "transformer.wte.weight",
+             "the first parameter is '{}', not wte", params.front().name);
   SafetensorsEntry head = params.front();
   head.name = "lm_head.weight";
   params.push_back(head);
@@ -174,6 +196,7 @@ TrainerState read_trainer_state(const std::string& dir) {
 
 TrainerState load_checkpoint(const std::string& dir, GptStage<float>& model, float* exp_avg,
                              float* exp_avg_sq) {
+  check_whole(model, "load_checkpoint");
   verify_checkpoint(dir);
   const fs::path d(dir);
   SafetensorsFile weights((d / "model.safetensors").string());
@@ -203,6 +226,7 @@ TrainerState load_checkpoint(const std::string& dir, GptStage<float>& model, flo
 }
 
 void load_hf_weights(const std::string& path, GptStage<float>& model) {
+  check_whole(model, "load_hf_weights");
   SafetensorsFile f(path);
   const GptConfig& c = model.config();
   // The model's shape as the file describes it, checked key by key.

@@ -14,11 +14,6 @@ namespace loom {
 
 namespace {
 
-template <typename T>
-void zero(T* p, int64_t n) {
-  std::memset(p, 0, static_cast<size_t>(n) * sizeof(T));
-}
-
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -36,8 +31,8 @@ GptStage<T>::GptStage(const GptConfig& config, StageSpec spec, StoreOptions stor
     embedding_ = std::make_unique<Embedding<T>>(layout, config);
   }
   for (int l = first_; l < last_; ++l) {
-    block_units_.push_back(layout.begin_unit("h." + std::to_string(l)));
-    blocks_.push_back(std::make_unique<Block<T>>(layout, config, l));
+    const int unit = layout.begin_unit("h." + std::to_string(l));
+    blocks_.push_back({std::make_unique<Block<T>>(layout, config, l), unit});
   }
   if (last_ == config.n_layer) {
     lnf_unit_ = layout.begin_unit("ln_f");
@@ -58,7 +53,7 @@ template <typename T>
 std::vector<UnitUse> GptStage<T>::unit_schedule(bool backward) const {
   std::vector<UnitUse> s;
   if (embedding_) s.push_back({emb_unit_, Pass::kForward});
-  for (int u : block_units_) s.push_back({u, Pass::kForward});
+  for (const StageBlock& b : blocks_) s.push_back({b.unit, Pass::kForward});
   if (head_) {
     s.push_back({lnf_unit_, Pass::kForward});
     s.push_back({wte_unit_, Pass::kForward});  // the tied LM head
@@ -69,8 +64,8 @@ std::vector<UnitUse> GptStage<T>::unit_schedule(bool backward) const {
     s.push_back({lnf_unit_, Pass::kBackward});
   }
   for (size_t i = blocks_.size(); i-- > 0;) {
-    if (mode(i) == Recompute::kFull) s.push_back({block_units_[i], Pass::kRecompute});
-    s.push_back({block_units_[i], Pass::kBackward});
+    if (mode(i) == Recompute::kFull) s.push_back({blocks_[i].unit, Pass::kRecompute});
+    s.push_back({blocks_[i].unit, Pass::kBackward});
   }
   // The lookup's backward writes gradients without reading parameters.
   if (embedding_) s.push_back({emb_unit_, Pass::kBackwardGradsOnly});
@@ -80,7 +75,7 @@ std::vector<UnitUse> GptStage<T>::unit_schedule(bool backward) const {
 template <typename T>
 size_t GptStage<T>::block_bytes(int64_t B, int64_t Tn, Recompute m) const {
   if (blocks_.empty()) return 0;
-  return static_cast<size_t>(blocks_[0]->record_elems(B, Tn, m)) * sizeof(T);
+  return static_cast<size_t>(blocks_[0].layer->record_elems(B, Tn, m)) * sizeof(T);
 }
 
 template <typename T>
@@ -90,7 +85,7 @@ RecomputePlan GptStage<T>::plan(const CheckpointPolicy& policy, int64_t B, int64
   auto with = [&](auto&& choose) {
     RecomputePlan p;
     for (size_t i = 0; i < n; ++i) p.blocks.push_back(choose(static_cast<int>(i) + first_));
-    p.head_logits = p.count(Recompute::kFull) > 0;
+    p.head_logits = head_ != nullptr && p.count(Recompute::kFull) > 0;
     return p;
   };
   switch (policy.kind) {
@@ -120,21 +115,24 @@ RecomputePlan GptStage<T>::plan(const CheckpointPolicy& policy, int64_t B, int64
     const size_t b = in_flight * store_bytes(B, Tn, p) + room_bytes(B, Tn, p);
     return std::make_pair(b, p);
   };
+  // Every count of whole blocks is costed: the bytes need not grow with it
+  // (with none recomputed the room disappears), so the least over all
+  // counts is what "too small" means, and the most whole blocks that fit win.
   const size_t budget = static_cast<size_t>(std::max<int64_t>(0, policy.budget_bytes));
-  const auto [least, all_full] = bytes_with(0);
-  if (budget < input || budget < least)
+  size_t least = 0;
+  std::optional<RecomputePlan> best;
+  for (size_t whole = 0; whole <= n; ++whole) {
+    auto [b, p] = bytes_with(whole);
+    least = whole == 0 ? b : std::min(least, b);
+    if (b <= budget && budget >= input) best = p;
+  }
+  if (!best)
     LOOM_FAIL(kConfig,
               "activation_checkpointing.budget_bytes {} is too small: one block's input is {} "
               "bytes per micro-batch, and this stage needs at least {} bytes of activations "
               "({} micro-batch(es) of {} x {} in flight, every block recomputed)",
               budget, input, least, in_flight, B, Tn);
-  RecomputePlan best = all_full;
-  for (size_t whole = 1; whole <= n; ++whole) {
-    auto [b, p] = bytes_with(whole);
-    if (b > budget) break;
-    best = p;
-  }
-  return best;
+  return *best;
 }
 
 template <typename T>
@@ -142,6 +140,7 @@ void GptStage<T>::set_plan(RecomputePlan plan) {
   LOOM_CHECK(plan.blocks.size() == blocks_.size(), "a recompute plan for {} blocks, stage has {}",
              plan.blocks.size(), blocks_.size());
   plan_ = std::move(plan);
+  ++plan_id_;  // stores laid out for the previous plan are refused
   // The room's size depends on the plan.
   work_bt_ = 0;
   scratch_ = Buffer();
@@ -152,7 +151,8 @@ template <typename T>
 size_t GptStage<T>::store_bytes(int64_t B, int64_t Tn, const RecomputePlan& plan) const {
   const int64_t BT = B * Tn;
   int64_t n = BT * config_.n_embd;  // input
-  for (size_t i = 0; i < blocks_.size(); ++i) n += blocks_[i]->record_elems(B, Tn, plan.blocks[i]);
+  for (size_t i = 0; i < blocks_.size(); ++i)
+    n += blocks_[i].layer->record_elems(B, Tn, plan.blocks[i]);
   if (head_) {
     Arena<T> rec, room;
     head_->bind(rec, room, BT, plan.head_logits);
@@ -166,7 +166,7 @@ size_t GptStage<T>::room_bytes(int64_t B, int64_t Tn, const RecomputePlan& plan)
   const int64_t BT = B * Tn;
   int64_t n = 0;
   for (size_t i = 0; i < blocks_.size(); ++i)
-    n = std::max(n, blocks_[i]->recompute_elems(B, Tn, plan.blocks[i]));
+    n = std::max(n, blocks_[i].layer->recompute_elems(B, Tn, plan.blocks[i]));
   if (head_ && plan.head_logits) n = std::max(n, BT * config_.padded_vocab());
   return static_cast<size_t>(n) * sizeof(T);
 }
@@ -176,7 +176,8 @@ void GptStage<T>::ensure_work(int64_t B, int64_t Tn) {
   const int64_t BT = B * Tn, C = config_.n_embd;
   if (BT <= work_bt_) return;
   int64_t block_scratch = BT * C;  // the head's d_lnf
-  for (const auto& b : blocks_) block_scratch = std::max(block_scratch, b->scratch_elems(B, Tn));
+  for (const StageBlock& b : blocks_)
+    block_scratch = std::max(block_scratch, b.layer->scratch_elems(B, Tn));
   scratch_ =
       Buffer(static_cast<size_t>(BT * C + block_scratch) * sizeof(T), MemCategory::kWorkspace);
   const size_t room = room_bytes(B, Tn);
@@ -192,6 +193,7 @@ StageActivations<T> GptStage<T>::make_activations(int64_t B, int64_t Tn) const {
   StageActivations<T> a;
   a.B = B;
   a.Tn = Tn;
+  a.plan_id = plan_id_;
   a.buffer = Buffer(store_bytes(B, Tn), MemCategory::kActivations);
   Arena<T> rec(a.buffer.template as<T>());
   a.input = rec.take(B * Tn * config_.n_embd);
@@ -199,7 +201,7 @@ StageActivations<T> GptStage<T>::make_activations(int64_t B, int64_t Tn) const {
   for (size_t i = 0; i < blocks_.size(); ++i) {
     a.blocks.push_back(rec.take(0));
     Arena<T> room;
-    a.output = blocks_[i]->bind(rec, room, B, Tn, mode(i)).res3;
+    a.output = blocks_[i].layer->bind(rec, room, B, Tn, mode(i)).res3;
   }
   if (head_) {
     a.head = rec.take(0);
@@ -213,6 +215,13 @@ StageActivations<T> GptStage<T>::make_activations(int64_t B, int64_t Tn) const {
 }
 
 template <typename T>
+void GptStage<T>::check_store(const StageActivations<T>& a) const {
+  LOOM_CHECK(a.plan_id == plan_id_ && a.buffer.data() != nullptr,
+             "an activation store made under another recompute plan (or moved from); make "
+             "stores after set_plan");
+}
+
+template <typename T>
 HeadRecord<T> GptStage<T>::head_record(const StageActivations<T>& a, T* room) const {
   Arena<T> rec(a.head), rm(room);
   return head_->bind(rec, rm, a.B * a.Tn, plan_.head_logits);
@@ -221,13 +230,14 @@ HeadRecord<T> GptStage<T>::head_record(const StageActivations<T>& a, T* room) co
 template <typename T>
 int64_t GptStage<T>::block_output_offset(const StageActivations<T>& a, size_t i) const {
   Arena<T> rec(a.blocks[i]), room;
-  return blocks_[i]->bind(rec, room, a.B, a.Tn, mode(i)).res3 - a.blocks[i];
+  return blocks_[i].layer->bind(rec, room, a.B, a.Tn, mode(i)).res3 - a.blocks[i];
 }
 
 template <typename T>
 double GptStage<T>::forward(StageActivations<T>& a, const int32_t* tokens, const T* input,
                             const int32_t* targets, const StepContext& ctx) {
   const int64_t B = a.B, Tn = a.Tn, BT = B * Tn, C = config_.n_embd;
+  check_store(a);
   a.ctx = ctx;
   a.tokens = tokens;
   a.targets = targets;
@@ -244,20 +254,20 @@ double GptStage<T>::forward(StageActivations<T>& a, const int32_t* tokens, const
     std::memcpy(a.input, input, static_cast<size_t>(BT * C) * sizeof(T));
   }
   for (size_t i = 0; i < blocks_.size(); ++i) {
-    const int u = block_units_[i];
+    const int u = blocks_[i].unit;
     const T* x = block_input(a, i);
     Arena<T> rec(a.blocks[i]), rm(room);
     BlockRecord<T> r;
     if (mode(i) == Recompute::kFull) {
       // Computed in the shared room; only the output stays.
       Arena<T> whole(room), none;
-      r = blocks_[i]->bind(whole, none, B, Tn, Recompute::kNone);
-      r.res3 = blocks_[i]->bind(rec, rm, B, Tn, Recompute::kFull).res3;
+      r = blocks_[i].layer->bind(whole, none, B, Tn, Recompute::kNone);
+      r.res3 = blocks_[i].layer->bind(rec, rm, B, Tn, Recompute::kFull).res3;
     } else {
-      r = blocks_[i]->bind(rec, rm, B, Tn, mode(i));
+      r = blocks_[i].layer->bind(rec, rm, B, Tn, mode(i));
     }
     store_.before(u, Pass::kForward);
-    blocks_[i]->forward(store_, r, x, B, Tn, mode(i) == Recompute::kSelective, drop);
+    blocks_[i].layer->forward(store_, r, x, B, Tn, mode(i) == Recompute::kSelective, drop);
     store_.after(u, Pass::kForward);
   }
   if (!head_) return 0.0;
@@ -278,66 +288,77 @@ void GptStage<T>::backward(StageActivations<T>& a, double loss_scale, const T* d
                            T* d_input) {
   const int64_t B = a.B, Tn = a.Tn, BT = B * Tn, C = config_.n_embd;
   const size_t bytes = static_cast<size_t>(BT * C) * sizeof(T);
+  check_store(a);
+  // Checked before anything accumulates or any reduction starts.
+  LOOM_CHECK(head_ || d_output != nullptr, "stage [{}, {}) needs the gradient of its output",
+             first_, last_);
+  LOOM_CHECK(embedding_ || d_input != nullptr,
+             "stage [{}, {}) needs room for the gradient of its input", first_, last_);
+  LOOM_CHECK(!head_ || a.targets != nullptr, "backward needs a forward pass with targets");
   ensure_work(B, Tn);
-  T* room = room_.as<T>();
   T* d_resid = scratch_.as<T>();
-  T* rest = d_resid + BT * C;
+  T* rest = d_resid + BT * C;  // the head's d_lnf, then each block's scratch
   const Dropout drop(a.ctx, config_.dropout);
-  if (head_) {
-    LOOM_CHECK(a.targets != nullptr, "backward needs a forward pass with targets");
-    HeadRecord<T> h = head_record(a, room);
-    // d(mean loss)/d(loss_n) = 1 / BT, times the caller's scale (accumulation, loss scaling).
-    std::vector<T> dloss(static_cast<size_t>(BT), T(loss_scale / static_cast<double>(BT)));
-    T* d_lnf = rest;
-    zero(d_lnf, BT * C);
-    store_.before(wte_unit_, Pass::kBackward);
-    if (plan_.head_logits) {
-      const auto t0 = std::chrono::steady_clock::now();
-      head_->logits_forward(store_, h, BT);  // the same GEMM as forward: the same logits
-      recompute_s_ += seconds_since(t0);
-    }
-    head_->logits_backward(store_, h, a.targets, dloss.data(), d_lnf, BT);
-    store_.after(wte_unit_, Pass::kBackward);
-    zero(d_resid, BT * C);
-    store_.before(lnf_unit_, Pass::kBackward);
-    head_->norm_backward(store_, h, d_resid, d_lnf, a.output, BT);
-    store_.after(lnf_unit_, Pass::kBackward);
-  } else {
-    LOOM_CHECK(d_output != nullptr, "stage [{}, {}) needs the gradient of its output", first_,
-               last_);
+  if (head_)
+    head_backward(a, loss_scale, d_resid, rest);
+  else
     std::memcpy(d_resid, d_output, bytes);
-  }
-  for (size_t i = blocks_.size(); i-- > 0;) {
-    const int u = block_units_[i];
-    const T* x = block_input(a, i);
-    BlockRecord<T> r;
-    if (mode(i) == Recompute::kFull) {
-      // The block's forward again, into the room, from its kept input.
-      Arena<T> whole(room), none;
-      r = blocks_[i]->bind(whole, none, B, Tn, Recompute::kNone);
-      const auto t0 = std::chrono::steady_clock::now();
-      store_.before(u, Pass::kRecompute);
-      blocks_[i]->forward(store_, r, x, B, Tn, false, drop, /*record_only=*/true);
-      store_.after(u, Pass::kRecompute);
-      recompute_s_ += seconds_since(t0);
-    } else {
-      Arena<T> rec(a.blocks[i]), rm(room);
-      r = blocks_[i]->bind(rec, rm, B, Tn, mode(i));
-    }
-    store_.before(u, Pass::kBackward);
-    blocks_[i]->backward(store_, r, x, d_resid, B, Tn, mode(i) == Recompute::kSelective, drop,
-                         rest);
-    store_.after(u, Pass::kBackward);
-  }
+  for (size_t i = blocks_.size(); i-- > 0;) block_backward(a, i, d_resid, rest, drop);
   if (embedding_) {
     store_.before(emb_unit_, Pass::kBackwardGradsOnly);
     embedding_->backward(store_, d_resid, a.tokens, B, Tn, drop);
     store_.after(emb_unit_, Pass::kBackwardGradsOnly);
   } else {
-    LOOM_CHECK(d_input != nullptr, "stage [{}, {}) needs room for the gradient of its input",
-               first_, last_);
     std::memcpy(d_input, d_resid, bytes);
   }
+}
+
+template <typename T>
+void GptStage<T>::head_backward(StageActivations<T>& a, double loss_scale, T* d_resid, T* d_lnf) {
+  const int64_t BT = a.B * a.Tn, C = config_.n_embd;
+  HeadRecord<T> h = head_record(a, room_.as<T>());
+  // d(mean loss)/d(loss_n) = 1 / BT, times the caller's scale (accumulation, loss scaling).
+  std::vector<T> dloss(static_cast<size_t>(BT), T(loss_scale / static_cast<double>(BT)));
+  zero(d_lnf, BT * C);
+  store_.before(wte_unit_, Pass::kBackward);
+  if (plan_.head_logits) {
+    const auto t0 = std::chrono::steady_clock::now();
+    head_->logits_forward(store_, h, BT);  // the same GEMM as forward: the same logits
+    recompute_s_ += seconds_since(t0);
+  }
+  head_->logits_backward(store_, h, a.targets, dloss.data(), d_lnf, BT);
+  store_.after(wte_unit_, Pass::kBackward);
+  zero(d_resid, BT * C);
+  store_.before(lnf_unit_, Pass::kBackward);
+  head_->norm_backward(store_, h, d_resid, d_lnf, a.output, BT);
+  store_.after(lnf_unit_, Pass::kBackward);
+}
+
+template <typename T>
+void GptStage<T>::block_backward(StageActivations<T>& a, size_t i, T* d_resid, T* scratch,
+                                 const Dropout& drop) {
+  const int64_t B = a.B, Tn = a.Tn;
+  const Block<T>& block = *blocks_[i].layer;
+  const int u = blocks_[i].unit;
+  const T* x = block_input(a, i);
+  T* room = room_.as<T>();
+  BlockRecord<T> r;
+  if (mode(i) == Recompute::kFull) {
+    // The block's forward again, into the room, from its kept input.
+    Arena<T> whole(room), none;
+    r = block.bind(whole, none, B, Tn, Recompute::kNone);
+    store_.before(u, Pass::kRecompute);  // (ZeRO-3 gathers here: not recompute time)
+    const auto t0 = std::chrono::steady_clock::now();
+    block.forward(store_, r, x, B, Tn, false, drop, /*record_only=*/true);
+    recompute_s_ += seconds_since(t0);
+    store_.after(u, Pass::kRecompute);
+  } else {
+    Arena<T> rec(a.blocks[i]), rm(room);
+    r = block.bind(rec, rm, B, Tn, mode(i));
+  }
+  store_.before(u, Pass::kBackward);
+  block.backward(store_, r, x, d_resid, B, Tn, mode(i) == Recompute::kSelective, drop, scratch);
+  store_.after(u, Pass::kBackward);
 }
 
 template <typename T>
@@ -356,7 +377,8 @@ KvCache<T> GptStage<T>::make_kv_cache() const {
   c.k.resize(L * Tn * C), c.v.resize(L * Tn * C);
   c.x.resize(C), c.ln.resize(C), c.stat.resize(2), c.qkv.resize(3 * C), c.att.resize(C);
   // One row's feed-forward record (the MLP's: its GELU input and output).
-  c.ffn.resize(blocks_.empty() ? 0 : static_cast<size_t>(blocks_[0]->ffn->record_elems(1, false)));
+  c.ffn.resize(
+      blocks_.empty() ? 0 : static_cast<size_t>(blocks_[0].layer->ffn->record_elems(1, false)));
   c.out.resize(C), c.scores.resize(Tn);
   c.logits.resize(static_cast<size_t>(config_.padded_vocab()));
   return c;
@@ -366,6 +388,7 @@ template <typename T>
 const T* GptStage<T>::decode_step(KvCache<T>& c, int32_t token) {
   const int64_t C = config_.n_embd, NH = config_.n_head, hs = C / NH, Tn = config_.seq_len;
   const int64_t pos = c.len;
+  LOOM_CHECK(embedding_ && head_, "decoding needs a stage with the embedding and the head");
   LOOM_CHECK(pos < Tn, "KV cache full: position {} of seq_len {}", pos, Tn);
   LOOM_CHECK(token >= 0 && token < config_.vocab_size, "token {} outside the vocabulary {}", token,
              config_.vocab_size);
@@ -374,7 +397,7 @@ const T* GptStage<T>::decode_step(KvCache<T>& c, int32_t token) {
   const T* wpe = ps.param(embedding_->wpe);
   for (int64_t i = 0; i < C; ++i) c.x[i] = wte[token * C + i] + wpe[pos * C + i];
   for (size_t l = 0; l < blocks_.size(); ++l) {
-    const Block<T>& b = *blocks_[l];
+    const Block<T>& b = *blocks_[l].layer;
     T* K = c.k.data() + static_cast<int64_t>(l) * Tn * C;
     T* V = c.v.data() + static_cast<int64_t>(l) * Tn * C;
     b.ln_1.forward(ps, c.ln.data(), &c.stat[0], &c.stat[1], c.x.data(), 1);

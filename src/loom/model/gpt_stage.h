@@ -34,7 +34,8 @@ struct StageSpec {
 template <typename T>
 struct StageActivations {
   int64_t B = 0, Tn = 0;
-  Buffer buffer;  // the whole record, under MemCategory::kActivations
+  uint64_t plan_id = 0;  // the stage's recompute plan it was laid out for
+  Buffer buffer;         // the whole record, under MemCategory::kActivations
   StepContext ctx;
   const int32_t* tokens = nullptr;   // (B,T), owned by the caller (first stage)
   const int32_t* targets = nullptr;  // (B,T) or null (last stage)
@@ -42,7 +43,10 @@ struct StageActivations {
   std::vector<T*> blocks;            // each block's record
   T* head = nullptr;                 // the head's record
   T* output = nullptr;               // (B,T,C): the last block's output
-  T* logits = nullptr;               // (B,T,Vp) after forward, on the last stage
+  // (B,T,Vp) after forward, on the last stage. When the plan recomputes the
+  // logits they live in the stage's shared room: valid until its next
+  // forward or backward.
+  T* logits = nullptr;
 };
 
 // Keys and values of every layer for one sequence being decoded, plus the
@@ -75,7 +79,7 @@ class GptStage {
   T* grad(const Param& p) const { return store_.grad(p); }
   void init(uint64_t seed) { store_.init(seed); }
   void zero_grads() { store_.zero_grads(); }
-  int unit_of_block(int layer) const { return block_units_[static_cast<size_t>(layer - first_)]; }
+  int unit_of_block(int layer) const { return blocks_[static_cast<size_t>(layer - first_)].unit; }
 
   // Activation checkpointing: the plan for (B, T) micro-batches under
   // `policy` with `in_flight` micro-batches held at once (the budget covers
@@ -127,6 +131,13 @@ class GptStage {
  private:
   Recompute mode(size_t i) const { return plan_.blocks[i]; }
   void ensure_work(int64_t B, int64_t Tn);
+  void check_store(const StageActivations<T>& a) const;
+  // Backward through the head: d_resid (B,T,C) gets the gradient of its
+  // input; d_lnf is scratch of the same size.
+  void head_backward(StageActivations<T>& a, double loss_scale, T* d_resid, T* d_lnf);
+  // Backward through block i (recomputing first as the plan says).
+  void block_backward(StageActivations<T>& a, size_t i, T* d_resid, T* scratch,
+                      const Dropout& drop);
   T* block_input(const StageActivations<T>& a, size_t i) const {
     return i == 0 ? a.input : a.blocks[i - 1] + block_output_offset(a, i - 1);
   }
@@ -137,11 +148,15 @@ class GptStage {
   int first_ = 0, last_ = 0;
   ParamStore<T> store_;
   std::unique_ptr<Embedding<T>> embedding_;
-  std::vector<std::unique_ptr<Block<T>>> blocks_;
+  struct StageBlock {
+    std::unique_ptr<Block<T>> layer;
+    int unit;  // its unit in the store
+  };
+  std::vector<StageBlock> blocks_;
   std::unique_ptr<Head<T>> head_;
   int emb_unit_ = -1, lnf_unit_ = -1, wte_unit_ = -1;
-  std::vector<int> block_units_;
   RecomputePlan plan_;
+  uint64_t plan_id_ = 1;
   // Backward's gradient scratch (workspace) and the shared recompute room
   // (activations), sized for the largest micro-batch seen.
   int64_t work_bt_ = 0;

@@ -25,7 +25,8 @@ struct RecomputePlan {
   std::vector<Recompute> blocks;
   bool head_logits = false;
   int count(Recompute r) const;
-  std::string describe() const;  // "6 blocks: 2 whole, 4 full; logits recomputed"
+  std::string describe()
+      const;  // "6 blocks: 2 whole, 0 selective, 4 full; LM-head logits recomputed"
 };
 
 }  // namespace loom

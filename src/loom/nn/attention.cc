@@ -7,15 +7,6 @@
 
 namespace loom {
 
-namespace {
-constexpr float kInitStd = 0.02f;
-
-template <typename T>
-void zero(T* p, int64_t n) {
-  std::memset(p, 0, static_cast<size_t>(n) * sizeof(T));
-}
-}  // namespace
-
 template <typename T>
 Attention<T>::Attention(ParamLayout& layout, const std::string& prefix, const GptConfig& c,
                         float proj_std)

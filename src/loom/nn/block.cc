@@ -12,16 +12,11 @@ namespace {
 // Residual projections get 0.02 / sqrt(2 n_layer), as GPT-2 does, so the
 // residual stream's variance does not grow with depth.
 float proj_std(const GptConfig& c) {
-  return 0.02f / std::sqrt(2.0f * static_cast<float>(c.n_layer));
+  return kInitStd / std::sqrt(2.0f * static_cast<float>(c.n_layer));
 }
 
 std::string prefix(int layer) {
   return "transformer.h." + std::to_string(layer);
-}
-
-template <typename T>
-void zero(T* p, int64_t n) {
-  std::memset(p, 0, static_cast<size_t>(n) * sizeof(T));
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "loom/core/rng.h"
 #include "loom/kernels/cpu/elementwise.h"
@@ -20,6 +21,10 @@ struct GptConfig {
   // vocab_size rounded up to a multiple of 128; the extra logits are padding.
   int padded_vocab() const { return (vocab_size + 127) / 128 * 128; }
 };
+
+// GPT-2's initialisation: N(0, 0.02) for matrices and embeddings (the
+// residual projections scale it by 1 / sqrt(2 n_layer)).
+inline constexpr float kInitStd = 0.02f;
 
 // Per-micro-batch inputs that make dropout reproducible under any layout.
 struct StepContext {
@@ -40,6 +45,11 @@ struct Dropout {
   DropoutStream stream;
   uint64_t sample0;
 };
+
+template <typename T>
+void zero(T* p, int64_t n) {
+  std::memset(p, 0, static_cast<size_t>(n) * sizeof(T));
+}
 
 // Hands out consecutive ranges of a buffer; with a null base it only counts,
 // so the same code sizes a record and lays it out.

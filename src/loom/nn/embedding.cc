@@ -4,10 +4,6 @@
 
 namespace loom {
 
-namespace {
-constexpr float kInitStd = 0.02f;
-}
-
 template <typename T>
 Embedding<T>::Embedding(ParamLayout& layout, const GptConfig& c) : C_(c.n_embd) {
   wte = layout.add("transformer.wte.weight", {c.padded_vocab(), c.n_embd}, true,

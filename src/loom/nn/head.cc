@@ -14,7 +14,7 @@ ParamId Head<T>::declare_wte(ParamLayout& layout) {
   // The same name, shape and initialisation as the embedding's: the copies
   // start equal and their gradients are summed across the embedding group.
   wte_ = layout.add("transformer.wte.weight", {c_.padded_vocab(), c_.n_embd}, true,
-                    ParamInit{0.02f, 0, c_.vocab_size});
+                    ParamInit{kInitStd, 0, c_.vocab_size});
   return wte_;
 }
 

@@ -7,15 +7,6 @@
 
 namespace loom {
 
-namespace {
-constexpr float kInitStd = 0.02f;
-
-template <typename T>
-void zero(T* p, int64_t n) {
-  std::memset(p, 0, static_cast<size_t>(n) * sizeof(T));
-}
-}  // namespace
-
 template <typename T>
 Mlp<T>::Mlp(ParamLayout& layout, const std::string& prefix, int64_t C, float proj_std) : C_(C) {
   c_fc_w = layout.add(prefix + ".c_fc.weight", {C, 4 * C}, true, ParamInit{kInitStd});

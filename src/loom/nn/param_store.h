@@ -1,8 +1,9 @@
 // Where a model's parameters and gradients live, unit by unit. By default the
 // store owns full flat buffers; under ZeRO a data-parallel engine owns shards
 // and binds each unit's storage before a layer uses it. Layers reach their
-// parameters only through the store (param(id), grad(id)) and announce every
-// use of a unit through its hooks, so the engine never sees the model itself.
+// parameters only through the store (param(id), grad(id)), and the stage
+// announces every use of a unit through the store's hooks, so the engine
+// never sees the model itself.
 #pragma once
 
 #include <cstdint>

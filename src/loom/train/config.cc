@@ -416,13 +416,17 @@ json to_json(const Config& c) {
                    {"expert", c.parallel.expert}};
   {
     const CheckpointingConfig& a = c.checkpointing;
-    json ac = {{"policy", CheckpointPolicy::name(a.policy.kind)},
-               {"partition_activations", a.partition_activations},
-               {"cpu_checkpointing", a.cpu_checkpointing},
-               {"contiguous_memory_optimization", a.contiguous_memory_optimization},
-               {"number_checkpoints", a.number_checkpoints},
-               {"synchronize_checkpoint_boundary", a.synchronize_checkpoint_boundary},
-               {"profile", a.profile}};
+    json ac = {{"policy", CheckpointPolicy::name(a.policy.kind)}};
+    // DeepSpeed's keys only when given, so a resolved config read back logs
+    // the same as the file it came from.
+    if (a.deepspeed_keys) {
+      ac["partition_activations"] = a.partition_activations;
+      ac["cpu_checkpointing"] = a.cpu_checkpointing;
+      ac["contiguous_memory_optimization"] = a.contiguous_memory_optimization;
+      ac["number_checkpoints"] = a.number_checkpoints;
+      ac["synchronize_checkpoint_boundary"] = a.synchronize_checkpoint_boundary;
+      ac["profile"] = a.profile;
+    }
     if (a.policy.kind == CheckpointPolicy::kEveryN) ac["every_n"] = a.policy.every_n;
     if (a.policy.kind == CheckpointPolicy::kBudget) ac["budget_bytes"] = a.policy.budget_bytes;
     j["activation_checkpointing"] = ac;

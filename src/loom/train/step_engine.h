@@ -53,7 +53,7 @@ class StepEngine {
   int64_t first_sample(int64_t micro) const;
   void fill(const BatchSource& data, uint64_t step, int64_t sample0);
 
-  const Config& config_;
+  const Config config_;
   ParallelContext ctx_;
   GptStage<float> stage_;
   std::unique_ptr<ZeroEngine> zero_;

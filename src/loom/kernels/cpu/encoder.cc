@@ -23,10 +23,11 @@ template <typename T>
 void encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t B, int64_t Tn,
                       int64_t C) {
   // Each row's contributions are summed apart (positions in order) and added
-  // to the gradient once, so the result does not depend on what the gradient
-  // held before: the lookup's part of wte's gradient is the same whether the
-  // tied head's part is already in the buffer (one stage) or in another
-  // stage's copy (pipeline), and their sum is bitwise the same.
+  // to the gradient once, so a micro-batch's lookup gradient does not depend
+  // on what the buffer held before: with the tied head's part already in it
+  // (one stage) or not (the head in another stage's copy), one micro-batch's
+  // wte gradient is bitwise the same. (Over several accumulated
+  // micro-batches the two sum in different orders.)
   const int64_t BT = B * Tn;
   std::vector<int64_t> order(static_cast<size_t>(BT));
   for (int64_t i = 0; i < BT; ++i) order[static_cast<size_t>(i)] = i;
