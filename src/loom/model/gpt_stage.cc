@@ -21,24 +21,28 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 template <typename T>
-GptStage<T>::GptStage(const GptConfig& config, StageSpec spec, StoreOptions storage)
-    : config_(config), first_(spec.first), last_(spec.last < 0 ? config.n_layer : spec.last) {
+GptStage<T>::GptStage(const GptConfig& config, StageSpec spec, StoreOptions storage,
+                      const LayerFactory<T>& layers)
+    : config_(config),
+      first_(spec.first),
+      last_(spec.last < 0 ? config.n_layer : spec.last),
+      serial_layers_(layers.serial()) {
   LOOM_CHECK(first_ >= 0 && first_ <= last_ && last_ <= config.n_layer,
              "stage blocks [{}, {}) outside the model's {} layers", first_, last_, config.n_layer);
   ParamLayout layout(storage.unit_multiple);
   if (first_ == 0) {
     emb_unit_ = layout.begin_unit("embeddings");
-    embedding_ = std::make_unique<Embedding<T>>(layout, config);
+    embedding_ = layers.embedding(layout, config);
   }
   for (int l = first_; l < last_; ++l) {
     const int unit = layout.begin_unit("h." + std::to_string(l));
-    blocks_.push_back({std::make_unique<Block<T>>(layout, config, l), unit});
+    blocks_.push_back({std::make_unique<Block<T>>(layout, config, l, layers), unit});
   }
   if (last_ == config.n_layer) {
     lnf_unit_ = layout.begin_unit("ln_f");
-    head_ = std::make_unique<Head<T>>(layout, config);
+    head_ = layers.head(layout, config);
     if (embedding_) {
-      head_->tie(embedding_->wte);
+      head_->tie(embedding_->wte());
       wte_unit_ = emb_unit_;
     } else {
       wte_unit_ = layout.begin_unit("lm_head");
@@ -370,7 +374,8 @@ double GptStage<T>::take_recompute_seconds() {
 
 template <typename T>
 KvCache<T> GptStage<T>::make_kv_cache() const {
-  LOOM_CHECK(embedding_ && head_, "decoding needs a stage with the embedding and the head");
+  LOOM_CHECK(embedding_ && head_ && serial_layers_,
+             "decoding needs a whole single-process model (embedding, head, unsplit layers)");
   const size_t C = static_cast<size_t>(config_.n_embd), L = blocks_.size();
   const size_t Tn = static_cast<size_t>(config_.seq_len);
   KvCache<T> c;
@@ -388,21 +393,23 @@ template <typename T>
 const T* GptStage<T>::decode_step(KvCache<T>& c, int32_t token) {
   const int64_t C = config_.n_embd, NH = config_.n_head, hs = C / NH, Tn = config_.seq_len;
   const int64_t pos = c.len;
-  LOOM_CHECK(embedding_ && head_, "decoding needs a stage with the embedding and the head");
+  LOOM_CHECK(embedding_ && head_ && serial_layers_,
+             "decoding needs a whole single-process model (embedding, head, unsplit layers)");
   LOOM_CHECK(pos < Tn, "KV cache full: position {} of seq_len {}", pos, Tn);
   LOOM_CHECK(token >= 0 && token < config_.vocab_size, "token {} outside the vocabulary {}", token,
              config_.vocab_size);
   const ParamStore<T>& ps = store_;
-  const T* wte = ps.param(embedding_->wte);
-  const T* wpe = ps.param(embedding_->wpe);
+  const T* wte = ps.param(embedding_->wte());
+  const T* wpe = ps.param(embedding_->wpe());
   for (int64_t i = 0; i < C; ++i) c.x[i] = wte[token * C + i] + wpe[pos * C + i];
   for (size_t l = 0; l < blocks_.size(); ++l) {
     const Block<T>& b = *blocks_[l].layer;
+    const auto& attn = static_cast<const Attention<T>&>(*b.attn);  // serial, checked above
     T* K = c.k.data() + static_cast<int64_t>(l) * Tn * C;
     T* V = c.v.data() + static_cast<int64_t>(l) * Tn * C;
     b.ln_1.forward(ps, c.ln.data(), &c.stat[0], &c.stat[1], c.x.data(), 1);
-    cpu::matmul_forward(c.qkv.data(), c.ln.data(), ps.param(b.attn.c_attn_w),
-                        ps.param(b.attn.c_attn_b), 1, C, 3 * C);
+    cpu::matmul_forward(c.qkv.data(), c.ln.data(), ps.param(attn.c_attn_w),
+                        ps.param(attn.c_attn_b), 1, C, 3 * C);
     std::copy(c.qkv.begin() + C, c.qkv.begin() + 2 * C, K + pos * C);
     std::copy(c.qkv.begin() + 2 * C, c.qkv.end(), V + pos * C);
     const T scale = T(1) / std::sqrt(T(hs));
@@ -422,8 +429,8 @@ const T* GptStage<T>::decode_step(KvCache<T>& c, int32_t token) {
       for (int64_t j = 0; j <= pos; ++j)
         for (int64_t d = 0; d < hs; ++d) y[d] += c.scores[j] / sum * V[j * C + h * hs + d];
     }
-    cpu::matmul_forward(c.out.data(), c.att.data(), ps.param(b.attn.c_proj_w),
-                        ps.param(b.attn.c_proj_b), 1, C, C);
+    cpu::matmul_forward(c.out.data(), c.att.data(), ps.param(attn.c_proj_w),
+                        ps.param(attn.c_proj_b), 1, C, C);
     for (int64_t i = 0; i < C; ++i) c.x[i] += c.out[i];
     b.ln_2.forward(ps, c.ln.data(), &c.stat[0], &c.stat[1], c.x.data(), 1);
     b.ffn->forward(ps, c.ffn.data(), false, c.out.data(), c.ln.data(), 1, nullptr);

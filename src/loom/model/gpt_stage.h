@@ -19,8 +19,7 @@
 #include "loom/core/memory.h"
 #include "loom/model/recompute.h"
 #include "loom/nn/block.h"
-#include "loom/nn/embedding.h"
-#include "loom/nn/head.h"
+#include "loom/nn/factory.h"
 #include "loom/nn/param_store.h"
 
 namespace loom {
@@ -61,7 +60,10 @@ struct KvCache {
 template <typename T>
 class GptStage {
  public:
-  GptStage(const GptConfig& config, StageSpec spec = {}, StoreOptions storage = {});
+  // The layers come from `layers` (the single-process ones by default;
+  // parallel/tensor's factory splits them across a tensor-parallel group).
+  GptStage(const GptConfig& config, StageSpec spec = {}, StoreOptions storage = {},
+           const LayerFactory<T>& layers = LayerFactory<T>::single_process());
 
   const GptConfig& config() const { return config_; }
   int first() const { return first_; }
@@ -147,13 +149,14 @@ class GptStage {
   GptConfig config_;
   int first_ = 0, last_ = 0;
   ParamStore<T> store_;
-  std::unique_ptr<Embedding<T>> embedding_;
+  std::unique_ptr<EmbeddingLayer<T>> embedding_;
   struct StageBlock {
     std::unique_ptr<Block<T>> layer;
     int unit;  // its unit in the store
   };
   std::vector<StageBlock> blocks_;
-  std::unique_ptr<Head<T>> head_;
+  std::unique_ptr<HeadLayer<T>> head_;
+  bool serial_layers_ = true;
   int emb_unit_ = -1, lnf_unit_ = -1, wte_unit_ = -1;
   RecomputePlan plan_;
   uint64_t plan_id_ = 1;

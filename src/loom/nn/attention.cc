@@ -1,7 +1,5 @@
 #include "loom/nn/attention.h"
 
-#include <cstring>
-
 #include "loom/kernels/cpu/attention.h"
 #include "loom/kernels/cpu/matmul.h"
 
@@ -19,15 +17,26 @@ Attention<T>::Attention(ParamLayout& layout, const std::string& prefix, const Gp
 }
 
 template <typename T>
-typename Attention<T>::Record Attention<T>::bind(Arena<T>& record, Arena<T>& recompute, int64_t B,
-                                                 int64_t Tn, bool selective) const {
+typename Attention<T>::Record Attention<T>::bind(T* record, T* recompute, int64_t B, int64_t Tn,
+                                                 bool selective) const {
   const int64_t BT = B * Tn;
+  Arena<T> rec(record), room(recompute);
   Record r{};
-  r.qkv = record.take(BT * 3 * C_);
-  Arena<T>& core = selective ? recompute : record;
+  r.qkv = rec.take(BT * 3 * C_);
+  Arena<T>& core = selective ? room : rec;
   r.y = core.take(BT * C_);
   r.lse = core.take(B * NH_ * Tn);
   return r;
+}
+
+template <typename T>
+int64_t Attention<T>::record_elems(int64_t B, int64_t Tn, bool selective) const {
+  return B * Tn * 3 * C_ + (selective ? 0 : B * Tn * C_ + B * NH_ * Tn);
+}
+
+template <typename T>
+int64_t Attention<T>::recompute_elems(int64_t B, int64_t Tn, bool selective) const {
+  return selective ? B * Tn * C_ + B * NH_ * Tn : 0;
 }
 
 template <typename T>
@@ -36,30 +45,31 @@ int64_t Attention<T>::scratch_elems(int64_t B, int64_t Tn) const {
 }
 
 template <typename T>
-void Attention<T>::forward(const ParamStore<T>& ps, const Record& r, T* out, const T* x, int64_t B,
-                           int64_t Tn, const cpu::DropoutSpec& probs) const {
+void Attention<T>::forward(const ParamStore<T>& ps, T* record, bool selective, T* out, const T* x,
+                           int64_t B, int64_t Tn, const cpu::DropoutSpec& probs,
+                           T* recompute) const {
   const int64_t BT = B * Tn;
+  const Record r = bind(record, recompute, B, Tn, selective);
   cpu::matmul_forward(r.qkv, x, ps.param(c_attn_w), ps.param(c_attn_b), BT, C_, 3 * C_);
   cpu::attention_forward(r.y, r.lse, r.qkv, B, Tn, C_, NH_, probs);
   cpu::matmul_forward(out, r.y, ps.param(c_proj_w), ps.param(c_proj_b), BT, C_, C_);
 }
 
 template <typename T>
-void Attention<T>::backward(const ParamStore<T>& ps, const Record& r, T* dx, const T* dout,
-                            const T* x, int64_t B, int64_t Tn, const cpu::DropoutSpec& probs,
-                            bool selective, T* scratch) const {
+void Attention<T>::backward(const ParamStore<T>& ps, T* record, bool selective, T* dx,
+                            const T* dout, const T* x, int64_t B, int64_t Tn,
+                            const cpu::DropoutSpec& probs, T* scratch, T* recompute) const {
   const int64_t BT = B * Tn;
-  Arena<T> a(scratch);
-  T* d_y = a.take(BT * C_);
-  T* d_qkv = a.take(BT * 3 * C_);
+  const Record r = bind(record, recompute, B, Tn, selective);
+  T* d_y = scratch;
+  T* d_qkv = scratch + BT * C_;
   // Selective: the core again from q|k|v, with the same dropout masks.
   if (selective) cpu::attention_forward(r.y, r.lse, r.qkv, B, Tn, C_, NH_, probs);
-  const T *y = r.y, *lse = r.lse;
   zero(d_y, BT * C_);
-  cpu::matmul_backward(d_y, ps.grad(c_proj_w), ps.grad(c_proj_b), dout, y, ps.param(c_proj_w), BT,
-                       C_, C_);
+  cpu::matmul_backward(d_y, ps.grad(c_proj_w), ps.grad(c_proj_b), dout, r.y, ps.param(c_proj_w),
+                       BT, C_, C_);
   zero(d_qkv, BT * 3 * C_);
-  cpu::attention_backward(d_qkv, d_y, r.qkv, y, lse, B, Tn, C_, NH_, probs);
+  cpu::attention_backward(d_qkv, d_y, r.qkv, r.y, r.lse, B, Tn, C_, NH_, probs);
   cpu::matmul_backward(dx, ps.grad(c_attn_w), ps.grad(c_attn_b), d_qkv, x, ps.param(c_attn_w), BT,
                        C_, 3 * C_);
 }

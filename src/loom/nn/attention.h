@@ -4,6 +4,10 @@
 // output projection (c_proj). The core never stores the (T, T) scores: it
 // keeps its output and one log-sum-exp per query, which is also what a
 // selective recomputation drops and recomputes from q|k|v.
+//
+// AttentionLayer is the block's attention slot; Attention fills it in one
+// process, and parallel/tensor's ParallelAttention with heads split across
+// the tensor-parallel group.
 #pragma once
 
 #include <cstdint>
@@ -15,32 +19,50 @@
 namespace loom {
 
 template <typename T>
-class Attention {
+class AttentionLayer {
+ public:
+  virtual ~AttentionLayer() = default;
+  // Elements one micro-batch of (B, T) keeps; `selective` leaves the core's
+  // output and log-sum-exp to the stage's shared recompute room.
+  virtual int64_t record_elems(int64_t B, int64_t Tn, bool selective) const = 0;
+  virtual int64_t recompute_elems(int64_t B, int64_t Tn, bool selective) const = 0;
+  // Backward's gradient scratch.
+  virtual int64_t scratch_elems(int64_t B, int64_t Tn) const = 0;
+  // out (B,T,C) = c_proj(core(c_attn(x))), x (B,T,C) the normalised input;
+  // `probs` keys the dropout masks on the attention probabilities.
+  virtual void forward(const ParamStore<T>& ps, T* record, bool selective, T* out, const T* x,
+                       int64_t B, int64_t Tn, const cpu::DropoutSpec& probs,
+                       T* recompute) const = 0;
+  // Accumulates dx (B,T,C) and the parameter gradients from dout (B,T,C).
+  virtual void backward(const ParamStore<T>& ps, T* record, bool selective, T* dx, const T* dout,
+                        const T* x, int64_t B, int64_t Tn, const cpu::DropoutSpec& probs,
+                        T* scratch, T* recompute) const = 0;
+};
+
+template <typename T>
+class Attention final : public AttentionLayer<T> {
  public:
   // Declares <prefix>.c_attn.{weight,bias} (C, 3C) (3C) and
   // <prefix>.c_proj.{weight,bias} (C, C) (C); c_proj is drawn with proj_std.
   Attention(ParamLayout& layout, const std::string& prefix, const GptConfig& c, float proj_std);
   ParamId c_attn_w, c_attn_b, c_proj_w, c_proj_b;
 
-  // What forward keeps for backward: qkv (B,T,3C) in the record, and the
-  // core's output y (B,T,C) and lse (B,NH,T) there too, or, when
-  // `selective`, in the stage's shared recompute room (backward recomputes them).
+  int64_t record_elems(int64_t B, int64_t Tn, bool selective) const override;
+  int64_t recompute_elems(int64_t B, int64_t Tn, bool selective) const override;
+  int64_t scratch_elems(int64_t B, int64_t Tn) const override;
+  void forward(const ParamStore<T>& ps, T* record, bool selective, T* out, const T* x, int64_t B,
+               int64_t Tn, const cpu::DropoutSpec& probs, T* recompute) const override;
+  void backward(const ParamStore<T>& ps, T* record, bool selective, T* dx, const T* dout,
+                const T* x, int64_t B, int64_t Tn, const cpu::DropoutSpec& probs, T* scratch,
+                T* recompute) const override;
+
+ private:
+  // The record: qkv (B,T,3C), then y (B,T,C) and lse (B,NH,T), which go to
+  // the recompute room instead when selective.
   struct Record {
     T *qkv, *y, *lse;
   };
-  Record bind(Arena<T>& record, Arena<T>& recompute, int64_t B, int64_t Tn, bool selective) const;
-  // Backward's gradient scratch.
-  int64_t scratch_elems(int64_t B, int64_t Tn) const;
-
-  // out (B,T,C) = c_proj(core(c_attn(x))), x (B,T,C) the normalised input.
-  void forward(const ParamStore<T>& ps, const Record& r, T* out, const T* x, int64_t B, int64_t Tn,
-               const cpu::DropoutSpec& probs) const;
-  // Accumulates dx (B,T,C) and the parameter gradients from dout (B,T,C).
-  void backward(const ParamStore<T>& ps, const Record& r, T* dx, const T* dout, const T* x,
-                int64_t B, int64_t Tn, const cpu::DropoutSpec& probs, bool selective,
-                T* scratch) const;
-
- private:
+  Record bind(T* record, T* recompute, int64_t B, int64_t Tn, bool selective) const;
   int64_t C_, NH_;
 };
 

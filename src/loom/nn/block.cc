@@ -22,11 +22,11 @@ std::string prefix(int layer) {
 }  // namespace
 
 template <typename T>
-Block<T>::Block(ParamLayout& layout, const GptConfig& c, int layer)
+Block<T>::Block(ParamLayout& layout, const GptConfig& c, int layer, const LayerFactory<T>& f)
     : ln_1(layout, prefix(layer) + ".ln_1", c.n_embd),
-      attn(layout, prefix(layer) + ".attn", c, proj_std(c)),
+      attn(f.attention(layout, prefix(layer) + ".attn", c, proj_std(c))),
       ln_2(layout, prefix(layer) + ".ln_2", c.n_embd),
-      ffn(std::make_unique<Mlp<T>>(layout, prefix(layer) + ".mlp", c.n_embd, proj_std(c))),
+      ffn(f.feed_forward(layout, prefix(layer) + ".mlp", c, proj_std(c))),
       layer_(layer),
       C_(c.n_embd) {}
 
@@ -41,7 +41,8 @@ BlockRecord<T> Block<T>::bind(Arena<T>& rec, Arena<T>& room, int64_t B, int64_t 
   }
   const bool sel = mode == Recompute::kSelective;
   r.ln1 = rec.take(BT * C), r.ln1_mean = rec.take(BT), r.ln1_rstd = rec.take(BT);
-  r.attn = attn.bind(rec, room, B, Tn, sel);
+  r.attn = rec.take(attn->record_elems(B, Tn, sel));
+  r.attn_recompute = room.take(attn->recompute_elems(B, Tn, sel));
   r.res2 = rec.take(BT * C);
   r.ln2 = rec.take(BT * C), r.ln2_mean = rec.take(BT), r.ln2_rstd = rec.take(BT);
   r.ffn = rec.take(ffn->record_elems(BT, sel));
@@ -70,7 +71,7 @@ int64_t Block<T>::scratch_elems(int64_t B, int64_t Tn) const {
   const int64_t BT = B * Tn;
   // d_proj and d_ln, then the attention's or the feed-forward's own (used
   // one after the other, so they share).
-  return 2 * BT * C_ + std::max(attn.scratch_elems(B, Tn), ffn->scratch_elems(BT));
+  return 2 * BT * C_ + std::max(attn->scratch_elems(B, Tn), ffn->scratch_elems(BT));
 }
 
 template <typename T>
@@ -78,7 +79,8 @@ void Block<T>::forward(const ParamStore<T>& ps, const BlockRecord<T>& r, const T
                        int64_t Tn, bool selective, const Dropout& drop, bool record_only) const {
   const int64_t BT = B * Tn, C = C_;
   ln_1.forward(ps, r.ln1, r.ln1_mean, r.ln1_rstd, x, BT);
-  attn.forward(ps, r.attn, r.res2, r.ln1, B, Tn, drop.at(layer_, DropoutSite::kAttnProbs));
+  attn->forward(ps, r.attn, selective, r.res2, r.ln1, B, Tn,
+                drop.at(layer_, DropoutSite::kAttnProbs), r.attn_recompute);
   cpu::dropout_inplace(r.res2, drop.at(layer_, DropoutSite::kAttnResid), B, Tn, C);
   cpu::add_inplace(r.res2, x, BT * C);
   ln_2.forward(ps, r.ln2, r.ln2_mean, r.ln2_rstd, r.res2, BT);
@@ -109,8 +111,8 @@ void Block<T>::backward(const ParamStore<T>& ps, const BlockRecord<T>& r, const 
   std::memcpy(d_proj, dresid, bytes);
   cpu::dropout_inplace(d_proj, drop.at(layer_, DropoutSite::kAttnResid), B, Tn, C);
   zero(d_ln, BT * C);
-  attn.backward(ps, r.attn, d_ln, d_proj, r.ln1, B, Tn, drop.at(layer_, DropoutSite::kAttnProbs),
-                selective, rest);
+  attn->backward(ps, r.attn, selective, d_ln, d_proj, r.ln1, B, Tn,
+                 drop.at(layer_, DropoutSite::kAttnProbs), rest, r.attn_recompute);
   ln_1.backward(ps, dresid, d_ln, x, r.ln1_mean, r.ln1_rstd, BT);
 }
 

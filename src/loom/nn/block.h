@@ -16,10 +16,9 @@
 #include <cstdint>
 #include <memory>
 
-#include "loom/nn/attention.h"
 #include "loom/nn/context.h"
+#include "loom/nn/factory.h"
 #include "loom/nn/layernorm.h"
-#include "loom/nn/mlp.h"
 
 namespace loom {
 
@@ -28,7 +27,8 @@ enum class Recompute { kNone, kSelective, kFull };
 template <typename T>
 struct BlockRecord {
   T *ln1, *ln1_mean, *ln1_rstd;  // (B,T,C) (B,T) (B,T)
-  typename Attention<T>::Record attn;
+  T* attn;            // the attention slot's record
+  T* attn_recompute;  // its part in the shared room (selective)
   T* res2;                       // (B,T,C) residual after attention
   T *ln2, *ln2_mean, *ln2_rstd;  // (B,T,C) (B,T) (B,T)
   T* ffn;                        // the feed-forward slot's record
@@ -40,8 +40,9 @@ template <typename T>
 class Block {
  public:
   // Declares the block's parameters (layer = global index) in the layout's
-  // open unit.
-  Block(ParamLayout& layout, const GptConfig& c, int layer);
+  // open unit; the attention and feed-forward slots come from `f`.
+  Block(ParamLayout& layout, const GptConfig& c, int layer,
+        const LayerFactory<T>& f = LayerFactory<T>::single_process());
 
   int layer() const { return layer_; }
   // Lays a record out over `record` (the micro-batch's store) and `recompute`
@@ -63,7 +64,7 @@ class Block {
                 int64_t Tn, bool selective, const Dropout& drop, T* scratch) const;
 
   LayerNorm<T> ln_1;
-  Attention<T> attn;
+  std::unique_ptr<AttentionLayer<T>> attn;
   LayerNorm<T> ln_2;
   std::unique_ptr<FeedForward<T>> ffn;
 

@@ -1,4 +1,7 @@
 // Token + position embedding (GPT-2's wte and wpe), with dropout on the sum.
+// EmbeddingLayer is the stage's embedding slot: Embedding fills it in one
+// process, parallel/tensor's VocabParallelEmbedding with wte's rows split
+// across the tensor-parallel group.
 #pragma once
 
 #include <cstdint>
@@ -9,22 +12,35 @@
 namespace loom {
 
 template <typename T>
-class Embedding {
+class EmbeddingLayer {
+ public:
+  virtual ~EmbeddingLayer() = default;
+  virtual ParamId wte() const = 0;
+  virtual ParamId wpe() const = 0;
+  // out (B,T,C) = dropout(wte[tokens] + wpe[0..T)).
+  virtual void forward(const ParamStore<T>& ps, T* out, const int32_t* tokens, int64_t B,
+                       int64_t Tn, const Dropout& drop) const = 0;
+  // dout (B,T,C) is the gradient of out; dropout is undone in place on it,
+  // then accumulated into the gradients of wte and wpe.
+  virtual void backward(const ParamStore<T>& ps, T* dout, const int32_t* tokens, int64_t B,
+                        int64_t Tn, const Dropout& drop) const = 0;
+};
+
+template <typename T>
+class Embedding final : public EmbeddingLayer<T> {
  public:
   // Declares transformer.wte.weight (padded vocabulary x C) and
   // transformer.wpe.weight (seq_len x C) in the layout's open unit.
   Embedding(ParamLayout& layout, const GptConfig& c);
-  ParamId wte, wpe;
-
-  // out (B,T,C) = dropout(wte[tokens] + wpe[0..T)).
+  ParamId wte() const override { return wte_; }
+  ParamId wpe() const override { return wpe_; }
   void forward(const ParamStore<T>& ps, T* out, const int32_t* tokens, int64_t B, int64_t Tn,
-               const Dropout& drop) const;
-  // dout (B,T,C) is the gradient of out; dropout is undone in place on it,
-  // then accumulated into the gradients of wte and wpe.
+               const Dropout& drop) const override;
   void backward(const ParamStore<T>& ps, T* dout, const int32_t* tokens, int64_t B, int64_t Tn,
-                const Dropout& drop) const;
+                const Dropout& drop) const override;
 
  private:
+  ParamId wte_, wpe_;
   int64_t C_;
 };
 

@@ -6,16 +6,12 @@
 namespace loom {
 
 template <typename T>
-Head<T>::Head(ParamLayout& layout, const GptConfig& c)
-    : ln_f(layout, "transformer.ln_f", c.n_embd), c_(c) {}
-
-template <typename T>
 ParamId Head<T>::declare_wte(ParamLayout& layout) {
   // The same name, shape and initialisation as the embedding's: the copies
   // start equal and their gradients are summed across the embedding group.
-  wte_ = layout.add("transformer.wte.weight", {c_.padded_vocab(), c_.n_embd}, true,
-                    ParamInit{kInitStd, 0, c_.vocab_size});
-  return wte_;
+  this->wte_ = layout.add("transformer.wte.weight", {c_.padded_vocab(), c_.n_embd}, true,
+                          ParamInit{kInitStd, 0, c_.vocab_size});
+  return this->wte_;
 }
 
 template <typename T>
@@ -30,14 +26,8 @@ HeadRecord<T> Head<T>::bind(Arena<T>& rec, Arena<T>& room, int64_t BT,
 }
 
 template <typename T>
-void Head<T>::norm_forward(const ParamStore<T>& ps, const HeadRecord<T>& r, const T* x,
-                           int64_t BT) const {
-  ln_f.forward(ps, r.lnf, r.lnf_mean, r.lnf_rstd, x, BT);
-}
-
-template <typename T>
 void Head<T>::logits_forward(const ParamStore<T>& ps, const HeadRecord<T>& r, int64_t BT) const {
-  cpu::matmul_nt_forward(r.logits, r.lnf, ps.param(wte_), BT, c_.n_embd, c_.padded_vocab());
+  cpu::matmul_nt_forward(r.logits, r.lnf, ps.param(this->wte_), BT, c_.n_embd, c_.padded_vocab());
 }
 
 template <typename T>
@@ -54,14 +44,8 @@ void Head<T>::logits_backward(const ParamStore<T>& ps, const HeadRecord<T>& r,
                               const int32_t* targets, const T* dloss, T* d_lnf, int64_t BT) const {
   cpu::cross_entropy_backward(r.logits, r.lse, targets, dloss, BT, c_.vocab_size,
                               c_.padded_vocab());
-  cpu::matmul_nt_backward(d_lnf, ps.grad(wte_), r.logits, r.lnf, ps.param(wte_), BT, c_.n_embd,
-                          c_.padded_vocab());
-}
-
-template <typename T>
-void Head<T>::norm_backward(const ParamStore<T>& ps, const HeadRecord<T>& r, T* dx, const T* d_lnf,
-                            const T* x, int64_t BT) const {
-  ln_f.backward(ps, dx, d_lnf, x, r.lnf_mean, r.lnf_rstd, BT);
+  cpu::matmul_nt_backward(d_lnf, ps.grad(this->wte_), r.logits, r.lnf, ps.param(this->wte_), BT,
+                          c_.n_embd, c_.padded_vocab());
 }
 
 template class Head<float>;

@@ -1,6 +1,9 @@
 // The language-model head: final LayerNorm (ln_f), logits through the tied
 // token embedding (logits = ln_f(x) @ wte^T over the padded vocabulary), and
-// cross-entropy over the real vocabulary.
+// cross-entropy over the real vocabulary. HeadLayer is the stage's head
+// slot: Head fills it in one process, parallel/tensor's VocabParallelHead
+// with the vocabulary split across the tensor-parallel group (no rank forms
+// the full logits).
 #pragma once
 
 #include <cstdint>
@@ -13,42 +16,64 @@ namespace loom {
 template <typename T>
 struct HeadRecord {
   T *lnf, *lnf_mean, *lnf_rstd;  // (B,T,C) (B,T) (B,T)
-  T* logits;                     // (B,T,Vp); their gradient after backward
+  T* logits;                     // (B,T,V) over this rank's vocabulary; their gradient after backward
   T *losses, *lse;               // (B,T) each
 };
 
 template <typename T>
-class Head {
+class HeadLayer {
  public:
   // Declares transformer.ln_f.{weight,bias} in the layout's open unit.
-  Head(ParamLayout& layout, const GptConfig& c);
+  HeadLayer(ParamLayout& layout, const GptConfig& c) : ln_f(layout, "transformer.ln_f", c.n_embd) {}
+  virtual ~HeadLayer() = default;
   // The LM head reads `wte` (the stage's embedding, or a copy a last stage
   // declares with declare_wte in its own unit, under the same name).
   void tie(ParamId wte) { wte_ = wte; }
-  ParamId declare_wte(ParamLayout& layout);
+  virtual ParamId declare_wte(ParamLayout& layout) = 0;
   ParamId wte() const { return wte_; }
 
   // The logits live in the record, or (recompute_logits) in the stage's
   // shared room, written by forward and again by backward.
-  HeadRecord<T> bind(Arena<T>& record, Arena<T>& room, int64_t BT, bool recompute_logits) const;
-
-  void norm_forward(const ParamStore<T>& ps, const HeadRecord<T>& r, const T* x, int64_t BT) const;
-  void logits_forward(const ParamStore<T>& ps, const HeadRecord<T>& r, int64_t BT) const;
+  virtual HeadRecord<T> bind(Arena<T>& record, Arena<T>& room, int64_t BT,
+                             bool recompute_logits) const = 0;
+  void norm_forward(const ParamStore<T>& ps, const HeadRecord<T>& r, const T* x, int64_t BT) const {
+    ln_f.forward(ps, r.lnf, r.lnf_mean, r.lnf_rstd, x, BT);
+  }
+  virtual void logits_forward(const ParamStore<T>& ps, const HeadRecord<T>& r,
+                              int64_t BT) const = 0;
   // Per-token losses into the record; returns their sum.
-  double loss(const HeadRecord<T>& r, const int32_t* targets, int64_t BT) const;
-  // d_lnf (BT,C) += the gradient of sum(dloss_n * loss_n) through the logits;
-  // the logits are overwritten by their gradient.
-  void logits_backward(const ParamStore<T>& ps, const HeadRecord<T>& r, const int32_t* targets,
-                       const T* dloss, T* d_lnf, int64_t BT) const;
+  virtual double loss(const HeadRecord<T>& r, const int32_t* targets, int64_t BT) const = 0;
+  // d_lnf (BT,C) += the gradient of sum(dloss_n * loss_n) through the
+  // logits; the logits are overwritten by their gradient.
+  virtual void logits_backward(const ParamStore<T>& ps, const HeadRecord<T>& r,
+                               const int32_t* targets, const T* dloss, T* d_lnf,
+                               int64_t BT) const = 0;
   // dx (BT,C) += the gradient through ln_f.
   void norm_backward(const ParamStore<T>& ps, const HeadRecord<T>& r, T* dx, const T* d_lnf,
-                     const T* x, int64_t BT) const;
+                     const T* x, int64_t BT) const {
+    ln_f.backward(ps, dx, d_lnf, x, r.lnf_mean, r.lnf_rstd, BT);
+  }
 
   LayerNorm<T> ln_f;
 
+ protected:
+  ParamId wte_;
+};
+
+template <typename T>
+class Head final : public HeadLayer<T> {
+ public:
+  Head(ParamLayout& layout, const GptConfig& c) : HeadLayer<T>(layout, c), c_(c) {}
+  ParamId declare_wte(ParamLayout& layout) override;
+  HeadRecord<T> bind(Arena<T>& record, Arena<T>& room, int64_t BT,
+                     bool recompute_logits) const override;
+  void logits_forward(const ParamStore<T>& ps, const HeadRecord<T>& r, int64_t BT) const override;
+  double loss(const HeadRecord<T>& r, const int32_t* targets, int64_t BT) const override;
+  void logits_backward(const ParamStore<T>& ps, const HeadRecord<T>& r, const int32_t* targets,
+                       const T* dloss, T* d_lnf, int64_t BT) const override;
+
  private:
   GptConfig c_;
-  ParamId wte_;
 };
 
 }  // namespace loom

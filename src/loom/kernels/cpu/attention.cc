@@ -44,7 +44,7 @@ void block_keep(T* keep, const AttentionDropout& dropout, int64_t b, int64_t h, 
       std::fill(ki, ki + nk, T(1));
       continue;
     }
-    dropout.stream->row(dropout.sample0 + b, dropout.site | static_cast<uint32_t>(h),
+    dropout.stream->row(dropout.sample0 + b, dropout.site + static_cast<uint32_t>(h),
                         static_cast<uint32_t>(i0 + i), j0, j0 + nk, ki);
   }
 }

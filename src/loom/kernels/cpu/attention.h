@@ -11,7 +11,9 @@
 namespace loom::cpu {
 
 // Dropout on attention probabilities: keep masks are drawn for (sample0 + b,
-// site | head, query position), channel = key position.
+// site + head, query position), channel = key position. A rank holding heads
+// [h0, h0 + NH) of the model (tensor parallelism) passes site + h0, so every
+// head keeps the masks it has in one process.
 using AttentionDropout = DropoutSpec;
 
 // qkv (B, T, 3C) holds q, k, v side by side, each (NH heads x hs), hs = C / NH.

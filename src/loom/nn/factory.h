@@ -1,0 +1,47 @@
+// What fills each slot of a stage: the embedding, every block's attention and
+// feed-forward, and the head. The default fills them with the single-process
+// layers of nn/; parallel/tensor's factory with their tensor-parallel
+// counterparts, so the stage never depends on how a layer is split.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "loom/nn/attention.h"
+#include "loom/nn/embedding.h"
+#include "loom/nn/head.h"
+#include "loom/nn/mlp.h"
+
+namespace loom {
+
+template <typename T>
+class LayerFactory {
+ public:
+  virtual ~LayerFactory() = default;
+  virtual std::unique_ptr<EmbeddingLayer<T>> embedding(ParamLayout& layout,
+                                                       const GptConfig& c) const {
+    return std::make_unique<Embedding<T>>(layout, c);
+  }
+  virtual std::unique_ptr<AttentionLayer<T>> attention(ParamLayout& layout,
+                                                       const std::string& prefix,
+                                                       const GptConfig& c, float proj_std) const {
+    return std::make_unique<Attention<T>>(layout, prefix, c, proj_std);
+  }
+  virtual std::unique_ptr<FeedForward<T>> feed_forward(ParamLayout& layout,
+                                                       const std::string& prefix,
+                                                       const GptConfig& c, float proj_std) const {
+    return std::make_unique<Mlp<T>>(layout, prefix, c.n_embd, proj_std);
+  }
+  virtual std::unique_ptr<HeadLayer<T>> head(ParamLayout& layout, const GptConfig& c) const {
+    return std::make_unique<Head<T>>(layout, c);
+  }
+  // Whether the layers are the single-process ones (KV-cache decoding reads
+  // their weights directly).
+  virtual bool serial() const { return true; }
+  static const LayerFactory<T>& single_process() {
+    static const LayerFactory<T> f;
+    return f;
+  }
+};
+
+}  // namespace loom
