@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "loom/core/memory.h"
+#include "loom/nn/param.h"
 #include "loom/train/config.h"
 #include "loom/train/trainer.h"
 #include "mpi_main.h"
@@ -63,22 +64,54 @@ RunResult train(const std::vector<std::string>& overrides, std::shared_ptr<Proce
   Config c = parse_config(kBase, "harness", overrides, world);
   RunOptions o;
   o.quiet = true;
-  o.parallel = make_parallel_context(std::move(group), GridShape{});
+  o.parallel = make_parallel_context(std::move(group), GridShape{world, c.parallel.tensor});
   Trainer t(std::move(c), o, ThreadConfig{});
   RunResult r;
   for (const auto& s : t.run()) r.losses.push_back(s.loss);
   r.val_loss = t.evaluate();
-  // Gathered into full tensors by name: flat offsets differ between layouts
-  // (ZeRO pads every unit to a multiple of the ranks).
+  // Gathered into whole tensors by name: flat offsets differ between layouts
+  // (ZeRO pads every unit to a multiple of the ranks), and tensor
+  // parallelism keeps a slice of each split tensor on every rank of its group.
   const std::vector<float> flat = t.gather_params();
-  for (const Param& p : t.model().layout().params())
-    r.params[p.name].assign(flat.begin() + p.offset, flat.begin() + p.offset + p.numel);
+  const ParallelContext& ctx = t.engine().context();
+  for (const Param& p : t.model().layout().params()) {
+    std::vector<float> whole(static_cast<size_t>(p.shape.numel()));
+    const float* mine = flat.data() + p.offset;
+    if (!p.shard.sharded()) {
+      whole.assign(mine, mine + p.numel);
+    } else {
+      std::vector<float> all(static_cast<size_t>(p.numel * ctx.tp->size()));
+      ctx.tp->all_gather(mine, all.data(), static_cast<size_t>(p.numel), DType::kF32)->wait();
+      for (int k = 0; k < ctx.tp->size(); ++k) {
+        ShardSpec s = p.shard;
+        s.index = k;
+        shard_to_global(p.shape, s, all.data() + k * p.numel, whole.data());
+      }
+    }
+    // The real vocabulary only: tensor parallelism pads it further.
+    if (p.name == "transformer.wte.weight")
+      whole.resize(static_cast<size_t>(t.config().model.vocab_size * p.shape[1]));
+    r.params[p.name] = std::move(whole);
+  }
   return r;
 }
 
 std::vector<Layout> layouts(int world) {
   const std::string dp = "parallel.data=" + std::to_string(world);
-  return {
+  std::vector<Layout> tensor = {
+      {"tp " + std::to_string(world), {"parallel.tensor=" + std::to_string(world)}},
+      {"tp " + std::to_string(world) + " with gradient accumulation 2, selective recompute",
+       {"parallel.tensor=" + std::to_string(world), "gradient_accumulation_steps=2",
+        "activation_checkpointing.policy=selective"}},
+  };
+  if (world == 4) {
+    tensor.push_back({"tp 2 x dp 2", {"parallel.tensor=2", "parallel.data=2"}});
+    tensor.push_back({"tp 2 x dp 2, zero-1", {"parallel.tensor=2", "zero_optimization.stage=1"}});
+    tensor.push_back({"tp 2 x dp 2, zero-3, full recompute",
+                      {"parallel.tensor=2", "zero_optimization.stage=3",
+                       "activation_checkpointing.policy=full"}});
+  }
+  std::vector<Layout> data = {
       {"dp, one bucket per layer or so, overlapped",
        {dp, "zero_optimization.reduce_bucket_size=20000"}},
       {"dp, one bucket, after backward",
@@ -117,6 +150,8 @@ std::vector<Layout> layouts(int world) {
        {dp, "zero_optimization.stage=3", "zero_optimization.stage3_prefetch_bucket_size=0",
         "gradient_accumulation_steps=2", "comm.allreduce=ring"}},
   };
+  data.insert(data.end(), tensor.begin(), tensor.end());
+  return data;
 }
 
 TEST(Layouts, TrainExactlyLikeOneProcess) {

@@ -408,8 +408,8 @@ const T* GptStage<T>::decode_step(KvCache<T>& c, int32_t token) {
     T* K = c.k.data() + static_cast<int64_t>(l) * Tn * C;
     T* V = c.v.data() + static_cast<int64_t>(l) * Tn * C;
     b.ln_1.forward(ps, c.ln.data(), &c.stat[0], &c.stat[1], c.x.data(), 1);
-    cpu::matmul_forward(c.qkv.data(), c.ln.data(), ps.param(attn.c_attn_w),
-                        ps.param(attn.c_attn_b), 1, C, 3 * C);
+    cpu::matmul_forward(c.qkv.data(), c.ln.data(), ps.param(attn.c_attn_w), ps.param(attn.c_attn_b),
+                        1, C, 3 * C);
     std::copy(c.qkv.begin() + C, c.qkv.begin() + 2 * C, K + pos * C);
     std::copy(c.qkv.begin() + 2 * C, c.qkv.end(), V + pos * C);
     const T scale = T(1) / std::sqrt(T(hs));

@@ -27,8 +27,8 @@ enum class Recompute { kNone, kSelective, kFull };
 template <typename T>
 struct BlockRecord {
   T *ln1, *ln1_mean, *ln1_rstd;  // (B,T,C) (B,T) (B,T)
-  T* attn;            // the attention slot's record
-  T* attn_recompute;  // its part in the shared room (selective)
+  T* attn;                       // the attention slot's record
+  T* attn_recompute;             // its part in the shared room (selective)
   T* res2;                       // (B,T,C) residual after attention
   T *ln2, *ln2_mean, *ln2_rstd;  // (B,T,C) (B,T) (B,T)
   T* ffn;                        // the feed-forward slot's record

@@ -18,8 +18,14 @@ struct GptConfig {
   int vocab_size = 256;
   int seq_len = 64;
   float dropout = 0.0f;
-  // vocab_size rounded up to a multiple of 128; the extra logits are padding.
-  int padded_vocab() const { return (vocab_size + 127) / 128 * 128; }
+  // vocab_size rounded up to a multiple of vocab_multiple (128; under tensor
+  // parallelism 128 x its size); the extra logits are padding.
+  // A multiple of 128 x the tensor-parallel size, so every rank holds an
+  // equal vocabulary range.
+  int vocab_multiple = 128;
+  int padded_vocab() const {
+    return (vocab_size + vocab_multiple - 1) / vocab_multiple * vocab_multiple;
+  }
 };
 
 // GPT-2's initialisation: N(0, 0.02) for matrices and embeddings (the

@@ -7,7 +7,7 @@ namespace loom {
 template <typename T>
 Embedding<T>::Embedding(ParamLayout& layout, const GptConfig& c) : C_(c.n_embd) {
   wte_ = layout.add("transformer.wte.weight", {c.padded_vocab(), c.n_embd}, true,
-                   ParamInit{kInitStd, 0, c.vocab_size});
+                    ParamInit{kInitStd, 0, c.vocab_size});
   wpe_ = layout.add("transformer.wpe.weight", {c.seq_len, c.n_embd}, true, ParamInit{kInitStd});
 }
 

@@ -16,8 +16,8 @@ namespace loom {
 template <typename T>
 struct HeadRecord {
   T *lnf, *lnf_mean, *lnf_rstd;  // (B,T,C) (B,T) (B,T)
-  T* logits;                     // (B,T,V) over this rank's vocabulary; their gradient after backward
-  T *losses, *lse;               // (B,T) each
+  T* logits;        // (B,T,V) over this rank's vocabulary; their gradient after backward
+  T *losses, *lse;  // (B,T) each
 };
 
 template <typename T>

@@ -281,16 +281,18 @@ void resolve_parallel(Config& c, const json& j, int world_size, const std::strin
   p.tensor = get_or<int>(j, "parallel.tensor", 1);
   p.pipeline = get_or<int>(j, "parallel.pipeline", 1);
   p.expert = get_or<int>(j, "parallel.expert", 1);
-  // The grid takes these sizes already; the layers that use them come with
-  // their own issues.
+  // The grid takes every size; pipeline and expert layers come with their
+  // own issues.
   for (auto [key, size] :
-       {std::pair{"parallel.tensor", p.tensor}, std::pair{"parallel.pipeline", p.pipeline},
-        std::pair{"parallel.expert", p.expert}})
+       {std::pair{"parallel.pipeline", p.pipeline}, std::pair{"parallel.expert", p.expert}})
     if (size != 1)
       LOOM_FAIL(kUnsupported,
-                "{}: {} is {}, but this build trains with data parallelism only (tensor, "
-                "pipeline and expert parallelism are not built yet); set it to 1",
+                "{}: {} is {}, but this build has data and tensor parallelism only (pipeline and "
+                "expert parallelism are not built yet); set it to 1",
                 source, key, size);
+  if (p.tensor > world_size)
+    fail(source,
+         format("parallel.tensor {} is larger than the job's {} rank(s)", p.tensor, world_size));
   const int64_t model = int64_t{p.tensor} * p.pipeline;
   if (world_size % model != 0)
     fail(source, format("the job's {} rank(s) do not divide into parallel.tensor {} x "
@@ -492,6 +494,19 @@ Config parse_config(const std::string& text, const std::string& source,
   m.dropout = get_or<float>(j, "model.dropout", 0.0f);
   if (m.n_embd % m.n_head != 0)
     fail(source, format("model.n_embd {} is not divisible by model.n_head {}", m.n_embd, m.n_head));
+  const int tp = get_or<int>(j, "parallel.tensor", 1);
+  if (tp > 1) {
+    // Each rank holds whole heads, an equal share of the MLP's hidden
+    // features and an equal vocabulary range.
+    if (m.n_head % tp != 0)
+      fail(source, format("model.n_head {} is not divisible by parallel.tensor {} (each rank "
+                          "holds whole heads)",
+                          m.n_head, tp));
+    if ((4 * int64_t{m.n_embd}) % tp != 0)
+      fail(source, format("4 x model.n_embd = {} is not divisible by parallel.tensor {}",
+                          4 * int64_t{m.n_embd}, tp));
+    m.vocab_multiple = 128 * tp;
+  }
   if (get_or<bool>(j, "fp16.enabled", false) || get_or<bool>(j, "bf16.enabled", false))
     LOOM_FAIL(kUnsupported,
               "{}: fp16/bf16 training is not supported by this build yet; "

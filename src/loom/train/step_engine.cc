@@ -4,10 +4,17 @@
 #include <chrono>
 
 #include "loom/core/error.h"
+#include "loom/parallel/tensor/factory.h"
 
 namespace loom {
 
 namespace {
+
+std::unique_ptr<LayerFactory<float>> layers_for(const ParallelContext& ctx) {
+  if (!ctx.tp) return nullptr;
+  return std::make_unique<tp::TensorParallelFactory>(tp::Group(ctx.tp));
+}
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -16,14 +23,23 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 StepEngine::StepEngine(const Config& config, ParallelContext ctx)
     : config_(config),
       ctx_(std::move(ctx)),
+      layers_(layers_for(ctx_)),
       // ZeRO decides which full buffers the stage holds and how units pad.
-      stage_(config.model, StageSpec{}, ZeroEngine::storage(config.zero, ctx_.dp_size())) {
+      stage_(config.model, StageSpec{}, ZeroEngine::storage(config.zero, ctx_.dp_size()),
+             layers_ ? *layers_ : LayerFactory<float>::single_process()) {
+  const int tp = ctx_.tp ? ctx_.tp->size() : 1;
+  LOOM_CHECK_KIND(kConfig, config_.parallel.tensor == tp,
+                  "the config's parallel.tensor {} differs from the job's tensor-parallel group "
+                  "of {}",
+                  config_.parallel.tensor, tp);
   LOOM_CHECK_KIND(kConfig, config_.data_parallel == ctx_.dp_size(),
                   "the config's data-parallel size {} differs from the job's {}",
                   config_.data_parallel, ctx_.dp_size());
   const int64_t B = config_.micro_batch, Tn = config_.model.seq_len;
   stage_.set_plan(stage_.plan(config_.checkpointing.policy, B, Tn));
   zero_ = std::make_unique<ZeroEngine>(stage_.store(), ctx_.dp, config_.zero, config_.optimizer);
+  // Gradient norms count a tensor split over the tensor-parallel group once.
+  zero_->set_tensor_parallel(ctx_.tp);
   acts_ = stage_.make_activations(B, Tn);
   inputs_.resize(static_cast<size_t>(B * Tn));
   targets_.resize(static_cast<size_t>(B * Tn));

@@ -26,8 +26,10 @@ struct StepStats {
 
 class StepEngine {
  public:
-  // Builds the stage for `ctx` (the whole model while there is no pipeline),
-  // its ZeRO engine and its recomputation plan; initialises nothing.
+  // Builds the stage for `ctx` (the whole model while there is no pipeline;
+  // its layers split over the context's tensor-parallel group), its ZeRO
+  // engine over the data-parallel group, and its recomputation plan;
+  // initialises nothing.
   StepEngine(const Config& config, ParallelContext ctx);
 
   GptStage<float>& stage() { return stage_; }
@@ -55,6 +57,7 @@ class StepEngine {
 
   const Config config_;
   ParallelContext ctx_;
+  std::unique_ptr<LayerFactory<float>> layers_;  // tensor-parallel layers; null: one process's
   GptStage<float> stage_;
   std::unique_ptr<ZeroEngine> zero_;
   StageActivations<float> acts_;  // one micro-batch in flight

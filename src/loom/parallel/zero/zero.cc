@@ -306,20 +306,60 @@ void ZeroEngine::drain_one() {
   reducing_.pop_front();
 }
 
+std::pair<double, double> ZeroEngine::split_sum_squares() const {
+  // This rank's gradient elements: the whole layout below stage 2, else its
+  // slice of every unit; each part of a parameter inside them counted apart.
+  double split = 0, whole = 0;
+  const std::vector<Param>& params = store_.layout().params();
+  for (int u = 0; u < num_units(); ++u) {
+    const int64_t lo = config_.stage >= 2 ? slice_begin(u) : units_[u].begin;
+    const int64_t hi = config_.stage >= 2 ? lo + slice_[u] : units_[u].end;
+    const float* g = config_.stage >= 2 ? shard_grads() + shard_off_[u] : store_.grads() + lo;
+    for (const Param& p : params) {
+      const int64_t b = std::max(lo, p.offset), e = std::min(hi, p.offset + p.numel);
+      if (b >= e) continue;
+      (p.shard.sharded() ? split : whole) += cpu::sum_squares(g + (b - lo), e - b);
+    }
+  }
+  return {split, whole};
+}
+
 double ZeroEngine::clip_grad_norm(double max_norm) {
-  if (config_.stage < 2) return loom::clip_grad_norm(store_.grads(), store_.num_params(), max_norm);
-  double ss = cpu::sum_squares(shard_grads(), shard_elements_);
-  if (group_) {
-    // The ranks' partial sums, added in rank order, the same on every rank:
-    // no f32 rounding or overflow.
-    const std::vector<double> all = all_gather_words(*group_, &ss, 1);
-    ss = 0;
+  const bool tp = tp_ && tp_->size() > 1;
+  if (config_.stage < 2 && !tp)
+    return loom::clip_grad_norm(store_.grads(), store_.num_params(), max_norm);
+  double ss = 0;
+  if (!tp) {
+    ss = cpu::sum_squares(shard_grads(), shard_elements_);
+    if (group_) {
+      // The ranks' partial sums, added in rank order, the same on every rank:
+      // no f32 rounding or overflow.
+      const std::vector<double> all = all_gather_words(*group_, &ss, 1);
+      ss = 0;
+      for (double x : all) ss += x;
+    }
+  } else {
+    auto [split, whole] = split_sum_squares();
+    if (group_ && config_.stage >= 2) {
+      const double mine[2] = {split, whole};
+      const std::vector<double> all = all_gather_words(*group_, mine, 2);
+      split = whole = 0;
+      for (size_t r = 0; r < all.size(); r += 2) split += all[r], whole += all[r + 1];
+    }
+    // Slices add over the tensor-parallel group; whole parameters, the same
+    // on every rank of it, count once.
+    const std::vector<double> all = all_gather_words(*tp_, &split, 1);
+    ss = whole;
     for (double x : all) ss += x;
   }
   const double norm = std::sqrt(ss);
-  if (max_norm > 0 && norm > max_norm)
-    cpu::scale_inplace(shard_grads(), shard_elements_,
-                       static_cast<float>(max_norm / (norm + 1e-6)));
+  if (max_norm > 0 && norm > max_norm) {
+    const float scale = static_cast<float>(max_norm / (norm + 1e-6));
+    if (config_.stage >= 2)
+      cpu::scale_inplace(shard_grads(), shard_elements_, scale);
+    else
+      cpu::scale_inplace(store_.grads(), store_.num_params(), scale);
+  }
   return norm;
 }
 

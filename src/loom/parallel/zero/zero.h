@@ -68,8 +68,11 @@ class ZeroEngine {
   // gradient reductions.
   void end_micro_batch();
   // The global L2 norm of the averaged gradients; scales them by
-  // max_norm / norm when norm > max_norm > 0.
+  // max_norm / norm when norm > max_norm > 0. With a tensor-parallel group
+  // the parameters split over it (ShardSpec) add their slices' squares over
+  // the group; the others, the same on every rank of it, count once.
   double clip_grad_norm(double max_norm);
+  void set_tensor_parallel(std::shared_ptr<ProcessGroup> tp) { tp_ = std::move(tp); }
   // AdamW on this rank's shard, then whatever gathering the stage needs.
   void step(double lr, int64_t step);
   // Communication since the last call.
@@ -104,9 +107,12 @@ class ZeroEngine {
   void wait_timed(const WorkPtr& w);
   float* shard_params() const;
   float* shard_grads() const;
+  // Sums of squares of this rank's gradients: of split parameters, of whole ones.
+  std::pair<double, double> split_sum_squares() const;
 
   ParamStore<float>& store_;
   std::shared_ptr<ProcessGroup> group_;
+  std::shared_ptr<ProcessGroup> tp_;  // null: no tensor parallelism
   ZeroConfig config_;
   int rank_ = 0, world_ = 1;
   int srank_ = 0, shards_ = 1;  // rank and count of shards (1 when unsharded)

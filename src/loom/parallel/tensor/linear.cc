@@ -1,0 +1,56 @@
+#include "loom/parallel/tensor/linear.h"
+
+#include "loom/core/error.h"
+#include "loom/kernels/cpu/matmul.h"
+
+namespace loom::tp {
+
+ColumnParallelLinear::ColumnParallelLinear(ParamLayout& layout, const std::string& prefix,
+                                           int64_t in, int64_t out, float std, const Group& g,
+                                           int blocks)
+    : in_(in), out_(out), size_(g.size()) {
+  const ShardSpec w = blocks > 1 ? ShardSpec::heads(1, g.rank(), g.size(), blocks)
+                                 : ShardSpec::split(1, g.rank(), g.size());
+  const ShardSpec b = blocks > 1 ? ShardSpec::heads(0, g.rank(), g.size(), blocks)
+                                 : ShardSpec::split(0, g.rank(), g.size());
+  weight = layout.add(prefix + ".weight", {in, out}, true, ParamInit{std}, w);
+  bias = layout.add(prefix + ".bias", {out}, false, ParamInit{}, b);
+}
+
+void ColumnParallelLinear::forward(const ParamStore<float>& ps, float* y, const float* x,
+                                   int64_t N) const {
+  cpu::matmul_forward(y, x, ps.param(weight), ps.param(bias), N, in_, local_out());
+}
+
+void ColumnParallelLinear::backward(const ParamStore<float>& ps, float* dx_partial, const float* dy,
+                                    const float* x, int64_t N) const {
+  cpu::matmul_backward(dx_partial, ps.grad(weight), ps.grad(bias), dy, x, ps.param(weight), N, in_,
+                       local_out());
+}
+
+RowParallelLinear::RowParallelLinear(ParamLayout& layout, const std::string& prefix, int64_t in,
+                                     int64_t out, float std, const Group& g)
+    : in_(in), out_(out), g_(g) {
+  weight = layout.add(prefix + ".weight", {in, out}, true, ParamInit{std},
+                      ShardSpec::split(0, g.rank(), g.size()));
+  bias = layout.add(prefix + ".bias", {out}, false, ParamInit{});
+}
+
+void RowParallelLinear::forward(const ParamStore<float>& ps, float* y, const float* x_local,
+                                int64_t N) const {
+  cpu::matmul_forward(y, x_local, ps.param(weight), static_cast<const float*>(nullptr), N,
+                      local_in(), out_);
+  reduce_from_region_forward(g_, y, N * out_);
+  const float* b = ps.param(bias);
+#pragma omp parallel for
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t j = 0; j < out_; ++j) y[n * out_ + j] += b[j];
+}
+
+void RowParallelLinear::backward(const ParamStore<float>& ps, float* dx_local, const float* dy,
+                                 const float* x_local, int64_t N) const {
+  cpu::matmul_backward(dx_local, ps.grad(weight), ps.grad(bias), dy, x_local, ps.param(weight), N,
+                       local_in(), out_);
+}
+
+}  // namespace loom::tp

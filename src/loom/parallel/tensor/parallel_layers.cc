@@ -1,0 +1,134 @@
+#include "loom/parallel/tensor/parallel_layers.h"
+
+#include "loom/core/error.h"
+#include "loom/kernels/cpu/attention.h"
+#include "loom/kernels/cpu/elementwise.h"
+
+namespace loom::tp {
+
+ParallelAttention::ParallelAttention(ParamLayout& layout, const std::string& prefix,
+                                     const GptConfig& c, float proj_std, const Group& g)
+    : g_(g),
+      C_(c.n_embd),
+      Cl_(c.n_embd / g.size()),
+      NHl_(c.n_head / g.size()),
+      c_attn_(layout, prefix + ".c_attn", c.n_embd, 3 * int64_t{c.n_embd}, kInitStd, g, 3),
+      c_proj_(layout, prefix + ".c_proj", c.n_embd, c.n_embd, proj_std, g) {
+  LOOM_CHECK_KIND(kConfig, c.n_head % g.size() == 0,
+                  "model.n_head {} is not divisible by parallel.tensor {}", c.n_head, g.size());
+}
+
+ParallelAttention::Record ParallelAttention::bind(float* record, float* recompute, int64_t B,
+                                                  int64_t Tn, bool selective) const {
+  Arena<float> rec(record), room(recompute);
+  Record r{};
+  r.qkv = rec.take(B * Tn * 3 * Cl_);
+  Arena<float>& core = selective ? room : rec;
+  r.y = core.take(B * Tn * Cl_);
+  r.lse = core.take(B * NHl_ * Tn);
+  return r;
+}
+
+int64_t ParallelAttention::record_elems(int64_t B, int64_t Tn, bool selective) const {
+  return B * Tn * 3 * Cl_ + (selective ? 0 : B * Tn * Cl_ + B * NHl_ * Tn);
+}
+
+int64_t ParallelAttention::recompute_elems(int64_t B, int64_t Tn, bool selective) const {
+  return selective ? B * Tn * Cl_ + B * NHl_ * Tn : 0;
+}
+
+int64_t ParallelAttention::scratch_elems(int64_t B, int64_t Tn) const {
+  // d_y (B,T,C/tp), d_qkv (B,T,3C/tp), and the input gradient's partial sum (B,T,C).
+  return B * Tn * (4 * Cl_ + C_);
+}
+
+cpu::DropoutSpec ParallelAttention::local_heads(cpu::DropoutSpec probs) const {
+  probs.site += static_cast<uint32_t>(g_.rank() * NHl_);  // this rank's first global head
+  return probs;
+}
+
+void ParallelAttention::forward(const ParamStore<float>& ps, float* record, bool selective,
+                                float* out, const float* x, int64_t B, int64_t Tn,
+                                const cpu::DropoutSpec& probs, float* recompute) const {
+  const int64_t BT = B * Tn;
+  const Record r = bind(record, recompute, B, Tn, selective);
+  c_attn_.forward(ps, r.qkv, x, BT);
+  cpu::attention_forward(r.y, r.lse, r.qkv, B, Tn, Cl_, NHl_, local_heads(probs));
+  c_proj_.forward(ps, out, r.y, BT);
+}
+
+void ParallelAttention::backward(const ParamStore<float>& ps, float* record, bool selective,
+                                 float* dx, const float* dout, const float* x, int64_t B,
+                                 int64_t Tn, const cpu::DropoutSpec& probs, float* scratch,
+                                 float* recompute) const {
+  const int64_t BT = B * Tn;
+  const Record r = bind(record, recompute, B, Tn, selective);
+  Arena<float> a(scratch);
+  float* d_y = a.take(BT * Cl_);
+  float* d_qkv = a.take(BT * 3 * Cl_);
+  float* d_x = a.take(BT * C_);
+  if (selective) cpu::attention_forward(r.y, r.lse, r.qkv, B, Tn, Cl_, NHl_, local_heads(probs));
+  zero(d_y, BT * Cl_);
+  c_proj_.backward(ps, d_y, dout, r.y, BT);
+  zero(d_qkv, BT * 3 * Cl_);
+  cpu::attention_backward(d_qkv, d_y, r.qkv, r.y, r.lse, B, Tn, Cl_, NHl_, local_heads(probs));
+  zero(d_x, BT * C_);
+  c_attn_.backward(ps, d_x, d_qkv, x, BT);
+  copy_to_region_backward(g_, d_x, BT * C_);
+  cpu::add_inplace(dx, d_x, BT * C_);
+}
+
+ParallelMlp::ParallelMlp(ParamLayout& layout, const std::string& prefix, int64_t C, float proj_std,
+                         const Group& g)
+    : g_(g),
+      C_(C),
+      Hl_(4 * C / g.size()),
+      c_fc_(layout, prefix + ".c_fc", C, 4 * C, kInitStd, g),
+      c_proj_(layout, prefix + ".c_proj", 4 * C, C, proj_std, g) {
+  LOOM_CHECK_KIND(kConfig, (4 * C) % g.size() == 0,
+                  "4 x model.n_embd ({}) is not divisible by parallel.tensor {}", 4 * C, g.size());
+}
+
+int64_t ParallelMlp::record_elems(int64_t BT, bool selective) const {
+  return BT * Hl_ * (selective ? 1 : 2);
+}
+
+int64_t ParallelMlp::recompute_elems(int64_t BT, bool selective) const {
+  return selective ? BT * Hl_ : 0;
+}
+
+int64_t ParallelMlp::scratch_elems(int64_t BT) const {
+  return BT * (2 * Hl_ + C_);
+}
+
+void ParallelMlp::forward(const ParamStore<float>& ps, float* record, bool selective, float* out,
+                          const float* x, int64_t BT, float* recompute) const {
+  float* fch = record;
+  float* fch_gelu = selective ? recompute : record + BT * Hl_;
+  c_fc_.forward(ps, fch, x, BT);
+  cpu::gelu_forward(fch_gelu, fch, BT * Hl_);
+  if (out == nullptr) return;  // a recomputation for backward
+  c_proj_.forward(ps, out, fch_gelu, BT);
+}
+
+void ParallelMlp::backward(const ParamStore<float>& ps, float* record, bool selective, float* dx,
+                           const float* dout, const float* x, int64_t BT, float* scratch,
+                           float* recompute) const {
+  const float* fch = record;
+  float* fch_gelu = selective ? recompute : record + BT * Hl_;
+  if (selective) cpu::gelu_forward(fch_gelu, fch, BT * Hl_);
+  Arena<float> a(scratch);
+  float* d_fch = a.take(BT * Hl_);
+  float* d_fch_gelu = a.take(BT * Hl_);
+  float* d_x = a.take(BT * C_);
+  zero(d_fch_gelu, BT * Hl_);
+  c_proj_.backward(ps, d_fch_gelu, dout, fch_gelu, BT);
+  zero(d_fch, BT * Hl_);
+  cpu::gelu_backward(d_fch, fch, d_fch_gelu, BT * Hl_);
+  zero(d_x, BT * C_);
+  c_fc_.backward(ps, d_x, d_fch, x, BT);
+  copy_to_region_backward(g_, d_x, BT * C_);
+  cpu::add_inplace(dx, d_x, BT * C_);
+}
+
+}  // namespace loom::tp

@@ -1,0 +1,44 @@
+// Megatron-LM's paired communication regions over the tensor-parallel group,
+// each a forward and a backward that mirror each other:
+//   copy to region      forward identity       backward all-reduce (sum)
+//   reduce from region  forward all-reduce     backward identity
+// A column-parallel linear opens a region (its input is copied to every
+// rank, so the input's gradient is summed in backward); a row-parallel
+// linear closes it (the partial products are summed in forward). A null
+// group, or one of one rank, makes every call a no-op.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "loom/comm/process_group.h"
+
+namespace loom::tp {
+
+class Group {
+ public:
+  explicit Group(std::shared_ptr<ProcessGroup> g) : g_(std::move(g)) {}
+  int rank() const { return g_ ? g_->rank() : 0; }
+  int size() const { return g_ ? g_->size() : 1; }
+  const std::shared_ptr<ProcessGroup>& process_group() const { return g_; }
+
+  // In place over the group, waited for.
+  void sum(float* x, int64_t n) const;
+  void max(float* x, int64_t n) const;
+
+ private:
+  std::shared_ptr<ProcessGroup> g_;
+};
+
+// The input gradient of a copy-to region (backward of a column-parallel
+// linear's input): dx (n) = sum over the group, in place.
+inline void copy_to_region_backward(const Group& g, float* dx, int64_t n) {
+  g.sum(dx, n);
+}
+// The output of a reduce-from region (forward of a row-parallel linear):
+// y (n) = sum over the group of the partial products, in place.
+inline void reduce_from_region_forward(const Group& g, float* y, int64_t n) {
+  g.sum(y, n);
+}
+
+}  // namespace loom::tp

@@ -1,0 +1,186 @@
+#include "loom/parallel/tensor/vocab_parallel.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "loom/core/error.h"
+#include "loom/core/memory.h"
+#include "loom/kernels/cpu/elementwise.h"
+#include "loom/kernels/cpu/matmul.h"
+
+namespace loom::tp {
+
+namespace {
+
+void check_vocab(const GptConfig& c, const Group& g) {
+  LOOM_CHECK(c.padded_vocab() % g.size() == 0,
+             "the padded vocabulary {} does not split into parallel.tensor {} ranges",
+             c.padded_vocab(), g.size());
+}
+
+}  // namespace
+
+VocabParallelEmbedding::VocabParallelEmbedding(ParamLayout& layout, const GptConfig& c,
+                                               const Group& g)
+    : g_(g), C_(c.n_embd) {
+  check_vocab(c, g);
+  const int64_t rows = c.padded_vocab() / g.size();
+  v0_ = g.rank() * rows;
+  v1_ = v0_ + rows;
+  wte_ = layout.add("transformer.wte.weight", {c.padded_vocab(), c.n_embd}, true,
+                    ParamInit{kInitStd, 0, c.vocab_size}, ShardSpec::vocab(g.rank(), g.size()));
+  wpe_ = layout.add("transformer.wpe.weight", {c.seq_len, c.n_embd}, true, ParamInit{kInitStd});
+}
+
+void VocabParallelEmbedding::forward(const ParamStore<float>& ps, float* out, const int32_t* tokens,
+                                     int64_t B, int64_t Tn, const Dropout& drop) const {
+  const float* wte = ps.param(wte_);
+  const int64_t BT = B * Tn;
+#pragma omp parallel for
+  for (int64_t n = 0; n < BT; ++n) {
+    float* o = out + n * C_;
+    const int64_t tok = tokens[n];
+    if (tok >= v0_ && tok < v1_)
+      std::copy(wte + (tok - v0_) * C_, wte + (tok - v0_ + 1) * C_, o);
+    else
+      std::fill(o, o + C_, 0.0f);
+  }
+  reduce_from_region_forward(g_, out, BT * C_);
+  const float* wpe = ps.param(wpe_);
+#pragma omp parallel for
+  for (int64_t n = 0; n < BT; ++n)
+    for (int64_t c = 0; c < C_; ++c) out[n * C_ + c] += wpe[(n % Tn) * C_ + c];
+  cpu::dropout_inplace(out, drop.at(-1, DropoutSite::kEmbedding), B, Tn, C_);
+}
+
+void VocabParallelEmbedding::backward(const ParamStore<float>& ps, float* dout,
+                                      const int32_t* tokens, int64_t B, int64_t Tn,
+                                      const Dropout& drop) const {
+  cpu::dropout_inplace(dout, drop.at(-1, DropoutSite::kEmbedding), B, Tn, C_);
+  // As the single-process lookup's backward does: each row's contributions
+  // summed apart (positions in order), then added once; rows outside this
+  // rank's range belong to another rank.
+  const int64_t BT = B * Tn;
+  std::vector<int64_t> order;
+  for (int64_t n = 0; n < BT; ++n)
+    if (tokens[n] >= v0_ && tokens[n] < v1_) order.push_back(n);
+  std::stable_sort(order.begin(), order.end(),
+                   [tokens](int64_t a, int64_t b) { return tokens[a] < tokens[b]; });
+  float* dwte = ps.grad(wte_);
+  float* dwpe = ps.grad(wpe_);
+  constexpr int64_t kBlock = 32;
+#pragma omp parallel for
+  for (int64_t c0 = 0; c0 < C_; c0 += kBlock) {
+    const int64_t n = std::min(C_, c0 + kBlock) - c0;
+    float acc[kBlock];
+    for (size_t k = 0; k < order.size();) {
+      const int32_t tok = tokens[order[k]];
+      std::fill(acc, acc + n, 0.0f);
+      for (; k < order.size() && tokens[order[k]] == tok; ++k) {
+        const float* d = dout + order[k] * C_ + c0;
+        for (int64_t c = 0; c < n; ++c) acc[c] += d[c];
+      }
+      float* e = dwte + (tok - v0_) * C_ + c0;
+      for (int64_t c = 0; c < n; ++c) e[c] += acc[c];
+    }
+    // wpe is whole on every rank and every rank has the whole gradient.
+    for (int64_t t = 0; t < Tn; ++t) {
+      std::fill(acc, acc + n, 0.0f);
+      for (int64_t b = 0; b < B; ++b) {
+        const float* d = dout + (b * Tn + t) * C_ + c0;
+        for (int64_t c = 0; c < n; ++c) acc[c] += d[c];
+      }
+      float* p = dwpe + t * C_ + c0;
+      for (int64_t c = 0; c < n; ++c) p[c] += acc[c];
+    }
+  }
+}
+
+VocabParallelHead::VocabParallelHead(ParamLayout& layout, const GptConfig& c, const Group& g)
+    : HeadLayer<float>(layout, c), g_(g), c_(c) {
+  check_vocab(c, g);
+  Vl_ = c.padded_vocab() / g.size();
+  v0_ = g.rank() * Vl_;
+}
+
+ParamId VocabParallelHead::declare_wte(ParamLayout& layout) {
+  wte_ = layout.add("transformer.wte.weight", {c_.padded_vocab(), c_.n_embd}, true,
+                    ParamInit{kInitStd, 0, c_.vocab_size}, ShardSpec::vocab(g_.rank(), g_.size()));
+  return wte_;
+}
+
+HeadRecord<float> VocabParallelHead::bind(Arena<float>& rec, Arena<float>& room, int64_t BT,
+                                          bool recompute_logits) const {
+  HeadRecord<float> r{};
+  r.lnf = rec.take(BT * c_.n_embd), r.lnf_mean = rec.take(BT), r.lnf_rstd = rec.take(BT);
+  r.logits = (recompute_logits ? room : rec).take(BT * Vl_);
+  r.losses = rec.take(BT), r.lse = rec.take(BT);
+  return r;
+}
+
+void VocabParallelHead::logits_forward(const ParamStore<float>& ps, const HeadRecord<float>& r,
+                                       int64_t BT) const {
+  cpu::matmul_nt_forward(r.logits, r.lnf, ps.param(wte_), BT, c_.n_embd, Vl_);
+}
+
+double VocabParallelHead::loss(const HeadRecord<float>& r, const int32_t* targets,
+                               int64_t BT) const {
+  // Columns of this rank that are real vocabulary (the rest is padding).
+  const int64_t valid = std::clamp<int64_t>(c_.vocab_size - v0_, 0, Vl_);
+  std::vector<float> mx(static_cast<size_t>(BT)), sum(static_cast<size_t>(BT)),
+      target(static_cast<size_t>(BT));
+#pragma omp parallel for
+  for (int64_t n = 0; n < BT; ++n) {
+    const float* l = r.logits + n * Vl_;
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < valid; ++j) m = std::max(m, l[j]);
+    mx[static_cast<size_t>(n)] = m;
+    const int64_t t = targets[n] - v0_;
+    target[static_cast<size_t>(n)] = (t >= 0 && t < Vl_) ? l[t] : 0.0f;
+  }
+  g_.max(mx.data(), BT);
+#pragma omp parallel for
+  for (int64_t n = 0; n < BT; ++n) {
+    const float* l = r.logits + n * Vl_;
+    const float m = mx[static_cast<size_t>(n)];
+    double s = 0;
+    for (int64_t j = 0; j < valid; ++j) s += std::exp(static_cast<double>(l[j] - m));
+    sum[static_cast<size_t>(n)] = static_cast<float>(s);
+  }
+  g_.sum(sum.data(), BT);
+  g_.sum(target.data(), BT);
+  double total = 0;
+  for (int64_t n = 0; n < BT; ++n) {
+    const size_t i = static_cast<size_t>(n);
+    r.lse[n] = mx[i] + std::log(sum[i]);
+    r.losses[n] = r.lse[n] - target[i];
+    total += r.losses[n];
+  }
+  return total;
+}
+
+void VocabParallelHead::logits_backward(const ParamStore<float>& ps, const HeadRecord<float>& r,
+                                        const int32_t* targets, const float* dloss, float* d_lnf,
+                                        int64_t BT) const {
+  const int64_t valid = std::clamp<int64_t>(c_.vocab_size - v0_, 0, Vl_);
+#pragma omp parallel for
+  for (int64_t n = 0; n < BT; ++n) {
+    float* l = r.logits + n * Vl_;
+    const float lse = r.lse[n], d = dloss[n];
+    for (int64_t j = 0; j < valid; ++j) l[j] = std::exp(l[j] - lse) * d;
+    for (int64_t j = valid; j < Vl_; ++j) l[j] = 0.0f;
+    const int64_t t = targets[n] - v0_;
+    if (t >= 0 && t < Vl_) l[t] -= d;
+  }
+  // The partial input gradient of this rank's vocabulary, summed over the group.
+  const int64_t C = c_.n_embd;
+  Buffer part(static_cast<size_t>(BT * C) * sizeof(float), MemCategory::kWorkspace);
+  cpu::matmul_nt_backward(part.as<float>(), ps.grad(wte_), r.logits, r.lnf, ps.param(wte_), BT, C,
+                          Vl_);
+  copy_to_region_backward(g_, part.as<float>(), BT * C);
+  cpu::add_inplace(d_lnf, part.as<float>(), BT * C);
+}
+
+}  // namespace loom::tp
