@@ -34,7 +34,7 @@ expect_error "activation_checkpointing.budget_bytes 1000 is too small: one block
   run --config "$WORK/good.json" --set activation_checkpointing.policy=budget --set activation_checkpointing.budget_bytes=1000
 expect_error "activation_checkpointing.budget_bytes 10000 is too small: one block's input is 4096 bytes" \
   run --config "$WORK/good.json" --set activation_checkpointing.policy=budget --set activation_checkpointing.budget_bytes=10000
-expect_error "parallel.pipeline is 2, but this build trains with data parallelism only" \
+expect_error "parallel.pipeline is 2, but this build has data and tensor parallelism only" \
   run --config "$WORK/good.json" --set parallel.pipeline=2
 
 # seq_len beyond the data: a token file with 10 tokens.

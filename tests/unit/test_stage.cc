@@ -332,9 +332,8 @@ TEST(Config, ActivationCheckpointingKeysAreChecked) {
              "budget_bytes is set but the policy is none");
   EXPECT_HAS(parse({"activation_checkpointing.polcy=full"}),
              "did you mean 'activation_checkpointing.policy'");
-  EXPECT_HAS(parse({"parallel.tensor=2"}),
-             "parallel.tensor is 2, but this build trains with data "
-             "parallelism only");
+  EXPECT_HAS(parse({"parallel.pipeline=2"}),
+             "parallel.pipeline is 2, but this build has data and tensor parallelism only");
   // DeepSpeed's keys are accepted.
   Config c = parse_config(
       R"({"train_batch_size": 4, "data": {"synthetic": true},
@@ -345,6 +344,30 @@ TEST(Config, ActivationCheckpointingKeysAreChecked) {
   EXPECT_EQ(c.checkpointing.policy.kind, CheckpointPolicy::kFull);
   EXPECT_TRUE(c.checkpointing.deepspeed_keys);
   EXPECT_EQ(c.resolved["activation_checkpointing"]["policy"], "full");
+}
+
+TEST(Config, TensorParallelSizesAreChecked) {
+  auto parse = [](const std::vector<std::string>& o, int world) {
+    return parse_config(R"({"train_batch_size": 8, "data": {"synthetic": true},
+        "model": {"n_layer": 2, "n_embd": 48, "n_head": 6, "vocab_size": 300, "seq_len": 16}})",
+                        "f.json", o, world);
+  };
+  auto error = [&](const std::vector<std::string>& o, int world) {
+    return error_of([&] { parse(o, world); });
+  };
+  EXPECT_HAS(error({"parallel.tensor=4"}, 4),
+             "model.n_head 6 is not divisible by parallel.tensor 4 (each rank holds whole heads)");
+  EXPECT_HAS(error({"parallel.tensor=8"}, 4), "parallel.tensor 8 is larger than the job's 4 rank(s)");
+  EXPECT_HAS(error({"parallel.tensor=3"}, 4),
+             "the job's 4 rank(s) do not divide into parallel.tensor 3 x parallel.pipeline 1");
+  EXPECT_HAS(error({"parallel.tensor=2", "parallel.data=4"}, 4),
+             "parallel.data is 4 but the job has 4 rank(s) (= tensor 2 x pipeline 1 x data 2)");
+  // tp 2 of 4 ranks: data-parallel 2, the vocabulary padded to a multiple of 256.
+  Config c = parse({"parallel.tensor=2"}, 4);
+  EXPECT_EQ(c.data_parallel, 2);
+  EXPECT_EQ(c.model.padded_vocab(), 512);
+  EXPECT_EQ(c.micro_batch, 4);
+  EXPECT_EQ(parse({}, 1).model.padded_vocab(), 384);
 }
 
 }  // namespace

@@ -298,6 +298,20 @@ void resolve_parallel(Config& c, const json& j, int world_size, const std::strin
     fail(source, format("the job's {} rank(s) do not divide into parallel.tensor {} x "
                         "parallel.pipeline {}",
                         world_size, p.tensor, p.pipeline));
+  const int tp = p.tensor;
+  GptConfig& m = c.model;
+  if (tp > 1) {
+    // Each rank holds whole heads, an equal share of the MLP's hidden
+    // features and an equal vocabulary range.
+    if (m.n_head % tp != 0)
+      fail(source, format("model.n_head {} is not divisible by parallel.tensor {} (each rank "
+                          "holds whole heads)",
+                          m.n_head, tp));
+    if ((4 * int64_t{m.n_embd}) % tp != 0)
+      fail(source, format("4 x model.n_embd = {} is not divisible by parallel.tensor {}",
+                          4 * int64_t{m.n_embd}, tp));
+    m.vocab_multiple = 128 * tp;
+  }
   c.data_parallel = get_or<int64_t>(j, "parallel.data", world_size / model);
   if (c.data_parallel * model != world_size)
     fail(source, format("parallel.data is {} but the job has {} rank(s) (= tensor {} x pipeline "
@@ -494,19 +508,6 @@ Config parse_config(const std::string& text, const std::string& source,
   m.dropout = get_or<float>(j, "model.dropout", 0.0f);
   if (m.n_embd % m.n_head != 0)
     fail(source, format("model.n_embd {} is not divisible by model.n_head {}", m.n_embd, m.n_head));
-  const int tp = get_or<int>(j, "parallel.tensor", 1);
-  if (tp > 1) {
-    // Each rank holds whole heads, an equal share of the MLP's hidden
-    // features and an equal vocabulary range.
-    if (m.n_head % tp != 0)
-      fail(source, format("model.n_head {} is not divisible by parallel.tensor {} (each rank "
-                          "holds whole heads)",
-                          m.n_head, tp));
-    if ((4 * int64_t{m.n_embd}) % tp != 0)
-      fail(source, format("4 x model.n_embd = {} is not divisible by parallel.tensor {}",
-                          4 * int64_t{m.n_embd}, tp));
-    m.vocab_multiple = 128 * tp;
-  }
   if (get_or<bool>(j, "fp16.enabled", false) || get_or<bool>(j, "bf16.enabled", false))
     LOOM_FAIL(kUnsupported,
               "{}: fp16/bf16 training is not supported by this build yet; "
