@@ -13,6 +13,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -59,19 +60,11 @@ struct RunResult {
   std::map<std::string, std::vector<float>> params;  // every parameter, whole, by name
 };
 
-RunResult train(const std::vector<std::string>& overrides, std::shared_ptr<ProcessGroup> group) {
-  int world = group ? group->size() : 1;
-  Config c = parse_config(kBase, "harness", overrides, world);
-  RunOptions o;
-  o.quiet = true;
-  o.parallel = make_parallel_context(std::move(group), GridShape{world, c.parallel.tensor});
-  Trainer t(std::move(c), o, ThreadConfig{});
-  RunResult r;
-  for (const auto& s : t.run()) r.losses.push_back(s.loss);
-  r.val_loss = t.evaluate();
-  // Gathered into whole tensors by name: flat offsets differ between layouts
-  // (ZeRO pads every unit to a multiple of the ranks), and tensor
-  // parallelism keeps a slice of each split tensor on every rank of its group.
+// Every parameter of a trainer's model as its whole tensor, by name
+// (collective: slices are gathered over the tensor-parallel group), the
+// vocabulary without padding.
+std::map<std::string, std::vector<float>> whole_params(Trainer& t) {
+  std::map<std::string, std::vector<float>> out;
   const std::vector<float> flat = t.gather_params();
   const ParallelContext& ctx = t.engine().context();
   for (const Param& p : t.model().layout().params()) {
@@ -88,11 +81,27 @@ RunResult train(const std::vector<std::string>& overrides, std::shared_ptr<Proce
         shard_to_global(p.shape, s, all.data() + k * p.numel, whole.data());
       }
     }
-    // The real vocabulary only: tensor parallelism pads it further.
     if (p.name == "transformer.wte.weight")
       whole.resize(static_cast<size_t>(t.config().model.vocab_size * p.shape[1]));
-    r.params[p.name] = std::move(whole);
+    out[p.name] = std::move(whole);
   }
+  return out;
+}
+
+RunResult train(const std::vector<std::string>& overrides, std::shared_ptr<ProcessGroup> group) {
+  int world = group ? group->size() : 1;
+  Config c = parse_config(kBase, "harness", overrides, world);
+  RunOptions o;
+  o.quiet = true;
+  o.parallel = make_parallel_context(std::move(group), GridShape{world, c.parallel.tensor});
+  Trainer t(std::move(c), o, ThreadConfig{});
+  RunResult r;
+  for (const auto& s : t.run()) r.losses.push_back(s.loss);
+  r.val_loss = t.evaluate();
+  // Gathered into whole tensors by name: flat offsets differ between layouts
+  // (ZeRO pads every unit to a multiple of the ranks), and tensor
+  // parallelism keeps a slice of each split tensor on every rank of its group.
+  r.params = whole_params(t);
   return r;
 }
 
@@ -228,6 +237,70 @@ TEST(Checkpointing, PoliciesTrainBitwiseLikeNoneAtEveryZeroStage) {
           "[ recompute ] stage %d world %d: none, full, selective, every_n, budget "
           "bitwise equal over %zu steps (final loss %.6f)\n",
           stage, n, ref.losses.size(), ref.losses.back());
+  }
+}
+
+// Checkpoints hold whole tensors, so one saved under any tensor-parallel
+// size loads under any other: parameters and AdamW moments come back
+// bitwise. tp N -> one process -> tp N, and at 4 ranks tp 4 -> tp 2 -> tp 4.
+TEST(TensorParallel, CheckpointsLoadUnderAnyTensorParallelSizeBitwise) {
+  const int n = runtime().world_size();
+  const std::string root =
+      (std::filesystem::temp_directory_path() / "loom-test-tp-checkpoints").string();
+  auto world = runtime().world(CommOptions{});
+  if (world->rank() == 0) std::filesystem::remove_all(root);
+  world->barrier()->wait();
+  struct Local {
+    std::vector<float> params, m, v;
+  };
+  auto make = [&](int tp, const std::string& resume, const std::string& dir, bool one_process) {
+    Config c = parse_config(kBase, "harness",
+                            {"parallel.tensor=" + std::to_string(tp), "train.steps=3",
+                             "checkpoint.every=3", "checkpoint.dir=" + root + "/" + dir},
+                            one_process ? 1 : n);
+    RunOptions o;
+    o.quiet = true;
+    o.resume = resume;
+    if (!one_process) o.parallel = make_parallel_context(world, GridShape{n, tp});
+    return std::make_unique<Trainer>(std::move(c), o, ThreadConfig{});
+  };
+  auto local = [](Trainer& t) {
+    Local l;
+    l.params = t.gather_params();
+    t.zero().gather_moments(l.m, l.v);
+    return l;
+  };
+  const std::string step = "/step-00000003";
+  // A: trained at tp n, saved.
+  auto a = make(n, "", "a", false);
+  a->run();
+  const Local la = local(*a);
+  const auto whole_a = whole_params(*a);
+  // B: every rank loads it in one process; rank 0 saves it again from there.
+  auto b = make(1, root + "/a" + step, "b", true);
+  EXPECT_TRUE(whole_params(*b) == whole_a) << "tp " << n << " -> one process";
+  if (world->rank() == 0) b->save(0.0);
+  world->barrier()->wait();
+  // C: tp n from the one-process checkpoint: the same slices and moments as A.
+  auto c = make(n, root + "/b" + step, "c", false);
+  const Local lc = local(*c);
+  EXPECT_TRUE(lc.params == la.params) << "one process -> tp " << n;
+  EXPECT_TRUE(lc.m == la.m && lc.v == la.v) << "moments, one process -> tp " << n;
+  if (n == 4) {
+    // D: tp 2 (x dp 2) from A's tp-4 checkpoint, saved; E: tp 4 from that.
+    auto d = make(2, root + "/a" + step, "d", false);
+    EXPECT_TRUE(whole_params(*d) == whole_a) << "tp 4 -> tp 2";
+    d->save(0.0);
+    auto e = make(4, root + "/d" + step, "e", false);
+    const Local le = local(*e);
+    EXPECT_TRUE(le.params == la.params) << "tp 2 -> tp 4";
+    EXPECT_TRUE(le.m == la.m && le.v == la.v) << "moments, tp 2 -> tp 4";
+  }
+  world->barrier()->wait();
+  if (world->rank() == 0) {
+    std::filesystem::remove_all(root);
+    std::printf("[ tp checkpoints ] world %d: tp %d -> 1 -> %d%s bitwise\n", n, n, n,
+                n == 4 ? ", 4 -> 2 -> 4" : "");
   }
 }
 

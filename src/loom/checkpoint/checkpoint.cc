@@ -58,27 +58,73 @@ void copy_entry(const SafetensorsEntry& e, float* dst, int64_t count) {
 
 namespace {
 
-// Checkpoints hold whole tensors; a stage with sliced parameters (tensor
-// parallelism) assembles them with shard_to_global first, which the layer
-// that slices them does.
+// Checkpoints hold whole models (pipeline stages come with their issue).
 void check_whole(const GptStage<float>& model, const char* what) {
-  for (const Param& p : model.layout().params())
-    LOOM_CHECK_KIND(kUnsupported, !p.shard.sharded(),
-                    "{}: parameter '{}' is a slice ({}) of its tensor; this build reads and "
-                    "writes whole tensors only",
-                    what, p.name, p.shard.describe());
   LOOM_CHECK_KIND(kUnsupported, model.has_embedding() && model.has_head(),
                   "{}: the stage holds blocks [{}, {}) of {}; this build reads and writes whole "
                   "models only",
                   what, model.first(), model.last(), model.config().n_layer);
 }
 
+// A parameter's whole tensor: its own storage when it is whole, else
+// assembled from the slices into `buf` (collective over the slicing group).
+const float* whole_tensor(const Param& p, const float* local, const AssembleFn& assemble,
+                          std::vector<float>& buf) {
+  if (!p.shard.sharded()) return local;
+  LOOM_CHECK(assemble != nullptr, "parameter '{}' is a slice ({}) and nothing assembles it", p.name,
+             p.shard.describe());
+  buf.assign(static_cast<size_t>(p.shape.numel()), 0.0f);
+  assemble(p, local, buf.data());
+  return buf.data();
+}
+
+// Fills this rank's part of p (`local`, p.numel elements) from a file's
+// tensor holding the leading elements of the whole (the vocabulary rows of
+// wte may be fewer, or more when another layout padded them further; the
+// rest of the whole tensor is padding, zero).
+void load_tensor(const SafetensorsEntry& e, const Param& p, float* local) {
+  const int64_t n = std::min<int64_t>(numel(e.shape), p.shape.numel());
+  if (!p.shard.sharded()) {
+    std::fill(local, local + p.numel, 0.0f);
+    copy_entry(e, local, n);
+    return;
+  }
+  std::vector<float> whole(static_cast<size_t>(p.shape.numel()), 0.0f);
+  copy_entry(e, whole.data(), n);
+  shard_from_global(p.shape, p.shard, whole.data(), local);
+}
+
+// A moment tensor's shape in the file must match the parameter's but for
+// the number of vocabulary rows.
+bool moment_shape_fits(const std::vector<int64_t>& file, const Param& p) {
+  if (static_cast<int>(file.size()) != p.shape.rank()) return false;
+  for (int i = 1; i < p.shape.rank(); ++i)
+    if (file[static_cast<size_t>(i)] != p.shape[i]) return false;
+  return p.name == "transformer.wte.weight" || file[0] == p.shape[0];
+}
+
 }  // namespace
 
 std::string save_checkpoint(const std::string& root, const GptStage<float>& model,
                             const float* exp_avg, const float* exp_avg_sq,
-                            const TrainerState& state, const json& config, int64_t keep_last) {
+                            const TrainerState& state, const json& config, int64_t keep_last,
+                            const AssembleFn& assemble, bool write) {
   check_whole(model, "save_checkpoint");
+  const std::vector<Param>& params = model.layout().params();
+  LOOM_CHECK(params.front().name == "transformer.wte.weight",
+             "the first parameter is '{}', not wte", params.front().name);
+  const bool moments = exp_avg != nullptr && exp_avg_sq != nullptr;
+  std::vector<float> buf;
+  if (!write) {
+    // The other ranks of the slicing group take part in the same assemblies,
+    // in the same order, and write nothing.
+    for (const Param& p : params) whole_tensor(p, model.param(p), assemble, buf);
+    whole_tensor(params.front(), model.param(params.front()), assemble, buf);
+    if (moments)
+      for (const float* base : {exp_avg, exp_avg_sq})
+        for (const Param& p : params) whole_tensor(p, base + p.offset, assemble, buf);
+    return "";
+  }
   char name[32];
   std::snprintf(name, sizeof name, "step-%08ld", static_cast<long>(state.step));
   const fs::path final_dir = fs::path(root) / name;
@@ -87,33 +133,36 @@ std::string save_checkpoint(const std::string& root, const GptStage<float>& mode
   fs::remove_all(tmp);
   fs::create_directories(tmp);
 
-  std::vector<SafetensorsEntry> params;
-  for (const Param& p : model.layout().params()) {
-    std::vector<int64_t> shape = hf_shape(model, p);
-    params.push_back({p.name, DType::kF32, shape, model.param(p),
-                      static_cast<size_t>(numel(shape)) * sizeof(float)});
-  }
-  // The LM head is tied to wte; Hugging Face's state dict names it too.
-  LOOM_CHECK(params.front().name == "transformer.wte.weight",
-             "the first parameter is '{}', not wte", params.front().name);
-  SafetensorsEntry head = params.front();
-  head.name = "lm_head.weight";
-  params.push_back(head);
-  write_safetensors((tmp / "model.safetensors").string(), params, {{"format", "pt"}});
+  // Whole Hugging Face tensors written one at a time (a split one assembled
+  // just before it is written), wte without its padding rows, and the tied
+  // LM head under its own name too, as Hugging Face's state dict has it.
+  auto entry = [&](const std::string& n, const Param& p) {
+    const std::vector<int64_t> shape = hf_shape(model, p);
+    return SafetensorsEntry{n, DType::kF32, shape, nullptr,
+                            static_cast<size_t>(numel(shape)) * sizeof(float)};
+  };
+  std::vector<SafetensorsEntry> declared;
+  for (const Param& p : params) declared.push_back(entry(p.name, p));
+  declared.push_back(entry("lm_head.weight", params.front()));
+  SafetensorsWriter weights((tmp / "model.safetensors").string(), declared, {{"format", "pt"}});
+  for (const Param& p : params)
+    weights.append(whole_tensor(p, model.param(p), assemble, buf),
+                   declared[weights.written()].bytes);
+  weights.append(whole_tensor(params.front(), model.param(params.front()), assemble, buf),
+                 declared.back().bytes);
+  weights.commit();
 
-  std::vector<SafetensorsEntry> moments;
-  if (exp_avg != nullptr && exp_avg_sq != nullptr) {
-    for (const char* kind : {"exp_avg", "exp_avg_sq"}) {
-      const float* base = std::string(kind) == "exp_avg" ? exp_avg : exp_avg_sq;
-      for (const Param& p : model.layout().params()) {
-        std::vector<int64_t> shape;
-        for (int i = 0; i < p.shape.rank(); ++i) shape.push_back(p.shape[i]);
-        moments.push_back({std::string(kind) + "." + p.name, DType::kF32, shape, base + p.offset,
-                           static_cast<size_t>(p.numel) * sizeof(float)});
-      }
-    }
-  }
-  write_safetensors((tmp / "optimizer.safetensors").string(), moments);
+  declared.clear();
+  if (moments)
+    for (const char* kind : {"exp_avg.", "exp_avg_sq."})
+      for (const Param& p : params) declared.push_back(entry(kind + p.name, p));
+  SafetensorsWriter optimizer((tmp / "optimizer.safetensors").string(), declared);
+  if (moments)
+    for (const float* base : {exp_avg, exp_avg_sq})
+      for (const Param& p : params)
+        optimizer.append(whole_tensor(p, base + p.offset, assemble, buf),
+                         declared[optimizer.written()].bytes);
+  optimizer.commit();
   json st = {{"step", state.step},
              {"lr", state.lr},
              {"loss_scale", state.loss_scale},
@@ -206,7 +255,7 @@ TrainerState load_checkpoint(const std::string& dir, GptStage<float>& model, flo
     std::vector<int64_t> want = hf_shape(model, p);
     LOOM_CHECK_KIND(kData, e->shape == want, "{}: '{}' has shape {} but the config needs {}",
                     weights.path(), p.name, shape_str(e->shape), shape_str(want));
-    copy_entry(*e, model.param(p), numel(want));
+    load_tensor(*e, p, model.param(p));
   }
   if (exp_avg != nullptr && exp_avg_sq != nullptr) {
     SafetensorsFile moments((d / "optimizer.safetensors").string());
@@ -216,9 +265,9 @@ TrainerState load_checkpoint(const std::string& dir, GptStage<float>& model, flo
         std::string name = std::string(kind) + "." + p.name;
         const SafetensorsEntry* e = moments.find(name);
         LOOM_CHECK_KIND(kData, e != nullptr, "{}: no tensor '{}'", moments.path(), name);
-        LOOM_CHECK_KIND(kData, numel(e->shape) == p.numel, "{}: '{}' has shape {}, expected {}",
+        LOOM_CHECK_KIND(kData, moment_shape_fits(e->shape, p), "{}: '{}' has shape {}, expected {}",
                         moments.path(), name, shape_str(e->shape), p.shape.str());
-        copy_entry(*e, base + p.offset, p.numel);
+        load_tensor(*e, p, base + p.offset);
       }
     }
   }
@@ -258,7 +307,7 @@ void load_hf_weights(const std::string& path, GptStage<float>& model) {
     std::vector<int64_t> want = hf_shape(model, p);
     LOOM_CHECK_KIND(kData, e->shape == want, "{}: '{}' has shape {} but the config needs {}", path,
                     p.name, shape_str(e->shape), shape_str(want));
-    copy_entry(*e, model.param(p), numel(want));
+    load_tensor(*e, p, model.param(p));
   }
 }
 

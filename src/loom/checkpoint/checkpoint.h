@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -25,14 +26,23 @@ struct TrainerState {
   std::string tokenizer;  // "" when the data had none (synthetic)
 };
 
+// Assembles the whole tensor of a parameter split across ranks (tensor
+// parallelism) from every rank's slice: `whole` has p.shape.numel()
+// elements. Collective over the group that splits p: every rank of it calls
+// it for the same parameters in the same order.
+using AssembleFn = std::function<void(const Param& p, const float* slice, float* whole)>;
+
 // Saves step `state.step` into `root`/step-NNNNNNNN, points `root`/latest at
 // it, and removes all but the newest `keep_last` (0 keeps all). Returns the
-// folder. exp_avg and exp_avg_sq are the AdamW moments laid out like the whole
-// flat parameter buffer (not a shard), or null to write none.
+// folder. exp_avg and exp_avg_sq are the AdamW moments laid out like the
+// stage's flat parameter buffer (not a ZeRO shard), or null to write none.
+// Every tensor is written whole, one at a time: a split one is assembled by
+// `assemble` just before; the ranks that share the assembling but do not
+// write pass write = false and take part in the same calls.
 std::string save_checkpoint(const std::string& root, const GptStage<float>& model,
                             const float* exp_avg, const float* exp_avg_sq,
                             const TrainerState& state, const nlohmann::json& config,
-                            int64_t keep_last);
+                            int64_t keep_last, const AssembleFn& assemble = {}, bool write = true);
 
 // A checkpoint folder, or `root` + "/latest" resolved through the pointer file.
 std::string resolve_checkpoint(const std::string& dir_or_latest, const std::string& root);
@@ -43,8 +53,10 @@ void verify_checkpoint(const std::string& dir);
 nlohmann::json read_checkpoint_config(const std::string& dir);
 TrainerState read_trainer_state(const std::string& dir);
 
-// Loads parameters (and the moments, into whole-layout buffers, when given)
-// after verifying; shapes must match the model. Returns the trainer state.
+// Loads parameters (and the moments, into buffers laid out like the stage's
+// flat parameters, when given) after verifying; shapes must match the model.
+// A split parameter takes its slice of the whole tensor, so a checkpoint
+// loads under any tensor-parallel size. Returns the trainer state.
 TrainerState load_checkpoint(const std::string& dir, GptStage<float>& model,
                              float* exp_avg = nullptr, float* exp_avg_sq = nullptr);
 

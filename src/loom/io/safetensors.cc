@@ -1,6 +1,11 @@
 #include "loom/io/safetensors.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include <nlohmann/json.hpp>
@@ -28,10 +33,18 @@ const char* st_dtype(DType t) {
 
 void write_safetensors(const std::string& path, const std::vector<SafetensorsEntry>& entries,
                        const std::map<std::string, std::string>& metadata) {
+  SafetensorsWriter w(path, entries, metadata);
+  for (const auto& e : entries) w.append(e.data, e.bytes);
+  w.commit();
+}
+
+SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<SafetensorsEntry> entries,
+                                     const std::map<std::string, std::string>& metadata)
+    : path_(std::move(path)), entries_(std::move(entries)) {
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   size_t offset = 0;
-  for (const auto& e : entries) {
+  for (const auto& e : entries_) {
     header[e.name] = {{"dtype", st_dtype(e.dtype)},
                       {"shape", e.shape},
                       {"data_offsets", {offset, offset + e.bytes}}};
@@ -39,16 +52,53 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsEnt
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // align the data to 8 bytes
-  std::string out(8 + text.size() + offset, '\0');
-  uint64_t n = text.size();
-  std::memcpy(out.data(), &n, 8);
-  std::memcpy(out.data() + 8, text.data(), text.size());
-  char* data = out.data() + 8 + text.size();
-  for (const auto& e : entries) {
-    std::memcpy(data, e.data, e.bytes);
-    data += e.bytes;
+  tmp_ = path_ + ".tmp." + std::to_string(::getpid());
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  LOOM_CHECK_KIND(kIo, fd_ >= 0, "{}: cannot create: {}", tmp_, std::strerror(errno));
+  const uint64_t n = text.size();
+  write_all(&n, 8);
+  write_all(text.data(), text.size());
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    ::unlink(tmp_.c_str());
   }
-  write_file_atomic(path, out);
+}
+
+void SafetensorsWriter::write_all(const void* data, size_t bytes) {
+  const char* p = static_cast<const char*>(data);
+  size_t done = 0;
+  while (done < bytes) {
+    const ssize_t n = ::write(fd_, p + done, bytes - done);
+    if (n < 0 && errno == EINTR) continue;
+    LOOM_CHECK_KIND(kIo, n > 0, "{}: write failed: {}", tmp_, std::strerror(errno));
+    done += static_cast<size_t>(n);
+  }
+}
+
+void SafetensorsWriter::append(const void* data, size_t bytes) {
+  LOOM_CHECK(next_ < entries_.size(), "{}: more tensors appended than the {} declared", path_,
+             entries_.size());
+  const SafetensorsEntry& e = entries_[next_];
+  LOOM_CHECK(bytes == e.bytes, "{}: tensor '{}' declared {} bytes, got {}", path_, e.name, e.bytes,
+             bytes);
+  write_all(data, bytes);
+  ++next_;
+}
+
+void SafetensorsWriter::commit() {
+  LOOM_CHECK(next_ == entries_.size(), "{}: {} of {} tensors written at commit", path_, next_,
+             entries_.size());
+  bool ok = ::fsync(fd_) == 0;
+  ok = (::close(fd_) == 0) && ok;
+  fd_ = -1;
+  if (!ok || std::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp_.c_str());
+    LOOM_FAIL(kIo, "{}: cannot write: {}", path_, std::strerror(err));
+  }
 }
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {

@@ -25,6 +25,31 @@ struct SafetensorsEntry {
 void write_safetensors(const std::string& path, const std::vector<SafetensorsEntry>& entries,
                        const std::map<std::string, std::string>& metadata = {});
 
+// The same file written one tensor at a time, so no more than one tensor's
+// bytes need be in memory: the entries (names, dtypes, shapes, byte sizes;
+// no data) are declared up front, their bytes appended in that order, and
+// commit() fsyncs the temporary file and renames it over `path`. A writer
+// destroyed before commit() removes its temporary file.
+class SafetensorsWriter {
+ public:
+  SafetensorsWriter(std::string path, std::vector<SafetensorsEntry> entries,
+                    const std::map<std::string, std::string>& metadata = {});
+  ~SafetensorsWriter();
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+  // The next entry's bytes (entries()[written()].bytes of them).
+  void append(const void* data, size_t bytes);
+  size_t written() const { return next_; }
+  void commit();
+
+ private:
+  void write_all(const void* data, size_t bytes);
+  std::string path_, tmp_;
+  std::vector<SafetensorsEntry> entries_;
+  size_t next_ = 0;
+  int fd_ = -1;
+};
+
 // Reads and validates a whole file: header length within the file, valid
 // JSON, known dtypes, shapes matching byte sizes, offsets inside the data,
 // non-overlapping and covering it. Errors name the file and the tensor.

@@ -165,20 +165,35 @@ void Trainer::open_run_folder() {
 }
 
 void Trainer::save(double lr) {
-  // Moments as the whole layout: a shard per rank is gathered first (by every
-  // rank, since the gather is collective); rank 0 writes.
-  // At stage 3 the parameters are gathered too.
+  // Moments laid out like the stage's parameters: a ZeRO shard per rank is
+  // gathered first (by every rank, since the gather is collective); at stage
+  // 3 the parameters are gathered too. Then the ranks of data-parallel index
+  // 0 assemble each tensor split over their tensor-parallel group, one at a
+  // time, and world rank 0 writes it.
   ZeroEngine& zero = engine_->zero();
   std::vector<float> m, v;
   zero.gather_moments(m, v);
   zero.gather_full_params();
+  const ParallelContext& ctx = options_.parallel;
+  AssembleFn assemble = [&ctx](const Param& p, const float* slice, float* whole) {
+    const int n = ctx.tp->size();
+    std::vector<float> all(static_cast<size_t>(p.numel) * static_cast<size_t>(n));
+    ctx.tp->all_gather(slice, all.data(), static_cast<size_t>(p.numel), DType::kF32)->wait();
+    for (int r = 0; r < n; ++r) {
+      ShardSpec s = p.shard;
+      s.index = r;
+      shard_to_global(p.shape, s, all.data() + static_cast<size_t>(r) * p.numel, whole);
+    }
+  };
   std::string dir;
-  if (writer_) {
+  if (ctx.dp_rank() == 0) {
     TrainerState st{step_, lr, 1.0, config_.train.seed, tokenizer_ ? tokenizer_->name() : ""};
     dir = save_checkpoint(checkpoint_root(), model(), m.data(), v.data(), st, config_.resolved,
-                          config_.checkpoint.keep_last);
+                          config_.checkpoint.keep_last, ctx.tp ? assemble : AssembleFn{}, writer_);
   }
   zero.release_full_params(false);
+  // When save returns on any rank, the checkpoint is complete on disk.
+  if (ctx.world) ctx.world->barrier()->wait();
   if (!writer_) return;
   if (!options_.quiet && !progress_->tty()) std::printf("loom: checkpoint %s\n", dir.c_str());
 }
@@ -191,7 +206,9 @@ std::vector<StepResult> Trainer::run() {
   if (step_ > 0 && !options_.quiet)
     std::printf("loom: resumed from %s at step %ld\n", options_.resume.c_str(), long(step_));
   const int64_t total = config_.train.steps, every = config_.checkpoint.every;
-  const bool checkpoints = (writer_ || sharded()) && every > 0 && !checkpoint_root().empty();
+  // Every rank takes part in a save (gathers over the data- and
+  // tensor-parallel groups); world rank 0 writes.
+  const bool checkpoints = every > 0 && !checkpoint_root().empty();
   while (step_ < total) {
     StepResult r = train_step();
     const int64_t eval = config_.train.eval_every;
@@ -205,7 +222,14 @@ std::vector<StepResult> Trainer::run() {
   // The closing sample decodes on rank 0 from full parameters; at stage 3
   // every rank takes part in gathering them.
   const TrainConfig& t = config_.train;
-  const bool sampling = t.sample_tokens > 0 && tokenizer_ && !results.empty();
+  // (Decoding reads the single-process layers; under tensor parallelism
+  // `loom generate` samples from a checkpoint instead.)
+  const bool sampling =
+      t.sample_tokens > 0 && tokenizer_ && !results.empty() && !options_.parallel.tp;
+  if (t.sample_tokens > 0 && options_.parallel.tp && !options_.quiet)
+    std::printf(
+        "loom: no closing sample under tensor parallelism (loom generate --checkpoint "
+        "samples from a checkpoint)\n");
   if (sampling) engine_->zero().gather_full_params();
   progress_->summary(results, seconds_since(t0), peak_gflops_, options_.out_dir);
   if (sampling && !options_.quiet) {

@@ -54,14 +54,15 @@ class Trainer {
   // The whole flat parameter buffer (collective at ZeRO stage 3).
   std::vector<float> gather_params() { return engine_->gather_params(); }
   int64_t step() const { return step_; }
+  // Saves a checkpoint of the current step into the checkpoint folder
+  // (collective: every rank calls it; world rank 0 writes).
+  void save(double lr);
   double peak_gflops() const { return peak_gflops_; }
 
  private:
   void load_initial_state(uint64_t seed);
   void open_run_folder();
   std::string checkpoint_root() const;
-  void save(double lr);
-  bool sharded() const { return options_.parallel.dp && config_.zero.stage >= 1; }
   void describe_run() const;
   void describe_zero() const;
   void describe_checkpointing() const;
