@@ -56,7 +56,8 @@ const char* kBase = R"({
 
 struct RunResult {
   std::vector<double> losses;
-  double val_loss = 0;                               // over 3 global batches
+  std::vector<double> grad_norms;  // before clipping; every parameter counted once
+  double val_loss = 0;             // over 3 global batches
   std::map<std::string, std::vector<float>> params;  // every parameter, whole, by name
 };
 
@@ -96,7 +97,7 @@ RunResult train(const std::vector<std::string>& overrides, std::shared_ptr<Proce
   o.parallel = make_parallel_context(std::move(group), GridShape{world, c.parallel.tensor});
   Trainer t(std::move(c), o, ThreadConfig{});
   RunResult r;
-  for (const auto& s : t.run()) r.losses.push_back(s.loss);
+  for (const auto& s : t.run()) r.losses.push_back(s.loss), r.grad_norms.push_back(s.grad_norm);
   r.val_loss = t.evaluate();
   // Gathered into whole tensors by name: flat offsets differ between layouts
   // (ZeRO pads every unit to a multiple of the ranks), and tensor
@@ -177,6 +178,10 @@ TEST(Layouts, TrainExactlyLikeOneProcess) {
     for (size_t s = 0; s < ref.losses.size(); ++s)
       EXPECT_LE(std::abs(got.losses[s] - ref.losses[s]), 1e-5 * std::abs(ref.losses[s]))
           << layout.name << ", step " << s + 1 << ": " << got.losses[s] << " vs " << ref.losses[s];
+    for (size_t s = 0; s < ref.grad_norms.size(); ++s)
+      EXPECT_LE(std::abs(got.grad_norms[s] - ref.grad_norms[s]), 1e-4 * ref.grad_norms[s])
+          << layout.name << ", step " << s + 1 << ": grad norm " << got.grad_norms[s] << " vs "
+          << ref.grad_norms[s];
     EXPECT_LE(std::abs(got.val_loss - ref.val_loss), 1e-5 * ref.val_loss)
         << layout.name << ": validation loss " << got.val_loss << " vs " << ref.val_loss;
     double maxdiff = 0;

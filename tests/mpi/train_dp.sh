@@ -31,6 +31,26 @@ cfg = json.load(open(sys.argv[1] + "/config.resolved.json"))
 assert cfg["parallel"]["data"] == 2 and cfg["train_micro_batch_size_per_gpu"] == 4, cfg
 print("ok: metrics with comm", lines[-1]["time"]["comm"], lines[-1]["comm_bytes"])
 PY
+# Tensor parallelism from the CLI: tp 2, its communication in the metrics,
+# then resumed in one process from its checkpoint (whole tensors).
+mpirun --oversubscribe -np 2 "$LOOM" train --config "$WORK/cfg.json" --set parallel.tensor=2 \
+  --out "$WORK/tp" > "$WORK/out-tp.txt" 2>&1 || fail "tp training failed: $(cat "$WORK/out-tp.txt")"
+grep -q "loom: tensor parallel over 2 ranks: each holds 2 of 4 heads, 128 of 256 MLP features and 128 of 256 vocabulary rows" \
+  "$WORK/out-tp.txt" || fail "no tensor-parallel line: $(cat "$WORK/out-tp.txt")"
+"$LOOM" train --config "$WORK/cfg.json" --out "$WORK/tp1" \
+  --resume "$WORK/tp/checkpoints/step-00000003" > "$WORK/out-tp1.txt" 2>&1 ||
+  fail "one-process resume of a tp checkpoint: $(cat "$WORK/out-tp1.txt")"
+python3 - "$WORK/a/metrics.jsonl" "$WORK/tp/metrics.jsonl" "$WORK/tp1/metrics.jsonl" <<'PY' || fail "tp run"
+import json, sys
+dp, tp, one = ([json.loads(l) for l in open(p)] for p in sys.argv[1:])
+assert all(l["time"]["comm"] > 0 and l["comm_bytes"] > 0 for l in tp), tp
+for a, b in zip(dp, tp):
+    assert abs(a["loss"] - b["loss"]) <= 1e-5 * a["loss"], (a["loss"], b["loss"])
+assert [l["step"] for l in one] == [4, 5, 6], one
+for a, b in zip(tp[3:], one):
+    assert abs(a["loss"] - b["loss"]) <= 1e-5 * a["loss"], (a["loss"], b["loss"])
+print("ok: tp 2 trains like dp 2 and resumes in one process:", [round(l["loss"], 5) for l in one])
+PY
 mpirun --oversubscribe -np 2 "$LOOM" train --config "$WORK/cfg.json" --out "$WORK/b" \
   --resume "$WORK/a/checkpoints/step-00000003" > "$WORK/out2.txt" 2>&1 || fail "resume: $(cat "$WORK/out2.txt")"
 python3 - "$WORK/a/metrics.jsonl" "$WORK/b/metrics.jsonl" <<'PY' || fail "resume under mpirun is not exact"

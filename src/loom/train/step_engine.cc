@@ -10,9 +10,9 @@ namespace loom {
 
 namespace {
 
-std::unique_ptr<LayerFactory<float>> layers_for(const ParallelContext& ctx) {
-  if (!ctx.tp) return nullptr;
-  return std::make_unique<tp::TensorParallelFactory>(tp::Group(ctx.tp));
+std::unique_ptr<LayerFactory<float>> layers_for(const tp::Group& g) {
+  if (g.size() == 1) return nullptr;
+  return std::make_unique<tp::TensorParallelFactory>(g);
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -23,7 +23,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 StepEngine::StepEngine(const Config& config, ParallelContext ctx)
     : config_(config),
       ctx_(std::move(ctx)),
-      layers_(layers_for(ctx_)),
+      tp_(ctx_.tp),
+      layers_(layers_for(tp_)),
       // ZeRO decides which full buffers the stage holds and how units pad.
       stage_(config.model, StageSpec{}, ZeroEngine::storage(config.zero, ctx_.dp_size()),
              layers_ ? *layers_ : LayerFactory<float>::single_process()) {
@@ -60,6 +61,7 @@ StepStats StepEngine::step(const BatchSource& data, int64_t step, double lr) {
   const int64_t accum = config_.grad_accum;
   zero_->zero_grads();
   stage_.take_recompute_seconds();
+  tp_.take_traffic();  // evaluation's does not count
   double loss_sum = 0;
   for (int64_t micro = 0; micro < accum; ++micro) {
     // Samples and dropout masks are keyed on the global sample index, so
@@ -90,6 +92,11 @@ StepStats StepEngine::step(const BatchSource& data, int64_t step, double lr) {
   zero_->step(lr, step + 1);
   r.t_optimizer = seconds_since(t0);
   r.comm = zero_->take_stats();
+  // Tensor-parallel collectives block the layers that issue them: all exposed.
+  const tp::Traffic t = tp_.take_traffic();
+  r.comm.comm_s += t.seconds;
+  r.comm.exposed_s += t.seconds;
+  r.comm.bytes += t.bytes;
   return r;
 }
 

@@ -12,6 +12,7 @@
 #include "loom/comm/parallel_context.h"
 #include "loom/data/batch_source.h"
 #include "loom/model/gpt_stage.h"
+#include "loom/parallel/tensor/regions.h"
 #include "loom/parallel/zero/zero.h"
 #include "loom/train/config.h"
 
@@ -57,6 +58,7 @@ class StepEngine {
 
   const Config config_;
   ParallelContext ctx_;
+  tp::Group tp_;                                 // the tensor-parallel group (traffic counted)
   std::unique_ptr<LayerFactory<float>> layers_;  // tensor-parallel layers; null: one process's
   GptStage<float> stage_;
   std::unique_ptr<ZeroEngine> zero_;

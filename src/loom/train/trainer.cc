@@ -253,6 +253,13 @@ void Trainer::describe_run() const {
       m.n_layer, m.n_embd, m.n_head, m.vocab_size, m.padded_vocab(), m.seq_len,
       double(engine_->stage().num_params()) / 1e6);
   std::printf("loom: grid %s\n", options_.parallel.grid.describe().c_str());
+  if (config_.parallel.tensor > 1)
+    std::printf(
+        "loom: tensor parallel over %d ranks: each holds %d of %d heads, %d of %d MLP features and "
+        "%d of %d vocabulary rows (vocabulary padded to a multiple of 128 x %d)\n",
+        config_.parallel.tensor, m.n_head / config_.parallel.tensor, m.n_head,
+        4 * m.n_embd / config_.parallel.tensor, 4 * m.n_embd,
+        m.padded_vocab() / config_.parallel.tensor, m.padded_vocab(), config_.parallel.tensor);
   std::printf("loom: data %s; batch %ld = micro-batch %ld x accumulation %ld x data-parallel %ld\n",
               train_data_->describe().c_str(), long(config_.train_batch_size),
               long(config_.micro_batch), long(config_.grad_accum), long(config_.data_parallel));

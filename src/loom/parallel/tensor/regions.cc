@@ -1,15 +1,30 @@
 #include "loom/parallel/tensor/regions.h"
 
+#include <chrono>
+
 namespace loom::tp {
 
-void Group::sum(float* x, int64_t n) const {
+void Group::all_reduce(float* x, int64_t n, ReduceOp op) const {
   if (size() == 1 || n == 0) return;
-  g_->all_reduce(x, x, static_cast<size_t>(n), DType::kF32, ReduceOp::kSum)->wait();
+  const auto t0 = std::chrono::steady_clock::now();
+  g_->all_reduce(x, x, static_cast<size_t>(n), DType::kF32, op)->wait();
+  traffic_->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // A ring all-reduce sends 2 (p - 1) / p of the buffer from every rank.
+  traffic_->bytes += 2.0 * (size() - 1) / size() * double(n) * sizeof(float);
+}
+
+void Group::sum(float* x, int64_t n) const {
+  all_reduce(x, n, ReduceOp::kSum);
 }
 
 void Group::max(float* x, int64_t n) const {
-  if (size() == 1 || n == 0) return;
-  g_->all_reduce(x, x, static_cast<size_t>(n), DType::kF32, ReduceOp::kMax)->wait();
+  all_reduce(x, n, ReduceOp::kMax);
+}
+
+Traffic Group::take_traffic() const {
+  Traffic t = *traffic_;
+  *traffic_ = Traffic{};
+  return t;
 }
 
 }  // namespace loom::tp

@@ -15,9 +15,16 @@
 
 namespace loom::tp {
 
+// Time spent in the group's collectives (all blocking: the layer waits for
+// each) and the bytes each rank sent (ring model), since the last take().
+struct Traffic {
+  double seconds = 0, bytes = 0;
+};
+
 class Group {
  public:
-  explicit Group(std::shared_ptr<ProcessGroup> g) : g_(std::move(g)) {}
+  explicit Group(std::shared_ptr<ProcessGroup> g)
+      : g_(std::move(g)), traffic_(std::make_shared<Traffic>()) {}
   int rank() const { return g_ ? g_->rank() : 0; }
   int size() const { return g_ ? g_->size() : 1; }
   const std::shared_ptr<ProcessGroup>& process_group() const { return g_; }
@@ -25,9 +32,13 @@ class Group {
   // In place over the group, waited for.
   void sum(float* x, int64_t n) const;
   void max(float* x, int64_t n) const;
+  // The traffic of this group (shared by its copies) since the last call.
+  Traffic take_traffic() const;
 
  private:
+  void all_reduce(float* x, int64_t n, ReduceOp op) const;
   std::shared_ptr<ProcessGroup> g_;
+  std::shared_ptr<Traffic> traffic_;
 };
 
 // The input gradient of a copy-to region (backward of a column-parallel
