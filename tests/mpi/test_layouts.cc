@@ -114,7 +114,17 @@ std::vector<Layout> layouts(int world) {
        {"parallel.tensor=" + std::to_string(world), "gradient_accumulation_steps=2",
         "activation_checkpointing.policy=selective"}},
   };
+  tensor.push_back(
+      {"tp " + std::to_string(world) + ", sequence parallel",
+       {"parallel.tensor=" + std::to_string(world), "parallel.sequence_parallel=true"}});
+  tensor.push_back(
+      {"tp " + std::to_string(world) + ", sequence parallel, accumulation 2, full recompute",
+       {"parallel.tensor=" + std::to_string(world), "parallel.sequence_parallel=true",
+        "gradient_accumulation_steps=2", "activation_checkpointing.policy=full"}});
   if (world == 4) {
+    tensor.push_back(
+        {"tp 2 x dp 2, sequence parallel, zero-2",
+         {"parallel.tensor=2", "parallel.sequence_parallel=true", "zero_optimization.stage=2"}});
     tensor.push_back({"tp 2 x dp 2", {"parallel.tensor=2", "parallel.data=2"}});
     tensor.push_back({"tp 2 x dp 2, zero-1", {"parallel.tensor=2", "zero_optimization.stage=1"}});
     tensor.push_back({"tp 2 x dp 2, zero-3, full recompute",

@@ -26,7 +26,8 @@ GptStage<T>::GptStage(const GptConfig& config, StageSpec spec, StoreOptions stor
     : config_(config),
       first_(spec.first),
       last_(spec.last < 0 ? config.n_layer : spec.last),
-      serial_layers_(layers.serial()) {
+      serial_layers_(layers.serial()),
+      split_(layers.sequence_split()) {
   LOOM_CHECK(first_ >= 0 && first_ <= last_ && last_ <= config.n_layer,
              "stage blocks [{}, {}) outside the model's {} layers", first_, last_, config.n_layer);
   ParamLayout layout(storage.unit_multiple);
@@ -51,6 +52,18 @@ GptStage<T>::GptStage(const GptConfig& config, StageSpec spec, StoreOptions stor
   }
   store_.build(std::move(layout), storage);
   plan_.blocks.assign(blocks_.size(), Recompute::kNone);
+}
+
+template <typename T>
+Rows GptStage<T>::rows(int64_t B, int64_t Tn) const {
+  const auto [piece, pieces] = split_;
+  if (pieces == 1) return Rows::whole(B, Tn);
+  LOOM_CHECK_KIND(kConfig, (B * Tn) % pieces == 0,
+                  "a micro-batch of {} x {} = {} tokens does not split into {} sequence-parallel "
+                  "pieces",
+                  B, Tn, B * Tn, pieces);
+  const int64_t n = B * Tn / pieces;
+  return Rows{B, Tn, piece * n, n};
 }
 
 template <typename T>
@@ -79,7 +92,7 @@ std::vector<UnitUse> GptStage<T>::unit_schedule(bool backward) const {
 template <typename T>
 size_t GptStage<T>::block_bytes(int64_t B, int64_t Tn, Recompute m) const {
   if (blocks_.empty()) return 0;
-  return static_cast<size_t>(blocks_[0].layer->record_elems(B, Tn, m)) * sizeof(T);
+  return static_cast<size_t>(blocks_[0].layer->record_elems(rows(B, Tn), m)) * sizeof(T);
 }
 
 template <typename T>
@@ -111,7 +124,7 @@ RecomputePlan GptStage<T>::plan(const CheckpointPolicy& policy, int64_t B, int64
   // comes first), the rest recomputed in full; the bytes counted are what
   // the activations category will hold at its peak: `in_flight` stores plus
   // the shared room.
-  const size_t input = static_cast<size_t>(B * Tn * config_.n_embd) * sizeof(T);
+  const size_t input = static_cast<size_t>(rows(B, Tn).count * config_.n_embd) * sizeof(T);
   auto bytes_with = [&](size_t whole) {
     RecomputePlan p = with([&](int l) {
       return static_cast<size_t>(l - first_) + whole >= n ? Recompute::kNone : Recompute::kFull;
@@ -153,13 +166,13 @@ void GptStage<T>::set_plan(RecomputePlan plan) {
 
 template <typename T>
 size_t GptStage<T>::store_bytes(int64_t B, int64_t Tn, const RecomputePlan& plan) const {
-  const int64_t BT = B * Tn;
-  int64_t n = BT * config_.n_embd;  // input
+  const Rows rw = rows(B, Tn);
+  int64_t n = rw.count * config_.n_embd;  // input
   for (size_t i = 0; i < blocks_.size(); ++i)
-    n += blocks_[i].layer->record_elems(B, Tn, plan.blocks[i]);
+    n += blocks_[i].layer->record_elems(rw, plan.blocks[i]);
   if (head_) {
     Arena<T> rec, room;
-    head_->bind(rec, room, BT, plan.head_logits);
+    head_->bind(rec, room, rw, plan.head_logits);
     n += rec.used();
   }
   return static_cast<size_t>(n) * sizeof(T);
@@ -167,11 +180,15 @@ size_t GptStage<T>::store_bytes(int64_t B, int64_t Tn, const RecomputePlan& plan
 
 template <typename T>
 size_t GptStage<T>::room_bytes(int64_t B, int64_t Tn, const RecomputePlan& plan) const {
-  const int64_t BT = B * Tn;
+  const Rows rw = rows(B, Tn);
   int64_t n = 0;
   for (size_t i = 0; i < blocks_.size(); ++i)
-    n = std::max(n, blocks_[i].layer->recompute_elems(B, Tn, plan.blocks[i]));
-  if (head_ && plan.head_logits) n = std::max(n, BT * config_.padded_vocab());
+    n = std::max(n, blocks_[i].layer->recompute_elems(rw, plan.blocks[i]));
+  if (head_ && plan.head_logits) {
+    Arena<T> rec, logits;
+    head_->bind(rec, logits, rw, true);
+    n = std::max(n, logits.used());
+  }
   return static_cast<size_t>(n) * sizeof(T);
 }
 
@@ -179,11 +196,12 @@ template <typename T>
 void GptStage<T>::ensure_work(int64_t B, int64_t Tn) {
   const int64_t BT = B * Tn, C = config_.n_embd;
   if (BT <= work_bt_) return;
-  int64_t block_scratch = BT * C;  // the head's d_lnf
+  const Rows rw = rows(B, Tn);
+  int64_t block_scratch = rw.count * C;  // the head's d_lnf
   for (const StageBlock& b : blocks_)
-    block_scratch = std::max(block_scratch, b.layer->scratch_elems(B, Tn));
-  scratch_ =
-      Buffer(static_cast<size_t>(BT * C + block_scratch) * sizeof(T), MemCategory::kWorkspace);
+    block_scratch = std::max(block_scratch, b.layer->scratch_elems(rw));
+  scratch_ = Buffer(static_cast<size_t>(rw.count * C + block_scratch) * sizeof(T),
+                    MemCategory::kWorkspace);
   const size_t room = room_bytes(B, Tn);
   room_ = room > 0 ? Buffer(room, MemCategory::kActivations) : Buffer();
   work_bt_ = BT;
@@ -200,17 +218,17 @@ StageActivations<T> GptStage<T>::make_activations(int64_t B, int64_t Tn) const {
   a.plan_id = plan_id_;
   a.buffer = Buffer(store_bytes(B, Tn), MemCategory::kActivations);
   Arena<T> rec(a.buffer.template as<T>());
-  a.input = rec.take(B * Tn * config_.n_embd);
+  a.input = rec.take(rows(B, Tn).count * config_.n_embd);
   a.output = a.input;
   for (size_t i = 0; i < blocks_.size(); ++i) {
     a.blocks.push_back(rec.take(0));
     Arena<T> room;
-    a.output = blocks_[i].layer->bind(rec, room, B, Tn, mode(i)).res3;
+    a.output = blocks_[i].layer->bind(rec, room, rows(B, Tn), mode(i)).res3;
   }
   if (head_) {
     a.head = rec.take(0);
     Arena<T> room;
-    head_->bind(rec, room, B * Tn, plan_.head_logits);
+    head_->bind(rec, room, rows(B, Tn), plan_.head_logits);
   }
   LOOM_CHECK(static_cast<size_t>(rec.used()) * sizeof(T) == a.buffer.bytes(),
              "activation layout of {} elements in a buffer of {} bytes", rec.used(),
@@ -228,19 +246,20 @@ void GptStage<T>::check_store(const StageActivations<T>& a) const {
 template <typename T>
 HeadRecord<T> GptStage<T>::head_record(const StageActivations<T>& a, T* room) const {
   Arena<T> rec(a.head), rm(room);
-  return head_->bind(rec, rm, a.B * a.Tn, plan_.head_logits);
+  return head_->bind(rec, rm, rows(a.B, a.Tn), plan_.head_logits);
 }
 
 template <typename T>
 int64_t GptStage<T>::block_output_offset(const StageActivations<T>& a, size_t i) const {
   Arena<T> rec(a.blocks[i]), room;
-  return blocks_[i].layer->bind(rec, room, a.B, a.Tn, mode(i)).res3 - a.blocks[i];
+  return blocks_[i].layer->bind(rec, room, rows(a.B, a.Tn), mode(i)).res3 - a.blocks[i];
 }
 
 template <typename T>
 double GptStage<T>::forward(StageActivations<T>& a, const int32_t* tokens, const T* input,
                             const int32_t* targets, const StepContext& ctx) {
   const int64_t B = a.B, Tn = a.Tn, BT = B * Tn, C = config_.n_embd;
+  const Rows rw = rows(B, Tn);
   check_store(a);
   a.ctx = ctx;
   a.tokens = tokens;
@@ -251,11 +270,11 @@ double GptStage<T>::forward(StageActivations<T>& a, const int32_t* tokens, const
   if (embedding_) {
     LOOM_CHECK(tokens != nullptr, "the first stage's forward needs tokens");
     store_.before(emb_unit_, Pass::kForward);
-    embedding_->forward(store_, a.input, tokens, B, Tn, drop);
+    embedding_->forward(store_, a.input, tokens, rw, drop);
     store_.after(emb_unit_, Pass::kForward);
   } else {
     LOOM_CHECK(input != nullptr, "stage [{}, {}) needs the previous stage's output", first_, last_);
-    std::memcpy(a.input, input, static_cast<size_t>(BT * C) * sizeof(T));
+    std::memcpy(a.input, input, static_cast<size_t>(rw.count * C) * sizeof(T));
   }
   for (size_t i = 0; i < blocks_.size(); ++i) {
     const int u = blocks_[i].unit;
@@ -265,33 +284,34 @@ double GptStage<T>::forward(StageActivations<T>& a, const int32_t* tokens, const
     if (mode(i) == Recompute::kFull) {
       // Computed in the shared room; only the output stays.
       Arena<T> whole(room), none;
-      r = blocks_[i].layer->bind(whole, none, B, Tn, Recompute::kNone);
-      r.res3 = blocks_[i].layer->bind(rec, rm, B, Tn, Recompute::kFull).res3;
+      r = blocks_[i].layer->bind(whole, none, rw, Recompute::kNone);
+      r.res3 = blocks_[i].layer->bind(rec, rm, rw, Recompute::kFull).res3;
     } else {
-      r = blocks_[i].layer->bind(rec, rm, B, Tn, mode(i));
+      r = blocks_[i].layer->bind(rec, rm, rw, mode(i));
     }
     store_.before(u, Pass::kForward);
-    blocks_[i].layer->forward(store_, r, x, B, Tn, mode(i) == Recompute::kSelective, drop);
+    blocks_[i].layer->forward(store_, r, x, rw, mode(i) == Recompute::kSelective, drop);
     store_.after(u, Pass::kForward);
   }
   if (!head_) return 0.0;
   HeadRecord<T> h = head_record(a, room);
   store_.before(lnf_unit_, Pass::kForward);
-  head_->norm_forward(store_, h, a.output, BT);
+  head_->norm_forward(store_, h, a.output, rw);
   store_.after(lnf_unit_, Pass::kForward);
   store_.before(wte_unit_, Pass::kForward);
-  head_->logits_forward(store_, h, BT);
+  head_->logits_forward(store_, h, rw);
   store_.after(wte_unit_, Pass::kForward);
   a.logits = h.logits;
   if (targets == nullptr) return 0.0;
-  return head_->loss(h, targets, BT) / static_cast<double>(BT);
+  return head_->loss(h, targets, rw) / static_cast<double>(BT);
 }
 
 template <typename T>
 void GptStage<T>::backward(StageActivations<T>& a, double loss_scale, const T* d_output,
                            T* d_input) {
   const int64_t B = a.B, Tn = a.Tn, BT = B * Tn, C = config_.n_embd;
-  const size_t bytes = static_cast<size_t>(BT * C) * sizeof(T);
+  const Rows rw = rows(B, Tn);
+  const size_t bytes = static_cast<size_t>(rw.count * C) * sizeof(T);
   check_store(a);
   // Checked before anything accumulates or any reduction starts.
   LOOM_CHECK(head_ || d_output != nullptr, "stage [{}, {}) needs the gradient of its output",
@@ -301,7 +321,7 @@ void GptStage<T>::backward(StageActivations<T>& a, double loss_scale, const T* d
   LOOM_CHECK(!head_ || a.targets != nullptr, "backward needs a forward pass with targets");
   ensure_work(B, Tn);
   T* d_resid = scratch_.as<T>();
-  T* rest = d_resid + BT * C;  // the head's d_lnf, then each block's scratch
+  T* rest = d_resid + rw.count * C;  // the head's d_lnf, then each block's scratch
   const Dropout drop(a.ctx, config_.dropout);
   if (head_)
     head_backward(a, loss_scale, d_resid, rest);
@@ -310,7 +330,7 @@ void GptStage<T>::backward(StageActivations<T>& a, double loss_scale, const T* d
   for (size_t i = blocks_.size(); i-- > 0;) block_backward(a, i, d_resid, rest, drop);
   if (embedding_) {
     store_.before(emb_unit_, Pass::kBackwardGradsOnly);
-    embedding_->backward(store_, d_resid, a.tokens, B, Tn, drop);
+    embedding_->backward(store_, d_resid, a.tokens, rw, drop);
     store_.after(emb_unit_, Pass::kBackwardGradsOnly);
   } else {
     std::memcpy(d_input, d_resid, bytes);
@@ -320,28 +340,29 @@ void GptStage<T>::backward(StageActivations<T>& a, double loss_scale, const T* d
 template <typename T>
 void GptStage<T>::head_backward(StageActivations<T>& a, double loss_scale, T* d_resid, T* d_lnf) {
   const int64_t BT = a.B * a.Tn, C = config_.n_embd;
+  const Rows rw = rows(a.B, a.Tn);
   HeadRecord<T> h = head_record(a, room_.as<T>());
   // d(mean loss)/d(loss_n) = 1 / BT, times the caller's scale (accumulation, loss scaling).
   std::vector<T> dloss(static_cast<size_t>(BT), T(loss_scale / static_cast<double>(BT)));
-  zero(d_lnf, BT * C);
+  zero(d_lnf, rw.count * C);
   store_.before(wte_unit_, Pass::kBackward);
   if (plan_.head_logits) {
     const auto t0 = std::chrono::steady_clock::now();
-    head_->logits_forward(store_, h, BT);  // the same GEMM as forward: the same logits
+    head_->logits_forward(store_, h, rw);  // the same GEMM as forward: the same logits
     recompute_s_ += seconds_since(t0);
   }
-  head_->logits_backward(store_, h, a.targets, dloss.data(), d_lnf, BT);
+  head_->logits_backward(store_, h, a.targets, dloss.data(), d_lnf, rw);
   store_.after(wte_unit_, Pass::kBackward);
-  zero(d_resid, BT * C);
+  zero(d_resid, rw.count * C);
   store_.before(lnf_unit_, Pass::kBackward);
-  head_->norm_backward(store_, h, d_resid, d_lnf, a.output, BT);
+  head_->norm_backward(store_, h, d_resid, d_lnf, a.output, rw);
   store_.after(lnf_unit_, Pass::kBackward);
 }
 
 template <typename T>
 void GptStage<T>::block_backward(StageActivations<T>& a, size_t i, T* d_resid, T* scratch,
                                  const Dropout& drop) {
-  const int64_t B = a.B, Tn = a.Tn;
+  const Rows rw = rows(a.B, a.Tn);
   const Block<T>& block = *blocks_[i].layer;
   const int u = blocks_[i].unit;
   const T* x = block_input(a, i);
@@ -350,18 +371,18 @@ void GptStage<T>::block_backward(StageActivations<T>& a, size_t i, T* d_resid, T
   if (mode(i) == Recompute::kFull) {
     // The block's forward again, into the room, from its kept input.
     Arena<T> whole(room), none;
-    r = block.bind(whole, none, B, Tn, Recompute::kNone);
+    r = block.bind(whole, none, rw, Recompute::kNone);
     store_.before(u, Pass::kRecompute);  // (ZeRO-3 gathers here: not recompute time)
     const auto t0 = std::chrono::steady_clock::now();
-    block.forward(store_, r, x, B, Tn, false, drop, /*record_only=*/true);
+    block.forward(store_, r, x, rw, false, drop, /*record_only=*/true);
     recompute_s_ += seconds_since(t0);
     store_.after(u, Pass::kRecompute);
   } else {
     Arena<T> rec(a.blocks[i]), rm(room);
-    r = block.bind(rec, rm, B, Tn, mode(i));
+    r = block.bind(rec, rm, rw, mode(i));
   }
   store_.before(u, Pass::kBackward);
-  block.backward(store_, r, x, d_resid, B, Tn, mode(i) == Recompute::kSelective, drop, scratch);
+  block.backward(store_, r, x, d_resid, rw, mode(i) == Recompute::kSelective, drop, scratch);
   store_.after(u, Pass::kBackward);
 }
 
@@ -382,8 +403,9 @@ KvCache<T> GptStage<T>::make_kv_cache() const {
   c.k.resize(L * Tn * C), c.v.resize(L * Tn * C);
   c.x.resize(C), c.ln.resize(C), c.stat.resize(2), c.qkv.resize(3 * C), c.att.resize(C);
   // One row's feed-forward record (the MLP's: its GELU input and output).
-  c.ffn.resize(
-      blocks_.empty() ? 0 : static_cast<size_t>(blocks_[0].layer->ffn->record_elems(1, false)));
+  c.ffn.resize(blocks_.empty() ? 0
+                               : static_cast<size_t>(blocks_[0].layer->ffn->record_elems(
+                                     Rows::whole(1, 1), false)));
   c.out.resize(C), c.scores.resize(Tn);
   c.logits.resize(static_cast<size_t>(config_.padded_vocab()));
   return c;
@@ -407,7 +429,7 @@ const T* GptStage<T>::decode_step(KvCache<T>& c, int32_t token) {
     const auto& attn = static_cast<const Attention<T>&>(*b.attn);  // serial, checked above
     T* K = c.k.data() + static_cast<int64_t>(l) * Tn * C;
     T* V = c.v.data() + static_cast<int64_t>(l) * Tn * C;
-    b.ln_1.forward(ps, c.ln.data(), &c.stat[0], &c.stat[1], c.x.data(), 1);
+    b.ln_1->forward(ps, c.ln.data(), &c.stat[0], &c.stat[1], c.x.data(), 1);
     cpu::matmul_forward(c.qkv.data(), c.ln.data(), ps.param(attn.c_attn_w), ps.param(attn.c_attn_b),
                         1, C, 3 * C);
     std::copy(c.qkv.begin() + C, c.qkv.begin() + 2 * C, K + pos * C);
@@ -432,11 +454,11 @@ const T* GptStage<T>::decode_step(KvCache<T>& c, int32_t token) {
     cpu::matmul_forward(c.out.data(), c.att.data(), ps.param(attn.c_proj_w),
                         ps.param(attn.c_proj_b), 1, C, C);
     for (int64_t i = 0; i < C; ++i) c.x[i] += c.out[i];
-    b.ln_2.forward(ps, c.ln.data(), &c.stat[0], &c.stat[1], c.x.data(), 1);
-    b.ffn->forward(ps, c.ffn.data(), false, c.out.data(), c.ln.data(), 1, nullptr);
+    b.ln_2->forward(ps, c.ln.data(), &c.stat[0], &c.stat[1], c.x.data(), 1);
+    b.ffn->forward(ps, c.ffn.data(), false, c.out.data(), c.ln.data(), Rows::whole(1, 1), nullptr);
     for (int64_t i = 0; i < C; ++i) c.x[i] += c.out[i];
   }
-  head_->ln_f.forward(ps, c.ln.data(), &c.stat[0], &c.stat[1], c.x.data(), 1);
+  head_->ln_f->forward(ps, c.ln.data(), &c.stat[0], &c.stat[1], c.x.data(), 1);
   cpu::matmul_nt_forward(c.logits.data(), c.ln.data(), wte, 1, C, config_.padded_vocab());
   c.len = pos + 1;
   return c.logits.data();

@@ -38,10 +38,10 @@ struct StageActivations {
   StepContext ctx;
   const int32_t* tokens = nullptr;   // (B,T), owned by the caller (first stage)
   const int32_t* targets = nullptr;  // (B,T) or null (last stage)
-  T* input = nullptr;                // (B,T,C): the first block's input
+  T* input = nullptr;                // (rows,C): the first block's input (this rank's rows)
   std::vector<T*> blocks;            // each block's record
   T* head = nullptr;                 // the head's record
-  T* output = nullptr;               // (B,T,C): the last block's output
+  T* output = nullptr;               // (rows,C): the last block's output
   // (B,T,Vp) after forward, on the last stage. When the plan recomputes the
   // logits they live in the stage's shared room: valid until its next
   // forward or backward.
@@ -100,6 +100,10 @@ class GptStage {
   // The per-block record sizes the budget policy works from.
   size_t block_bytes(int64_t B, int64_t Tn, Recompute mode) const;
 
+  // This rank's rows of a micro-batch of (B, T) (a slice when the layers
+  // split the sequence).
+  Rows rows(int64_t B, int64_t Tn) const;
+
   // Units in the order forward (and then backward) uses them.
   std::vector<UnitUse> unit_schedule(bool backward) const;
 
@@ -157,6 +161,7 @@ class GptStage {
   std::vector<StageBlock> blocks_;
   std::unique_ptr<HeadLayer<T>> head_;
   bool serial_layers_ = true;
+  std::pair<int, int> split_{0, 1};  // the layers' sequence split (piece, pieces)
   int emb_unit_ = -1, lnf_unit_ = -1, wte_unit_ = -1;
   RecomputePlan plan_;
   uint64_t plan_id_ = 1;

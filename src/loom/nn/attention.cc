@@ -30,24 +30,27 @@ typename Attention<T>::Record Attention<T>::bind(T* record, T* recompute, int64_
 }
 
 template <typename T>
-int64_t Attention<T>::record_elems(int64_t B, int64_t Tn, bool selective) const {
+int64_t Attention<T>::record_elems(const Rows& rows, bool selective) const {
+  const int64_t B = rows.B, Tn = rows.Tn;
   return B * Tn * 3 * C_ + (selective ? 0 : B * Tn * C_ + B * NH_ * Tn);
 }
 
 template <typename T>
-int64_t Attention<T>::recompute_elems(int64_t B, int64_t Tn, bool selective) const {
+int64_t Attention<T>::recompute_elems(const Rows& rows, bool selective) const {
+  const int64_t B = rows.B, Tn = rows.Tn;
   return selective ? B * Tn * C_ + B * NH_ * Tn : 0;
 }
 
 template <typename T>
-int64_t Attention<T>::scratch_elems(int64_t B, int64_t Tn) const {
+int64_t Attention<T>::scratch_elems(const Rows& rows) const {
+  const int64_t B = rows.B, Tn = rows.Tn;
   return B * Tn * 4 * C_;
 }
 
 template <typename T>
 void Attention<T>::forward(const ParamStore<T>& ps, T* record, bool selective, T* out, const T* x,
-                           int64_t B, int64_t Tn, const cpu::DropoutSpec& probs,
-                           T* recompute) const {
+                           const Rows& rows, const cpu::DropoutSpec& probs, T* recompute) const {
+  const int64_t B = rows.B, Tn = rows.Tn;
   const int64_t BT = B * Tn;
   const Record r = bind(record, recompute, B, Tn, selective);
   cpu::matmul_forward(r.qkv, x, ps.param(c_attn_w), ps.param(c_attn_b), BT, C_, 3 * C_);
@@ -57,8 +60,9 @@ void Attention<T>::forward(const ParamStore<T>& ps, T* record, bool selective, T
 
 template <typename T>
 void Attention<T>::backward(const ParamStore<T>& ps, T* record, bool selective, T* dx,
-                            const T* dout, const T* x, int64_t B, int64_t Tn,
+                            const T* dout, const T* x, const Rows& rows,
                             const cpu::DropoutSpec& probs, T* scratch, T* recompute) const {
+  const int64_t B = rows.B, Tn = rows.Tn;
   const int64_t BT = B * Tn;
   const Record r = bind(record, recompute, B, Tn, selective);
   T* d_y = scratch;

@@ -22,21 +22,20 @@ template <typename T>
 class AttentionLayer {
  public:
   virtual ~AttentionLayer() = default;
-  // Elements one micro-batch of (B, T) keeps; `selective` leaves the core's
-  // output and log-sum-exp to the stage's shared recompute room.
-  virtual int64_t record_elems(int64_t B, int64_t Tn, bool selective) const = 0;
-  virtual int64_t recompute_elems(int64_t B, int64_t Tn, bool selective) const = 0;
+  // Elements one micro-batch keeps; `selective` leaves the core's output
+  // and log-sum-exp to the stage's shared recompute room.
+  virtual int64_t record_elems(const Rows& rows, bool selective) const = 0;
+  virtual int64_t recompute_elems(const Rows& rows, bool selective) const = 0;
   // Backward's gradient scratch.
-  virtual int64_t scratch_elems(int64_t B, int64_t Tn) const = 0;
-  // out (B,T,C) = c_proj(core(c_attn(x))), x (B,T,C) the normalised input;
-  // `probs` keys the dropout masks on the attention probabilities.
+  virtual int64_t scratch_elems(const Rows& rows) const = 0;
+  // out (rows.count, C) = c_proj(core(c_attn(x))), x (rows.count, C) the
+  // normalised input; `probs` keys the dropout masks on the probabilities.
   virtual void forward(const ParamStore<T>& ps, T* record, bool selective, T* out, const T* x,
-                       int64_t B, int64_t Tn, const cpu::DropoutSpec& probs,
-                       T* recompute) const = 0;
-  // Accumulates dx (B,T,C) and the parameter gradients from dout (B,T,C).
+                       const Rows& rows, const cpu::DropoutSpec& probs, T* recompute) const = 0;
+  // Accumulates dx (rows.count, C) and the parameter gradients from dout.
   virtual void backward(const ParamStore<T>& ps, T* record, bool selective, T* dx, const T* dout,
-                        const T* x, int64_t B, int64_t Tn, const cpu::DropoutSpec& probs,
-                        T* scratch, T* recompute) const = 0;
+                        const T* x, const Rows& rows, const cpu::DropoutSpec& probs, T* scratch,
+                        T* recompute) const = 0;
 };
 
 template <typename T>
@@ -47,13 +46,13 @@ class Attention final : public AttentionLayer<T> {
   Attention(ParamLayout& layout, const std::string& prefix, const GptConfig& c, float proj_std);
   ParamId c_attn_w, c_attn_b, c_proj_w, c_proj_b;
 
-  int64_t record_elems(int64_t B, int64_t Tn, bool selective) const override;
-  int64_t recompute_elems(int64_t B, int64_t Tn, bool selective) const override;
-  int64_t scratch_elems(int64_t B, int64_t Tn) const override;
-  void forward(const ParamStore<T>& ps, T* record, bool selective, T* out, const T* x, int64_t B,
-               int64_t Tn, const cpu::DropoutSpec& probs, T* recompute) const override;
+  int64_t record_elems(const Rows& rows, bool selective) const override;
+  int64_t recompute_elems(const Rows& rows, bool selective) const override;
+  int64_t scratch_elems(const Rows& rows) const override;
+  void forward(const ParamStore<T>& ps, T* record, bool selective, T* out, const T* x,
+               const Rows& rows, const cpu::DropoutSpec& probs, T* recompute) const override;
   void backward(const ParamStore<T>& ps, T* record, bool selective, T* dx, const T* dout,
-                const T* x, int64_t B, int64_t Tn, const cpu::DropoutSpec& probs, T* scratch,
+                const T* x, const Rows& rows, const cpu::DropoutSpec& probs, T* scratch,
                 T* recompute) const override;
 
  private:

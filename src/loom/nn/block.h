@@ -26,7 +26,9 @@ enum class Recompute { kNone, kSelective, kFull };
 
 template <typename T>
 struct BlockRecord {
-  T *ln1, *ln1_mean, *ln1_rstd;  // (B,T,C) (B,T) (B,T)
+  // Rows are this rank's rows of the micro-batch (all of them unless the
+  // sequence is split).
+  T *ln1, *ln1_mean, *ln1_rstd;  // (rows,C) (rows) (rows)
   T* attn;                       // the attention slot's record
   T* attn_recompute;             // its part in the shared room (selective)
   T* res2;                       // (B,T,C) residual after attention
@@ -47,25 +49,25 @@ class Block {
   int layer() const { return layer_; }
   // Lays a record out over `record` (the micro-batch's store) and `recompute`
   // (the stage's shared room); null bases only count.
-  BlockRecord<T> bind(Arena<T>& record, Arena<T>& recompute, int64_t B, int64_t Tn,
+  BlockRecord<T> bind(Arena<T>& record, Arena<T>& recompute, const Rows& rows,
                       Recompute mode) const;
-  int64_t record_elems(int64_t B, int64_t Tn, Recompute mode) const;
-  int64_t recompute_elems(int64_t B, int64_t Tn, Recompute mode) const;
-  int64_t scratch_elems(int64_t B, int64_t Tn) const;
+  int64_t record_elems(const Rows& rows, Recompute mode) const;
+  int64_t recompute_elems(const Rows& rows, Recompute mode) const;
+  int64_t scratch_elems(const Rows& rows) const;
 
-  // Fills r (bound with kNone or kSelective) from x (B,T,C); r.res3 is the
+  // Fills r (bound with kNone or kSelective) from x (rows.count, C); r.res3 is the
   // output. record_only: a recomputation for backward, which reads the
   // record but not the output, so the feed-forward's last projection and
   // the second residual are skipped (a third of the block's GEMM work).
-  void forward(const ParamStore<T>& ps, const BlockRecord<T>& r, const T* x, int64_t B, int64_t Tn,
+  void forward(const ParamStore<T>& ps, const BlockRecord<T>& r, const T* x, const Rows& rows,
                bool selective, const Dropout& drop, bool record_only = false) const;
-  // dresid (B,T,C): the gradient of the output in, of the input x out.
-  void backward(const ParamStore<T>& ps, const BlockRecord<T>& r, const T* x, T* dresid, int64_t B,
-                int64_t Tn, bool selective, const Dropout& drop, T* scratch) const;
+  // dresid (rows.count, C): the gradient of the output in, of the input x out.
+  void backward(const ParamStore<T>& ps, const BlockRecord<T>& r, const T* x, T* dresid,
+                const Rows& rows, bool selective, const Dropout& drop, T* scratch) const;
 
-  LayerNorm<T> ln_1;
+  std::unique_ptr<LayerNorm<T>> ln_1;
   std::unique_ptr<AttentionLayer<T>> attn;
-  LayerNorm<T> ln_2;
+  std::unique_ptr<LayerNorm<T>> ln_2;
   std::unique_ptr<FeedForward<T>> ffn;
 
  private:

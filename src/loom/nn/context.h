@@ -40,6 +40,18 @@ struct StepContext {
   bool training = true;  // dropout only when training
 };
 
+// The rows of a micro-batch of (B, T) that a rank's layers work on: all
+// B x T of them, or, under sequence parallelism, the slice [first, first +
+// count) of the flattened (B, T) grid (LayerNorms, dropout and residuals run
+// on it; the attention and the MLP gather the whole sequence).
+struct Rows {
+  int64_t B = 0, Tn = 0;
+  int64_t first = 0, count = 0;
+  int64_t all() const { return B * Tn; }
+  bool split() const { return count != B * Tn; }
+  static Rows whole(int64_t B, int64_t Tn) { return Rows{B, Tn, 0, B * Tn}; }
+};
+
 // The dropout stream of one micro-batch: masks are keyed on (seed, step,
 // global sample, site), so a recomputed forward draws the same masks.
 struct Dropout {
@@ -47,6 +59,11 @@ struct Dropout {
       : stream(ctx.seed, ctx.step, ctx.training ? p : 0.0f), sample0(ctx.sample0) {}
   cpu::DropoutSpec at(int layer, DropoutSite site) const {
     return cpu::DropoutSpec{&stream, sample0, dropout_site(layer, site)};
+  }
+  // x (rows.count, C) *= the masks its rows have in one process.
+  template <typename T>
+  void apply(T* x, int layer, DropoutSite site, const Rows& rows, int64_t C) const {
+    cpu::dropout_rows(x, at(layer, site), rows.Tn, C, rows.first, rows.count);
   }
   DropoutStream stream;
   uint64_t sample0;

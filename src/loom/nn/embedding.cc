@@ -1,5 +1,6 @@
 #include "loom/nn/embedding.h"
 
+#include "loom/core/error.h"
 #include "loom/kernels/cpu/encoder.h"
 
 namespace loom {
@@ -12,17 +13,18 @@ Embedding<T>::Embedding(ParamLayout& layout, const GptConfig& c) : C_(c.n_embd) 
 }
 
 template <typename T>
-void Embedding<T>::forward(const ParamStore<T>& ps, T* out, const int32_t* tokens, int64_t B,
-                           int64_t Tn, const Dropout& drop) const {
-  cpu::encoder_forward(out, tokens, ps.param(wte_), ps.param(wpe_), B, Tn, C_);
-  cpu::dropout_inplace(out, drop.at(-1, DropoutSite::kEmbedding), B, Tn, C_);
+void Embedding<T>::forward(const ParamStore<T>& ps, T* out, const int32_t* tokens, const Rows& rows,
+                           const Dropout& drop) const {
+  LOOM_CHECK(!rows.split(), "the single-process embedding works on whole micro-batches");
+  cpu::encoder_forward(out, tokens, ps.param(wte_), ps.param(wpe_), rows.B, rows.Tn, C_);
+  drop.apply(out, -1, DropoutSite::kEmbedding, rows, C_);
 }
 
 template <typename T>
-void Embedding<T>::backward(const ParamStore<T>& ps, T* dout, const int32_t* tokens, int64_t B,
-                            int64_t Tn, const Dropout& drop) const {
-  cpu::dropout_inplace(dout, drop.at(-1, DropoutSite::kEmbedding), B, Tn, C_);
-  cpu::encoder_backward(ps.grad(wte_), ps.grad(wpe_), dout, tokens, B, Tn, C_);
+void Embedding<T>::backward(const ParamStore<T>& ps, T* dout, const int32_t* tokens,
+                            const Rows& rows, const Dropout& drop) const {
+  drop.apply(dout, -1, DropoutSite::kEmbedding, rows, C_);
+  cpu::encoder_backward(ps.grad(wte_), ps.grad(wpe_), dout, tokens, rows.B, rows.Tn, C_);
 }
 
 template class Embedding<float>;

@@ -17,13 +17,14 @@ class EmbeddingLayer {
   virtual ~EmbeddingLayer() = default;
   virtual ParamId wte() const = 0;
   virtual ParamId wpe() const = 0;
-  // out (B,T,C) = dropout(wte[tokens] + wpe[0..T)).
-  virtual void forward(const ParamStore<T>& ps, T* out, const int32_t* tokens, int64_t B,
-                       int64_t Tn, const Dropout& drop) const = 0;
-  // dout (B,T,C) is the gradient of out; dropout is undone in place on it,
-  // then accumulated into the gradients of wte and wpe.
-  virtual void backward(const ParamStore<T>& ps, T* dout, const int32_t* tokens, int64_t B,
-                        int64_t Tn, const Dropout& drop) const = 0;
+  // out (rows.count, C) = dropout(wte[tokens] + wpe[t]) for this rank's
+  // rows of the micro-batch; tokens (B,T) are the whole micro-batch's.
+  virtual void forward(const ParamStore<T>& ps, T* out, const int32_t* tokens, const Rows& rows,
+                       const Dropout& drop) const = 0;
+  // dout (rows.count, C) is the gradient of out; dropout is undone in place
+  // on it, then accumulated into the gradients of wte and wpe.
+  virtual void backward(const ParamStore<T>& ps, T* dout, const int32_t* tokens, const Rows& rows,
+                        const Dropout& drop) const = 0;
 };
 
 template <typename T>
@@ -34,9 +35,9 @@ class Embedding final : public EmbeddingLayer<T> {
   Embedding(ParamLayout& layout, const GptConfig& c);
   ParamId wte() const override { return wte_; }
   ParamId wpe() const override { return wpe_; }
-  void forward(const ParamStore<T>& ps, T* out, const int32_t* tokens, int64_t B, int64_t Tn,
+  void forward(const ParamStore<T>& ps, T* out, const int32_t* tokens, const Rows& rows,
                const Dropout& drop) const override;
-  void backward(const ParamStore<T>& ps, T* dout, const int32_t* tokens, int64_t B, int64_t Tn,
+  void backward(const ParamStore<T>& ps, T* dout, const int32_t* tokens, const Rows& rows,
                 const Dropout& drop) const override;
 
  private:

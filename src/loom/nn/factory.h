@@ -6,10 +6,12 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "loom/nn/attention.h"
 #include "loom/nn/embedding.h"
 #include "loom/nn/head.h"
+#include "loom/nn/layernorm.h"
 #include "loom/nn/mlp.h"
 
 namespace loom {
@@ -32,9 +34,18 @@ class LayerFactory {
                                                        const GptConfig& c, float proj_std) const {
     return std::make_unique<Mlp<T>>(layout, prefix, c.n_embd, proj_std);
   }
-  virtual std::unique_ptr<HeadLayer<T>> head(ParamLayout& layout, const GptConfig& c) const {
-    return std::make_unique<Head<T>>(layout, c);
+  virtual std::unique_ptr<LayerNorm<T>> layer_norm(ParamLayout& layout, const std::string& prefix,
+                                                   int64_t C) const {
+    return std::make_unique<LayerNorm<T>>(layout, prefix, C);
   }
+  // The head, its ln_f (transformer.ln_f) declared in the layout's open unit.
+  virtual std::unique_ptr<HeadLayer<T>> head(ParamLayout& layout, const GptConfig& c) const {
+    return std::make_unique<Head<T>>(layer_norm(layout, "transformer.ln_f", c.n_embd), c);
+  }
+  // How the layers split a micro-batch's rows (flattened (B, T)) across
+  // ranks: this rank's piece and the number of pieces (sequence parallelism);
+  // {0, 1}: every rank works on all rows.
+  virtual std::pair<int, int> sequence_split() const { return {0, 1}; }
   // Whether the layers are the single-process ones (KV-cache decoding reads
   // their weights directly).
   virtual bool serial() const { return true; }

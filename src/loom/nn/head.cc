@@ -15,23 +15,27 @@ ParamId Head<T>::declare_wte(ParamLayout& layout) {
 }
 
 template <typename T>
-HeadRecord<T> Head<T>::bind(Arena<T>& rec, Arena<T>& room, int64_t BT,
+HeadRecord<T> Head<T>::bind(Arena<T>& rec, Arena<T>& room, const Rows& rows,
                             bool recompute_logits) const {
-  const int64_t C = c_.n_embd, Vp = c_.padded_vocab();
+  const int64_t BT = rows.all(), C = c_.n_embd, Vp = c_.padded_vocab();
   HeadRecord<T> r{};
   r.lnf = rec.take(BT * C), r.lnf_mean = rec.take(BT), r.lnf_rstd = rec.take(BT);
+  r.lnf_all = r.lnf;
   r.logits = (recompute_logits ? room : rec).take(BT * Vp);
   r.losses = rec.take(BT), r.lse = rec.take(BT);
   return r;
 }
 
 template <typename T>
-void Head<T>::logits_forward(const ParamStore<T>& ps, const HeadRecord<T>& r, int64_t BT) const {
+void Head<T>::logits_forward(const ParamStore<T>& ps, const HeadRecord<T>& r,
+                             const Rows& rows) const {
+  const int64_t BT = rows.all();
   cpu::matmul_nt_forward(r.logits, r.lnf, ps.param(this->wte_), BT, c_.n_embd, c_.padded_vocab());
 }
 
 template <typename T>
-double Head<T>::loss(const HeadRecord<T>& r, const int32_t* targets, int64_t BT) const {
+double Head<T>::loss(const HeadRecord<T>& r, const int32_t* targets, const Rows& rows) const {
+  const int64_t BT = rows.all();
   cpu::cross_entropy_forward(r.losses, r.lse, r.logits, targets, BT, c_.vocab_size,
                              c_.padded_vocab());
   double sum = 0;
@@ -41,7 +45,9 @@ double Head<T>::loss(const HeadRecord<T>& r, const int32_t* targets, int64_t BT)
 
 template <typename T>
 void Head<T>::logits_backward(const ParamStore<T>& ps, const HeadRecord<T>& r,
-                              const int32_t* targets, const T* dloss, T* d_lnf, int64_t BT) const {
+                              const int32_t* targets, const T* dloss, T* d_lnf,
+                              const Rows& rows) const {
+  const int64_t BT = rows.all();
   cpu::cross_entropy_backward(r.logits, r.lse, targets, dloss, BT, c_.vocab_size,
                               c_.padded_vocab());
   cpu::matmul_nt_backward(d_lnf, ps.grad(this->wte_), r.logits, r.lnf, ps.param(this->wte_), BT,

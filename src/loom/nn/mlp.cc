@@ -16,23 +16,27 @@ Mlp<T>::Mlp(ParamLayout& layout, const std::string& prefix, int64_t C, float pro
 }
 
 template <typename T>
-int64_t Mlp<T>::record_elems(int64_t BT, bool selective) const {
+int64_t Mlp<T>::record_elems(const Rows& rows, bool selective) const {
+  const int64_t BT = rows.count;
   return BT * 4 * C_ * (selective ? 1 : 2);
 }
 
 template <typename T>
-int64_t Mlp<T>::recompute_elems(int64_t BT, bool selective) const {
+int64_t Mlp<T>::recompute_elems(const Rows& rows, bool selective) const {
+  const int64_t BT = rows.count;
   return selective ? BT * 4 * C_ : 0;
 }
 
 template <typename T>
-int64_t Mlp<T>::scratch_elems(int64_t BT) const {
+int64_t Mlp<T>::scratch_elems(const Rows& rows) const {
+  const int64_t BT = rows.count;
   return BT * 4 * C_ * 2;
 }
 
 template <typename T>
 void Mlp<T>::forward(const ParamStore<T>& ps, T* record, bool selective, T* out, const T* x,
-                     int64_t BT, T* recompute) const {
+                     const Rows& rows, T* recompute) const {
+  const int64_t BT = rows.count;
   T* fch = record;
   T* fch_gelu = selective ? recompute : record + BT * 4 * C_;
   cpu::matmul_forward(fch, x, ps.param(c_fc_w), ps.param(c_fc_b), BT, C_, 4 * C_);
@@ -43,7 +47,8 @@ void Mlp<T>::forward(const ParamStore<T>& ps, T* record, bool selective, T* out,
 
 template <typename T>
 void Mlp<T>::backward(const ParamStore<T>& ps, T* record, bool selective, T* dx, const T* dout,
-                      const T* x, int64_t BT, T* scratch, T* recompute) const {
+                      const T* x, const Rows& rows, T* scratch, T* recompute) const {
+  const int64_t BT = rows.count;
   const T* fch = record;
   T* fch_gelu = selective ? recompute : record + BT * 4 * C_;
   // GELU is elementwise: recomputing it gives the forward's values exactly.

@@ -15,22 +15,22 @@ template <typename T>
 class FeedForward {
  public:
   virtual ~FeedForward() = default;
-  // Elements one micro-batch of BT rows keeps for backward; `selective`
-  // leaves out what is cheap to recompute.
-  virtual int64_t record_elems(int64_t BT, bool selective) const = 0;
+  // Elements one micro-batch keeps for backward; `selective` leaves out
+  // what is cheap to recompute.
+  virtual int64_t record_elems(const Rows& rows, bool selective) const = 0;
   // Room for what selective leaves out (forward writes it there and
   // backward recomputes it there); the stage shares it between layers.
-  virtual int64_t recompute_elems(int64_t BT, bool selective) const = 0;
+  virtual int64_t recompute_elems(const Rows& rows, bool selective) const = 0;
   // Backward's gradient scratch.
-  virtual int64_t scratch_elems(int64_t BT) const = 0;
-  // out (BT,C) = ffn(x (BT,C)); `record` holds record_elems(BT, selective).
-  // A null `out` fills only the record (a recomputation for backward, which
-  // never reads the output).
+  virtual int64_t scratch_elems(const Rows& rows) const = 0;
+  // out (rows.count, C) = ffn(x (rows.count, C)); `record` holds
+  // record_elems(rows, selective). A null `out` fills only the record (a
+  // recomputation for backward, which never reads the output).
   virtual void forward(const ParamStore<T>& ps, T* record, bool selective, T* out, const T* x,
-                       int64_t BT, T* recompute) const = 0;
-  // Accumulates dx (BT,C) and the parameter gradients from dout (BT,C).
+                       const Rows& rows, T* recompute) const = 0;
+  // Accumulates dx (rows.count, C) and the parameter gradients from dout.
   virtual void backward(const ParamStore<T>& ps, T* record, bool selective, T* dx, const T* dout,
-                        const T* x, int64_t BT, T* scratch, T* recompute) const = 0;
+                        const T* x, const Rows& rows, T* scratch, T* recompute) const = 0;
 };
 
 template <typename T>
@@ -41,14 +41,14 @@ class Mlp final : public FeedForward<T> {
   Mlp(ParamLayout& layout, const std::string& prefix, int64_t C, float proj_std);
   ParamId c_fc_w, c_fc_b, c_proj_w, c_proj_b;
 
-  // Record: fch (BT,4C) the GELU's input, and unless selective its output.
-  int64_t record_elems(int64_t BT, bool selective) const override;
-  int64_t recompute_elems(int64_t BT, bool selective) const override;
-  int64_t scratch_elems(int64_t BT) const override;
-  void forward(const ParamStore<T>& ps, T* record, bool selective, T* out, const T* x, int64_t BT,
-               T* recompute) const override;
+  // Record: fch (rows,4C) the GELU's input, and unless selective its output.
+  int64_t record_elems(const Rows& rows, bool selective) const override;
+  int64_t recompute_elems(const Rows& rows, bool selective) const override;
+  int64_t scratch_elems(const Rows& rows) const override;
+  void forward(const ParamStore<T>& ps, T* record, bool selective, T* out, const T* x,
+               const Rows& rows, T* recompute) const override;
   void backward(const ParamStore<T>& ps, T* record, bool selective, T* dx, const T* dout,
-                const T* x, int64_t BT, T* scratch, T* recompute) const override;
+                const T* x, const Rows& rows, T* scratch, T* recompute) const override;
 
  private:
   int64_t C_;

@@ -71,6 +71,7 @@ const std::vector<KeySpec>& schema() {
       {"parallel.tensor", Kind::kInt, 1, 1 << 20},
       {"parallel.pipeline", Kind::kInt, 1, 1 << 20},
       {"parallel.expert", Kind::kInt, 1, 1 << 20},
+      {"parallel.sequence_parallel", Kind::kBool},
       {"activation_checkpointing.policy",
        Kind::kString,
        0,
@@ -281,6 +282,7 @@ void resolve_parallel(Config& c, const json& j, int world_size, const std::strin
   p.tensor = get_or<int>(j, "parallel.tensor", 1);
   p.pipeline = get_or<int>(j, "parallel.pipeline", 1);
   p.expert = get_or<int>(j, "parallel.expert", 1);
+  p.sequence_parallel = get_or<bool>(j, "parallel.sequence_parallel", false);
   // The grid takes every size; pipeline and expert layers come with their
   // own issues.
   for (auto [key, size] :
@@ -428,6 +430,7 @@ json to_json(const Config& c) {
                 {"seq_len", c.model.seq_len}, {"dropout", c.model.dropout}};
   j["parallel"] = {{"data", c.data_parallel},
                    {"tensor", c.parallel.tensor},
+                   {"sequence_parallel", c.parallel.sequence_parallel},
                    {"pipeline", c.parallel.pipeline},
                    {"expert", c.parallel.expert}};
   {
@@ -516,6 +519,17 @@ Config parse_config(const std::string& text, const std::string& source,
 
   resolve_parallel(c, j, world_size, source);
   resolve_batch(c, j, source);
+  if (c.parallel.sequence_parallel) {
+    if (c.parallel.tensor == 1)
+      fail(source,
+           "parallel.sequence_parallel splits the sequence across the tensor-parallel "
+           "group; it needs parallel.tensor > 1");
+    const int64_t tokens = c.micro_batch * c.model.seq_len;
+    if (tokens % c.parallel.tensor != 0)
+      fail(source, format("parallel.sequence_parallel: a micro-batch of {} x {} = {} tokens does "
+                          "not split into parallel.tensor {} pieces",
+                          c.micro_batch, c.model.seq_len, tokens, c.parallel.tensor));
+  }
   resolve_checkpointing(c, j, source);
   c.gradient_clipping = get_or<double>(j, "gradient_clipping", 0.0);
 

@@ -51,6 +51,7 @@ struct LogConfig {
 // parallel.*: the rank grid. dp = world / (tensor x pipeline).
 struct ParallelConfig {
   int tensor = 1, pipeline = 1, expert = 1;
+  bool sequence_parallel = false;  // LayerNorm and dropout regions split along the sequence
 };
 
 // activation_checkpointing: loom's policy, and DeepSpeed's keys (accepted;

@@ -10,9 +10,9 @@ namespace loom {
 
 namespace {
 
-std::unique_ptr<LayerFactory<float>> layers_for(const tp::Group& g) {
+std::unique_ptr<LayerFactory<float>> layers_for(const tp::Group& g, bool sequence_parallel) {
   if (g.size() == 1) return nullptr;
-  return std::make_unique<tp::TensorParallelFactory>(g);
+  return std::make_unique<tp::TensorParallelFactory>(g, sequence_parallel);
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -24,7 +24,7 @@ StepEngine::StepEngine(const Config& config, ParallelContext ctx)
     : config_(config),
       ctx_(std::move(ctx)),
       tp_(ctx_.tp),
-      layers_(layers_for(tp_)),
+      layers_(layers_for(tp_, config.parallel.sequence_parallel)),
       // ZeRO decides which full buffers the stage holds and how units pad.
       stage_(config.model, StageSpec{}, ZeroEngine::storage(config.zero, ctx_.dp_size()),
              layers_ ? *layers_ : LayerFactory<float>::single_process()) {

@@ -287,8 +287,8 @@ void Trainer::describe_checkpointing() const {
         "activation_checkpointing.policy chooses (full, selective, every_n, budget)\n");
   if (a.partition_activations)
     std::printf(
-        "loom: activation_checkpointing.partition_activations: no effect without tensor "
-        "parallelism (parallel.tensor is 1)\n");
+        "loom: activation_checkpointing.partition_activations: no effect in this build (a "
+        "recomputed block's kept input is whole on every tensor-parallel rank)\n");
   if (a.cpu_checkpointing)
     std::printf(
         "loom: activation_checkpointing.cpu_checkpointing: this build computes on the CPU, so "

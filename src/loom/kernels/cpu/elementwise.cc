@@ -46,28 +46,34 @@ void add_inplace(T* dst, const T* src, int64_t n) {
 }
 
 template <typename T>
-void dropout_inplace(T* x, const DropoutSpec& spec, int64_t B, int64_t Tn, int64_t C) {
+void dropout_rows(T* x, const DropoutSpec& spec, int64_t Tn, int64_t C, int64_t row0, int64_t n) {
   if (!spec.active()) return;
 #pragma omp parallel
   {
     std::vector<T> keep(static_cast<size_t>(C));
-#pragma omp for collapse(2)
-    for (int64_t b = 0; b < B; ++b) {
-      for (int64_t t = 0; t < Tn; ++t) {
-        spec.stream->row(spec.sample0 + b, spec.site, static_cast<uint32_t>(t), 0, C, keep.data());
-        T* row = x + (b * Tn + t) * C;
-        for (int64_t c = 0; c < C; ++c) row[c] *= keep[c];
-      }
+#pragma omp for
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t b = (row0 + i) / Tn, t = (row0 + i) % Tn;
+      spec.stream->row(spec.sample0 + static_cast<uint64_t>(b), spec.site, static_cast<uint32_t>(t),
+                       0, C, keep.data());
+      T* row = x + i * C;
+      for (int64_t c = 0; c < C; ++c) row[c] *= keep[c];
     }
   }
 }
 
-#define LOOM_INSTANTIATE(T)                                           \
-  template void gelu_forward<T>(T*, const T*, int64_t);               \
-  template void gelu_backward<T>(T*, const T*, const T*, int64_t);    \
-  template void residual_forward<T>(T*, const T*, const T*, int64_t); \
-  template void add_inplace<T>(T*, const T*, int64_t);                \
-  template void dropout_inplace<T>(T*, const DropoutSpec&, int64_t, int64_t, int64_t);
+template <typename T>
+void dropout_inplace(T* x, const DropoutSpec& spec, int64_t B, int64_t Tn, int64_t C) {
+  dropout_rows(x, spec, Tn, C, 0, B * Tn);
+}
+
+#define LOOM_INSTANTIATE(T)                                                            \
+  template void gelu_forward<T>(T*, const T*, int64_t);                                \
+  template void gelu_backward<T>(T*, const T*, const T*, int64_t);                     \
+  template void residual_forward<T>(T*, const T*, const T*, int64_t);                  \
+  template void add_inplace<T>(T*, const T*, int64_t);                                 \
+  template void dropout_inplace<T>(T*, const DropoutSpec&, int64_t, int64_t, int64_t); \
+  template void dropout_rows<T>(T*, const DropoutSpec&, int64_t, int64_t, int64_t, int64_t);
 LOOM_INSTANTIATE(float)
 LOOM_INSTANTIATE(double)
 #undef LOOM_INSTANTIATE

@@ -34,5 +34,10 @@ struct DropoutSpec {
 // the gradient: the mask is recomputed from its key, never stored.
 template <typename T>
 void dropout_inplace(T* x, const DropoutSpec& spec, int64_t B, int64_t Tn, int64_t C);
+// The same on rows [row0, row0 + n) of the flattened (B, T) grid, x (n, C):
+// a rank holding a slice of the sequence (sequence parallelism) applies
+// exactly the masks those rows have in one process.
+template <typename T>
+void dropout_rows(T* x, const DropoutSpec& spec, int64_t Tn, int64_t C, int64_t row0, int64_t n);
 
 }  // namespace loom::cpu

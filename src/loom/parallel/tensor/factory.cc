@@ -24,9 +24,17 @@ std::unique_ptr<FeedForward<float>> TensorParallelFactory::feed_forward(ParamLay
   return std::make_unique<ParallelMlp>(layout, prefix, c.n_embd, proj_std, g_);
 }
 
+std::unique_ptr<LayerNorm<float>> TensorParallelFactory::layer_norm(ParamLayout& layout,
+                                                                    const std::string& prefix,
+                                                                    int64_t C) const {
+  if (sp_) return std::make_unique<SequenceParallelLayerNorm>(layout, prefix, C, g_);
+  return std::make_unique<LayerNorm<float>>(layout, prefix, C);
+}
+
 std::unique_ptr<HeadLayer<float>> TensorParallelFactory::head(ParamLayout& layout,
                                                               const GptConfig& c) const {
-  return std::make_unique<VocabParallelHead>(layout, c, g_);
+  return std::make_unique<VocabParallelHead>(layer_norm(layout, "transformer.ln_f", c.n_embd), c,
+                                             g_);
 }
 
 }  // namespace loom::tp

@@ -1,7 +1,8 @@
 // The layers of a stage split across a tensor-parallel group (Megatron-LM's
 // scheme): vocabulary-parallel embedding and head, attention split by heads,
 // MLP split by hidden features; LayerNorms, wpe and the row-parallel biases
-// whole on every rank.
+// whole on every rank; with sequence parallelism the LayerNorms, dropout
+// and residuals work on this rank's slice of the sequence.
 #pragma once
 
 #include "loom/nn/factory.h"
@@ -11,7 +12,10 @@ namespace loom::tp {
 
 class TensorParallelFactory final : public LayerFactory<float> {
  public:
-  explicit TensorParallelFactory(Group g) : g_(std::move(g)) {}
+  // sequence_parallel: LayerNorms, dropout and residuals on this rank's
+  // slice of the sequence (parallel.sequence_parallel).
+  TensorParallelFactory(Group g, bool sequence_parallel)
+      : g_(std::move(g)), sp_(sequence_parallel) {}
   std::unique_ptr<EmbeddingLayer<float>> embedding(ParamLayout& layout,
                                                    const GptConfig& c) const override;
   std::unique_ptr<AttentionLayer<float>> attention(ParamLayout& layout, const std::string& prefix,
@@ -20,11 +24,17 @@ class TensorParallelFactory final : public LayerFactory<float> {
   std::unique_ptr<FeedForward<float>> feed_forward(ParamLayout& layout, const std::string& prefix,
                                                    const GptConfig& c,
                                                    float proj_std) const override;
+  std::unique_ptr<LayerNorm<float>> layer_norm(ParamLayout& layout, const std::string& prefix,
+                                               int64_t C) const override;
   std::unique_ptr<HeadLayer<float>> head(ParamLayout& layout, const GptConfig& c) const override;
   bool serial() const override { return false; }
+  std::pair<int, int> sequence_split() const override {
+    return sp_ ? std::pair{g_.rank(), g_.size()} : std::pair{0, 1};
+  }
 
  private:
   Group g_;
+  bool sp_;
 };
 
 }  // namespace loom::tp

@@ -48,6 +48,10 @@ class RowParallelLinear {
   int64_t local_in() const { return in_ / g_.size(); }
   // y (N, out) = sum over the group of x_local (N, in/tp) @ W_local, + b.
   void forward(const ParamStore<float>& ps, float* y, const float* x_local, int64_t N) const;
+  // Sequence parallelism: y_rows (n, out) = this rank's n rows of that
+  // sum (reduce-scattered along the rows), + b; `partial` is (N, out) scratch.
+  void forward_rows(const ParamStore<float>& ps, float* y_rows, const float* x_local, int64_t N,
+                    float* partial) const;
   // dx_local (N, in/tp) += dy (N, out) @ W_local^T; accumulates the weight
   // gradient and (the same on every rank) the bias gradient.
   void backward(const ParamStore<float>& ps, float* dx_local, const float* dy, const float* x_local,

@@ -1,6 +1,7 @@
 #include "loom/parallel/tensor/parallel_layers.h"
 
 #include "loom/core/error.h"
+#include "loom/core/memory.h"
 #include "loom/kernels/cpu/attention.h"
 #include "loom/kernels/cpu/elementwise.h"
 
@@ -29,17 +30,21 @@ ParallelAttention::Record ParallelAttention::bind(float* record, float* recomput
   return r;
 }
 
-int64_t ParallelAttention::record_elems(int64_t B, int64_t Tn, bool selective) const {
+int64_t ParallelAttention::record_elems(const Rows& rows, bool selective) const {
+  const int64_t B = rows.B, Tn = rows.Tn;
   return B * Tn * 3 * Cl_ + (selective ? 0 : B * Tn * Cl_ + B * NHl_ * Tn);
 }
 
-int64_t ParallelAttention::recompute_elems(int64_t B, int64_t Tn, bool selective) const {
-  return selective ? B * Tn * Cl_ + B * NHl_ * Tn : 0;
+int64_t ParallelAttention::recompute_elems(const Rows& rows, bool selective) const {
+  return selective ? rows.all() * Cl_ + rows.B * NHl_ * rows.Tn : 0;
 }
 
-int64_t ParallelAttention::scratch_elems(int64_t B, int64_t Tn) const {
-  // d_y (B,T,C/tp), d_qkv (B,T,3C/tp), and the input gradient's partial sum (B,T,C).
-  return B * Tn * (4 * Cl_ + C_);
+int64_t ParallelAttention::scratch_elems(const Rows& rows) const {
+  // d_y (B,T,C/tp), d_qkv (B,T,3C/tp), the input gradient's partial sum
+  // (B,T,C); with the sequence split, also the gathered input and output
+  // gradient (B,T,C) each, and the reduce-scattered input gradient (rows,C).
+  const int64_t BT = rows.all();
+  return BT * (4 * Cl_ + C_) + (rows.split() ? 2 * BT * C_ + rows.count * C_ : 0);
 }
 
 cpu::DropoutSpec ParallelAttention::local_heads(cpu::DropoutSpec probs) const {
@@ -48,25 +53,42 @@ cpu::DropoutSpec ParallelAttention::local_heads(cpu::DropoutSpec probs) const {
 }
 
 void ParallelAttention::forward(const ParamStore<float>& ps, float* record, bool selective,
-                                float* out, const float* x, int64_t B, int64_t Tn,
+                                float* out, const float* x, const Rows& rows,
                                 const cpu::DropoutSpec& probs, float* recompute) const {
-  const int64_t BT = B * Tn;
+  const int64_t B = rows.B, Tn = rows.Tn, BT = rows.all();
   const Record r = bind(record, recompute, B, Tn, selective);
+  Buffer all;  // sequence parallelism: the gathered input, then the partial output
+  if (rows.split()) {
+    all = Buffer(static_cast<size_t>(BT * C_) * sizeof(float), MemCategory::kWorkspace);
+    g_.gather(x, all.as<float>(), rows.count * C_);
+    x = all.as<float>();
+  }
   c_attn_.forward(ps, r.qkv, x, BT);
   cpu::attention_forward(r.y, r.lse, r.qkv, B, Tn, Cl_, NHl_, local_heads(probs));
-  c_proj_.forward(ps, out, r.y, BT);
+  if (rows.split())
+    c_proj_.forward_rows(ps, out, r.y, BT, all.as<float>());
+  else
+    c_proj_.forward(ps, out, r.y, BT);
 }
 
 void ParallelAttention::backward(const ParamStore<float>& ps, float* record, bool selective,
-                                 float* dx, const float* dout, const float* x, int64_t B,
-                                 int64_t Tn, const cpu::DropoutSpec& probs, float* scratch,
+                                 float* dx, const float* dout, const float* x, const Rows& rows,
+                                 const cpu::DropoutSpec& probs, float* scratch,
                                  float* recompute) const {
-  const int64_t BT = B * Tn;
+  const int64_t B = rows.B, Tn = rows.Tn, BT = rows.all();
   const Record r = bind(record, recompute, B, Tn, selective);
   Arena<float> a(scratch);
   float* d_y = a.take(BT * Cl_);
   float* d_qkv = a.take(BT * 3 * Cl_);
   float* d_x = a.take(BT * C_);
+  if (rows.split()) {
+    // The output gradient and the input, gathered along the sequence.
+    float* dout_all = a.take(BT * C_);
+    float* x_all = a.take(BT * C_);
+    g_.gather(dout, dout_all, rows.count * C_);
+    g_.gather(x, x_all, rows.count * C_);
+    dout = dout_all, x = x_all;
+  }
   if (selective) cpu::attention_forward(r.y, r.lse, r.qkv, B, Tn, Cl_, NHl_, local_heads(probs));
   zero(d_y, BT * Cl_);
   c_proj_.backward(ps, d_y, dout, r.y, BT);
@@ -74,8 +96,14 @@ void ParallelAttention::backward(const ParamStore<float>& ps, float* record, boo
   cpu::attention_backward(d_qkv, d_y, r.qkv, r.y, r.lse, B, Tn, Cl_, NHl_, local_heads(probs));
   zero(d_x, BT * C_);
   c_attn_.backward(ps, d_x, d_qkv, x, BT);
-  copy_to_region_backward(g_, d_x, BT * C_);
-  cpu::add_inplace(dx, d_x, BT * C_);
+  if (rows.split()) {
+    float* d_rows = a.take(rows.count * C_);
+    g_.reduce_scatter(d_x, d_rows, rows.count * C_);
+    cpu::add_inplace(dx, d_rows, rows.count * C_);
+  } else {
+    copy_to_region_backward(g_, d_x, BT * C_);
+    cpu::add_inplace(dx, d_x, BT * C_);
+  }
 }
 
 ParallelMlp::ParallelMlp(ParamLayout& layout, const std::string& prefix, int64_t C, float proj_std,
@@ -89,31 +117,43 @@ ParallelMlp::ParallelMlp(ParamLayout& layout, const std::string& prefix, int64_t
                   "4 x model.n_embd ({}) is not divisible by parallel.tensor {}", 4 * C, g.size());
 }
 
-int64_t ParallelMlp::record_elems(int64_t BT, bool selective) const {
-  return BT * Hl_ * (selective ? 1 : 2);
+int64_t ParallelMlp::record_elems(const Rows& rows, bool selective) const {
+  return rows.all() * Hl_ * (selective ? 1 : 2);
 }
 
-int64_t ParallelMlp::recompute_elems(int64_t BT, bool selective) const {
-  return selective ? BT * Hl_ : 0;
+int64_t ParallelMlp::recompute_elems(const Rows& rows, bool selective) const {
+  return selective ? rows.all() * Hl_ : 0;
 }
 
-int64_t ParallelMlp::scratch_elems(int64_t BT) const {
-  return BT * (2 * Hl_ + C_);
+int64_t ParallelMlp::scratch_elems(const Rows& rows) const {
+  const int64_t BT = rows.all();
+  return BT * (2 * Hl_ + C_) + (rows.split() ? 2 * BT * C_ + rows.count * C_ : 0);
 }
 
 void ParallelMlp::forward(const ParamStore<float>& ps, float* record, bool selective, float* out,
-                          const float* x, int64_t BT, float* recompute) const {
+                          const float* x, const Rows& rows, float* recompute) const {
+  const int64_t BT = rows.all();
   float* fch = record;
   float* fch_gelu = selective ? recompute : record + BT * Hl_;
+  Buffer all;  // sequence parallelism: the gathered input, then the partial output
+  if (rows.split()) {
+    all = Buffer(static_cast<size_t>(BT * C_) * sizeof(float), MemCategory::kWorkspace);
+    g_.gather(x, all.as<float>(), rows.count * C_);
+    x = all.as<float>();
+  }
   c_fc_.forward(ps, fch, x, BT);
   cpu::gelu_forward(fch_gelu, fch, BT * Hl_);
   if (out == nullptr) return;  // a recomputation for backward
-  c_proj_.forward(ps, out, fch_gelu, BT);
+  if (rows.split())
+    c_proj_.forward_rows(ps, out, fch_gelu, BT, all.as<float>());
+  else
+    c_proj_.forward(ps, out, fch_gelu, BT);
 }
 
 void ParallelMlp::backward(const ParamStore<float>& ps, float* record, bool selective, float* dx,
-                           const float* dout, const float* x, int64_t BT, float* scratch,
+                           const float* dout, const float* x, const Rows& rows, float* scratch,
                            float* recompute) const {
+  const int64_t BT = rows.all();
   const float* fch = record;
   float* fch_gelu = selective ? recompute : record + BT * Hl_;
   if (selective) cpu::gelu_forward(fch_gelu, fch, BT * Hl_);
@@ -121,14 +161,27 @@ void ParallelMlp::backward(const ParamStore<float>& ps, float* record, bool sele
   float* d_fch = a.take(BT * Hl_);
   float* d_fch_gelu = a.take(BT * Hl_);
   float* d_x = a.take(BT * C_);
+  if (rows.split()) {
+    float* dout_all = a.take(BT * C_);
+    float* x_all = a.take(BT * C_);
+    g_.gather(dout, dout_all, rows.count * C_);
+    g_.gather(x, x_all, rows.count * C_);
+    dout = dout_all, x = x_all;
+  }
   zero(d_fch_gelu, BT * Hl_);
   c_proj_.backward(ps, d_fch_gelu, dout, fch_gelu, BT);
   zero(d_fch, BT * Hl_);
   cpu::gelu_backward(d_fch, fch, d_fch_gelu, BT * Hl_);
   zero(d_x, BT * C_);
   c_fc_.backward(ps, d_x, d_fch, x, BT);
-  copy_to_region_backward(g_, d_x, BT * C_);
-  cpu::add_inplace(dx, d_x, BT * C_);
+  if (rows.split()) {
+    float* d_rows = a.take(rows.count * C_);
+    g_.reduce_scatter(d_x, d_rows, rows.count * C_);
+    cpu::add_inplace(dx, d_rows, rows.count * C_);
+  } else {
+    copy_to_region_backward(g_, d_x, BT * C_);
+    cpu::add_inplace(dx, d_x, BT * C_);
+  }
 }
 
 }  // namespace loom::tp

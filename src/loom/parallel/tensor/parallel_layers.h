@@ -8,6 +8,12 @@
 //                      on them alone (dropout masks keyed on the global head);
 //                      c_proj row-parallel.
 //   ParallelMlp        c_fc column-parallel, GELU local, c_proj row-parallel.
+//
+// With the sequence split (sequence parallelism) their input and output are
+// this rank's rows only: the input is gathered along the sequence before the
+// column-parallel projection (and gathered again in backward for its weight
+// gradient, rather than kept), and the row-parallel output is
+// reduce-scattered back to the rows; the input gradient is reduce-scattered.
 #pragma once
 
 #include <cstdint>
@@ -23,15 +29,15 @@ class ParallelAttention final : public AttentionLayer<float> {
  public:
   ParallelAttention(ParamLayout& layout, const std::string& prefix, const GptConfig& c,
                     float proj_std, const Group& g);
-  int64_t record_elems(int64_t B, int64_t Tn, bool selective) const override;
-  int64_t recompute_elems(int64_t B, int64_t Tn, bool selective) const override;
-  int64_t scratch_elems(int64_t B, int64_t Tn) const override;
+  int64_t record_elems(const Rows& rows, bool selective) const override;
+  int64_t recompute_elems(const Rows& rows, bool selective) const override;
+  int64_t scratch_elems(const Rows& rows) const override;
   void forward(const ParamStore<float>& ps, float* record, bool selective, float* out,
-               const float* x, int64_t B, int64_t Tn, const cpu::DropoutSpec& probs,
+               const float* x, const Rows& rows, const cpu::DropoutSpec& probs,
                float* recompute) const override;
   void backward(const ParamStore<float>& ps, float* record, bool selective, float* dx,
-                const float* dout, const float* x, int64_t B, int64_t Tn,
-                const cpu::DropoutSpec& probs, float* scratch, float* recompute) const override;
+                const float* dout, const float* x, const Rows& rows, const cpu::DropoutSpec& probs,
+                float* scratch, float* recompute) const override;
 
  private:
   struct Record {
@@ -49,13 +55,13 @@ class ParallelMlp final : public FeedForward<float> {
  public:
   ParallelMlp(ParamLayout& layout, const std::string& prefix, int64_t C, float proj_std,
               const Group& g);
-  int64_t record_elems(int64_t BT, bool selective) const override;
-  int64_t recompute_elems(int64_t BT, bool selective) const override;
-  int64_t scratch_elems(int64_t BT) const override;
+  int64_t record_elems(const Rows& rows, bool selective) const override;
+  int64_t recompute_elems(const Rows& rows, bool selective) const override;
+  int64_t scratch_elems(const Rows& rows) const override;
   void forward(const ParamStore<float>& ps, float* record, bool selective, float* out,
-               const float* x, int64_t BT, float* recompute) const override;
+               const float* x, const Rows& rows, float* recompute) const override;
   void backward(const ParamStore<float>& ps, float* record, bool selective, float* dx,
-                const float* dout, const float* x, int64_t BT, float* scratch,
+                const float* dout, const float* x, const Rows& rows, float* scratch,
                 float* recompute) const override;
 
  private:

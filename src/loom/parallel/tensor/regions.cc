@@ -1,5 +1,6 @@
 #include "loom/parallel/tensor/regions.h"
 
+#include <algorithm>
 #include <chrono>
 
 namespace loom::tp {
@@ -19,6 +20,28 @@ void Group::sum(float* x, int64_t n) const {
 
 void Group::max(float* x, int64_t n) const {
   all_reduce(x, n, ReduceOp::kMax);
+}
+
+void Group::gather(const float* local, float* all, int64_t n) const {
+  if (size() == 1) {
+    std::copy(local, local + n, all);
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  g_->all_gather(local, all, static_cast<size_t>(n), DType::kF32)->wait();
+  traffic_->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  traffic_->bytes += double(size() - 1) * double(n) * sizeof(float);
+}
+
+void Group::reduce_scatter(const float* all, float* local, int64_t n) const {
+  if (size() == 1) {
+    std::copy(all, all + n, local);
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  g_->reduce_scatter(all, local, static_cast<size_t>(n), DType::kF32, ReduceOp::kSum)->wait();
+  traffic_->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  traffic_->bytes += double(size() - 1) * double(n) * sizeof(float);
 }
 
 Traffic Group::take_traffic() const {

@@ -32,6 +32,11 @@ class Group {
   // In place over the group, waited for.
   void sum(float* x, int64_t n) const;
   void max(float* x, int64_t n) const;
+  // Sequence parallelism's pair, over rows split in rank order:
+  //   gather          all (size * n) = every rank's local (n), in rank order
+  //   reduce_scatter  local (n) = the sum over ranks of block `rank` of all (size * n)
+  void gather(const float* local, float* all, int64_t n) const;
+  void reduce_scatter(const float* all, float* local, int64_t n) const;
   // The traffic of this group (shared by its copies) since the last call.
   Traffic take_traffic() const;
 

@@ -8,6 +8,7 @@
 #include "loom/core/error.h"
 #include "loom/core/memory.h"
 #include "loom/kernels/cpu/elementwise.h"
+#include "loom/kernels/cpu/layernorm.h"
 #include "loom/kernels/cpu/matmul.h"
 
 namespace loom::tp {
@@ -35,34 +36,51 @@ VocabParallelEmbedding::VocabParallelEmbedding(ParamLayout& layout, const GptCon
 }
 
 void VocabParallelEmbedding::forward(const ParamStore<float>& ps, float* out, const int32_t* tokens,
-                                     int64_t B, int64_t Tn, const Dropout& drop) const {
+                                     const Rows& rows, const Dropout& drop) const {
   const float* wte = ps.param(wte_);
-  const int64_t BT = B * Tn;
+  const int64_t BT = rows.all(), Tn = rows.Tn;
+  Buffer all;  // sequence parallelism: every row, before the reduce-scatter
+  float* look = out;
+  if (rows.split()) {
+    all = Buffer(static_cast<size_t>(BT * C_) * sizeof(float), MemCategory::kWorkspace);
+    look = all.as<float>();
+  }
 #pragma omp parallel for
   for (int64_t n = 0; n < BT; ++n) {
-    float* o = out + n * C_;
+    float* o = look + n * C_;
     const int64_t tok = tokens[n];
     if (tok >= v0_ && tok < v1_)
       std::copy(wte + (tok - v0_) * C_, wte + (tok - v0_ + 1) * C_, o);
     else
       std::fill(o, o + C_, 0.0f);
   }
-  reduce_from_region_forward(g_, out, BT * C_);
+  if (rows.split())
+    g_.reduce_scatter(look, out, rows.count * C_);
+  else
+    reduce_from_region_forward(g_, out, BT * C_);
   const float* wpe = ps.param(wpe_);
 #pragma omp parallel for
-  for (int64_t n = 0; n < BT; ++n)
-    for (int64_t c = 0; c < C_; ++c) out[n * C_ + c] += wpe[(n % Tn) * C_ + c];
-  cpu::dropout_inplace(out, drop.at(-1, DropoutSite::kEmbedding), B, Tn, C_);
+  for (int64_t n = 0; n < rows.count; ++n) {
+    const int64_t t = (rows.first + n) % Tn;
+    for (int64_t c = 0; c < C_; ++c) out[n * C_ + c] += wpe[t * C_ + c];
+  }
+  drop.apply(out, -1, DropoutSite::kEmbedding, rows, C_);
 }
 
 void VocabParallelEmbedding::backward(const ParamStore<float>& ps, float* dout,
-                                      const int32_t* tokens, int64_t B, int64_t Tn,
+                                      const int32_t* tokens, const Rows& rows,
                                       const Dropout& drop) const {
-  cpu::dropout_inplace(dout, drop.at(-1, DropoutSite::kEmbedding), B, Tn, C_);
+  drop.apply(dout, -1, DropoutSite::kEmbedding, rows, C_);
+  const int64_t B = rows.B, Tn = rows.Tn, BT = rows.all();
+  Buffer all;  // sequence parallelism: every row's gradient, gathered
+  if (rows.split()) {
+    all = Buffer(static_cast<size_t>(BT * C_) * sizeof(float), MemCategory::kWorkspace);
+    g_.gather(dout, all.as<float>(), rows.count * C_);
+    dout = all.as<float>();
+  }
   // As the single-process lookup's backward does: each row's contributions
   // summed apart (positions in order), then added once; rows outside this
   // rank's range belong to another rank.
-  const int64_t BT = B * Tn;
   std::vector<int64_t> order;
   for (int64_t n = 0; n < BT; ++n)
     if (tokens[n] >= v0_ && tokens[n] < v1_) order.push_back(n);
@@ -98,8 +116,9 @@ void VocabParallelEmbedding::backward(const ParamStore<float>& ps, float* dout,
   }
 }
 
-VocabParallelHead::VocabParallelHead(ParamLayout& layout, const GptConfig& c, const Group& g)
-    : HeadLayer<float>(layout, c), g_(g), c_(c) {
+VocabParallelHead::VocabParallelHead(std::unique_ptr<LayerNorm<float>> ln, const GptConfig& c,
+                                     const Group& g)
+    : HeadLayer<float>(std::move(ln)), g_(g), c_(c) {
   check_vocab(c, g);
   Vl_ = c.padded_vocab() / g.size();
   v0_ = g.rank() * Vl_;
@@ -111,22 +130,26 @@ ParamId VocabParallelHead::declare_wte(ParamLayout& layout) {
   return wte_;
 }
 
-HeadRecord<float> VocabParallelHead::bind(Arena<float>& rec, Arena<float>& room, int64_t BT,
+HeadRecord<float> VocabParallelHead::bind(Arena<float>& rec, Arena<float>& room, const Rows& rows,
                                           bool recompute_logits) const {
+  const int64_t N = rows.count, BT = rows.all(), C = c_.n_embd;
   HeadRecord<float> r{};
-  r.lnf = rec.take(BT * c_.n_embd), r.lnf_mean = rec.take(BT), r.lnf_rstd = rec.take(BT);
+  r.lnf = rec.take(N * C), r.lnf_mean = rec.take(N), r.lnf_rstd = rec.take(N);
+  r.lnf_all = rows.split() ? rec.take(BT * C) : r.lnf;
   r.logits = (recompute_logits ? room : rec).take(BT * Vl_);
   r.losses = rec.take(BT), r.lse = rec.take(BT);
   return r;
 }
 
 void VocabParallelHead::logits_forward(const ParamStore<float>& ps, const HeadRecord<float>& r,
-                                       int64_t BT) const {
-  cpu::matmul_nt_forward(r.logits, r.lnf, ps.param(wte_), BT, c_.n_embd, Vl_);
+                                       const Rows& rows) const {
+  if (rows.split()) g_.gather(r.lnf, r.lnf_all, rows.count * c_.n_embd);
+  cpu::matmul_nt_forward(r.logits, r.lnf_all, ps.param(wte_), rows.all(), c_.n_embd, Vl_);
 }
 
 double VocabParallelHead::loss(const HeadRecord<float>& r, const int32_t* targets,
-                               int64_t BT) const {
+                               const Rows& rows) const {
+  const int64_t BT = rows.all();
   // Columns of this rank that are real vocabulary (the rest is padding).
   const int64_t valid = std::clamp<int64_t>(c_.vocab_size - v0_, 0, Vl_);
   std::vector<float> mx(static_cast<size_t>(BT)), sum(static_cast<size_t>(BT)),
@@ -163,7 +186,8 @@ double VocabParallelHead::loss(const HeadRecord<float>& r, const int32_t* target
 
 void VocabParallelHead::logits_backward(const ParamStore<float>& ps, const HeadRecord<float>& r,
                                         const int32_t* targets, const float* dloss, float* d_lnf,
-                                        int64_t BT) const {
+                                        const Rows& rows) const {
+  const int64_t BT = rows.all();
   const int64_t valid = std::clamp<int64_t>(c_.vocab_size - v0_, 0, Vl_);
 #pragma omp parallel for
   for (int64_t n = 0; n < BT; ++n) {
@@ -174,13 +198,32 @@ void VocabParallelHead::logits_backward(const ParamStore<float>& ps, const HeadR
     const int64_t t = targets[n] - v0_;
     if (t >= 0 && t < Vl_) l[t] -= d;
   }
-  // The partial input gradient of this rank's vocabulary, summed over the group.
+  // The partial input gradient of this rank's vocabulary, summed over the
+  // group (reduce-scattered to this rank's rows when the sequence is split).
   const int64_t C = c_.n_embd;
   Buffer part(static_cast<size_t>(BT * C) * sizeof(float), MemCategory::kWorkspace);
-  cpu::matmul_nt_backward(part.as<float>(), ps.grad(wte_), r.logits, r.lnf, ps.param(wte_), BT, C,
-                          Vl_);
-  copy_to_region_backward(g_, part.as<float>(), BT * C);
-  cpu::add_inplace(d_lnf, part.as<float>(), BT * C);
+  cpu::matmul_nt_backward(part.as<float>(), ps.grad(wte_), r.logits, r.lnf_all, ps.param(wte_), BT,
+                          C, Vl_);
+  if (rows.split()) {
+    Buffer mine(static_cast<size_t>(rows.count * C) * sizeof(float), MemCategory::kWorkspace);
+    g_.reduce_scatter(part.as<float>(), mine.as<float>(), rows.count * C);
+    cpu::add_inplace(d_lnf, mine.as<float>(), rows.count * C);
+  } else {
+    copy_to_region_backward(g_, part.as<float>(), BT * C);
+    cpu::add_inplace(d_lnf, part.as<float>(), BT * C);
+  }
+}
+
+void SequenceParallelLayerNorm::backward(const ParamStore<float>& ps, float* dx, const float* dout,
+                                         const float* x, const float* mean, const float* rstd,
+                                         int64_t N) const {
+  // This rank's rows' share of the parameter gradients, summed over the group.
+  std::vector<float> part(static_cast<size_t>(2 * C_), 0.0f);
+  cpu::layernorm_backward(dx, part.data(), part.data() + C_, dout, x, ps.param(weight), mean, rstd,
+                          N, C_);
+  g_.sum(part.data(), 2 * C_);
+  cpu::add_inplace(ps.grad(weight), part.data(), C_);
+  cpu::add_inplace(ps.grad(bias), part.data() + C_, C_);
 }
 
 }  // namespace loom::tp

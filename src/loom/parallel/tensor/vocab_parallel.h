@@ -15,6 +15,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <string>
 
 #include "loom/nn/embedding.h"
 #include "loom/nn/head.h"
@@ -27,10 +29,12 @@ class VocabParallelEmbedding final : public EmbeddingLayer<float> {
   VocabParallelEmbedding(ParamLayout& layout, const GptConfig& c, const Group& g);
   ParamId wte() const override { return wte_; }
   ParamId wpe() const override { return wpe_; }
-  void forward(const ParamStore<float>& ps, float* out, const int32_t* tokens, int64_t B,
-               int64_t Tn, const Dropout& drop) const override;
-  void backward(const ParamStore<float>& ps, float* dout, const int32_t* tokens, int64_t B,
-                int64_t Tn, const Dropout& drop) const override;
+  // With the sequence split, the looked-up rows are reduce-scattered to
+  // this rank's rows instead of all-reduced, and backward gathers them.
+  void forward(const ParamStore<float>& ps, float* out, const int32_t* tokens, const Rows& rows,
+               const Dropout& drop) const override;
+  void backward(const ParamStore<float>& ps, float* dout, const int32_t* tokens, const Rows& rows,
+                const Dropout& drop) const override;
 
  private:
   Group g_;
@@ -40,21 +44,38 @@ class VocabParallelEmbedding final : public EmbeddingLayer<float> {
 
 class VocabParallelHead final : public HeadLayer<float> {
  public:
-  VocabParallelHead(ParamLayout& layout, const GptConfig& c, const Group& g);
+  // With the sequence split, ln_f runs on this rank's rows, its output is
+  // gathered for the logits, and the gradient back to it reduce-scattered.
+  VocabParallelHead(std::unique_ptr<LayerNorm<float>> ln, const GptConfig& c, const Group& g);
   ParamId declare_wte(ParamLayout& layout) override;
-  HeadRecord<float> bind(Arena<float>& record, Arena<float>& room, int64_t BT,
+  HeadRecord<float> bind(Arena<float>& record, Arena<float>& room, const Rows& rows,
                          bool recompute_logits) const override;
   void logits_forward(const ParamStore<float>& ps, const HeadRecord<float>& r,
-                      int64_t BT) const override;
-  double loss(const HeadRecord<float>& r, const int32_t* targets, int64_t BT) const override;
+                      const Rows& rows) const override;
+  double loss(const HeadRecord<float>& r, const int32_t* targets, const Rows& rows) const override;
   void logits_backward(const ParamStore<float>& ps, const HeadRecord<float>& r,
                        const int32_t* targets, const float* dloss, float* d_lnf,
-                       int64_t BT) const override;
+                       const Rows& rows) const override;
 
  private:
   Group g_;
   GptConfig c_;
   int64_t Vl_, v0_;  // this rank's vocabulary columns [v0, v0 + Vl)
+};
+
+// A LayerNorm on this rank's rows of a split sequence: its parameter
+// gradients are partial sums over the rows, so backward adds them up over the
+// group before accumulating (Megatron-LM's sequence-parallel LayerNorm).
+class SequenceParallelLayerNorm final : public LayerNorm<float> {
+ public:
+  SequenceParallelLayerNorm(ParamLayout& layout, const std::string& prefix, int64_t C,
+                            const Group& g)
+      : LayerNorm<float>(layout, prefix, C), g_(g) {}
+  void backward(const ParamStore<float>& ps, float* dx, const float* dout, const float* x,
+                const float* mean, const float* rstd, int64_t N) const override;
+
+ private:
+  Group g_;
 };
 
 }  // namespace loom::tp
