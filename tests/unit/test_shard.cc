@@ -140,7 +140,9 @@ TEST(Shard, EachRanksSliceInitialisesToItsPartOfTheWholeModel) {
       const Param& g = assembled.layout().find(p.name);
       shard_to_global(p.shape, p.shard, shard.param(p), assembled.param(g));
       sharded += p.shard.sharded();
-      if (p.shard.sharded()) EXPECT_EQ(p.numel * tp, p.shape.numel()) << p.name;
+      if (p.shard.sharded()) {
+        EXPECT_EQ(p.numel * tp, p.shape.numel()) << p.name;
+      }
     }
     EXPECT_EQ(sharded, 1 + 2 * 6);  // wte, and six per block
   }

@@ -357,11 +357,20 @@ TEST(Config, TensorParallelSizesAreChecked) {
   };
   EXPECT_HAS(error({"parallel.tensor=4"}, 4),
              "model.n_head 6 is not divisible by parallel.tensor 4 (each rank holds whole heads)");
-  EXPECT_HAS(error({"parallel.tensor=8"}, 4), "parallel.tensor 8 is larger than the job's 4 rank(s)");
+  EXPECT_HAS(error({"parallel.tensor=8"}, 4),
+             "parallel.tensor 8 is larger than the job's 4 rank(s)");
   EXPECT_HAS(error({"parallel.tensor=3"}, 4),
              "the job's 4 rank(s) do not divide into parallel.tensor 3 x parallel.pipeline 1");
   EXPECT_HAS(error({"parallel.tensor=2", "parallel.data=4"}, 4),
              "parallel.data is 4 but the job has 4 rank(s) (= tensor 2 x pipeline 1 x data 2)");
+  EXPECT_HAS(error({"parallel.sequence_parallel=true"}, 1),
+             "parallel.sequence_parallel splits the sequence across the tensor-parallel group; it "
+             "needs parallel.tensor > 1");
+  EXPECT_HAS(error({"parallel.tensor=2", "parallel.sequence_parallel=true", "train_batch_size=1",
+                    "model.seq_len=15"},
+                   2),
+             "parallel.sequence_parallel: a micro-batch of 1 x 15 = 15 tokens does not split into "
+             "parallel.tensor 2 pieces");
   // tp 2 of 4 ranks: data-parallel 2, the vocabulary padded to a multiple of 256.
   Config c = parse({"parallel.tensor=2"}, 4);
   EXPECT_EQ(c.data_parallel, 2);

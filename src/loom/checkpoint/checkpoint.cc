@@ -20,9 +20,6 @@ using nlohmann::json;
 
 namespace {
 
-constexpr const char* kFiles[] = {"model.safetensors", "optimizer.safetensors",
-                                  "trainer_state.json", "config.resolved.json"};
-
 void fsync_path(const fs::path& p) {
   int fd = ::open(p.c_str(), O_RDONLY);
   if (fd >= 0) {
@@ -117,12 +114,15 @@ std::string save_checkpoint(const std::string& root, const GptStage<float>& mode
   std::vector<float> buf;
   if (!write) {
     // The other ranks of the slicing group take part in the same assemblies,
-    // in the same order, and write nothing.
-    for (const Param& p : params) whole_tensor(p, model.param(p), assemble, buf);
-    whole_tensor(params.front(), model.param(params.front()), assemble, buf);
+    // in the same order, contributing their slices; they receive nothing.
+    auto contribute = [&](const Param& p, const float* local) {
+      if (p.shard.sharded() && assemble) assemble(p, local, nullptr);
+    };
+    for (const Param& p : params) contribute(p, model.param(p));
+    contribute(params.front(), model.param(params.front()));
     if (moments)
       for (const float* base : {exp_avg, exp_avg_sq})
-        for (const Param& p : params) whole_tensor(p, base + p.offset, assemble, buf);
+        for (const Param& p : params) contribute(p, base + p.offset);
     return "";
   }
   char name[32];
@@ -172,9 +172,15 @@ std::string save_checkpoint(const std::string& root, const GptStage<float>& mode
   write_file_atomic((tmp / "trainer_state.json").string(), st.dump(2) + "\n");
   write_file_atomic((tmp / "config.resolved.json").string(), config.dump(2) + "\n");
 
+  // The tensor files were hashed as they were written; the small JSON files
+  // are read back.
   json manifest = {
       {"format", "loom checkpoint v1"}, {"step", state.step}, {"files", json::object()}};
-  for (const char* f : kFiles) {
+  manifest["files"]["model.safetensors"] = {{"bytes", weights.file_bytes()},
+                                            {"sha256", weights.sha256()}};
+  manifest["files"]["optimizer.safetensors"] = {{"bytes", optimizer.file_bytes()},
+                                                {"sha256", optimizer.sha256()}};
+  for (const char* f : {"trainer_state.json", "config.resolved.json"}) {
     std::string bytes = read_file((tmp / f).string());
     manifest["files"][f] = {{"bytes", bytes.size()}, {"sha256", sha256_hex(bytes)}};
   }

@@ -27,9 +27,10 @@ struct TrainerState {
 };
 
 // Assembles the whole tensor of a parameter split across ranks (tensor
-// parallelism) from every rank's slice: `whole` has p.shape.numel()
-// elements. Collective over the group that splits p: every rank of it calls
-// it for the same parameters in the same order.
+// parallelism) from every rank's slice into the writing rank's `whole`
+// (p.shape.numel() elements; null on the ranks that only contribute).
+// Collective over the group that splits p: every rank of it calls it for the
+// same parameters in the same order.
 using AssembleFn = std::function<void(const Param& p, const float* slice, float* whole)>;
 
 // Saves step `state.step` into `root`/step-NNNNNNNN, points `root`/latest at

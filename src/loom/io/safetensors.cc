@@ -69,6 +69,8 @@ SafetensorsWriter::~SafetensorsWriter() {
 
 void SafetensorsWriter::write_all(const void* data, size_t bytes) {
   const char* p = static_cast<const char*>(data);
+  hash_.update(data, bytes);
+  file_bytes_ += bytes;
   size_t done = 0;
   while (done < bytes) {
     const ssize_t n = ::write(fd_, p + done, bytes - done);
@@ -99,6 +101,7 @@ void SafetensorsWriter::commit() {
     ::unlink(tmp_.c_str());
     LOOM_FAIL(kIo, "{}: cannot write: {}", path_, std::strerror(err));
   }
+  digest_ = hash_.hex_digest();
 }
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "loom/core/dtype.h"
+#include "loom/io/sha256.h"
 
 namespace loom {
 
@@ -41,10 +42,17 @@ class SafetensorsWriter {
   void append(const void* data, size_t bytes);
   size_t written() const { return next_; }
   void commit();
+  // The file's size and SHA-256 (hex), hashed as it was written: valid
+  // after commit(), so a manifest never reads the file back.
+  size_t file_bytes() const { return file_bytes_; }
+  const std::string& sha256() const { return digest_; }
 
  private:
   void write_all(const void* data, size_t bytes);
   std::string path_, tmp_;
+  Sha256 hash_;
+  size_t file_bytes_ = 0;
+  std::string digest_;
   std::vector<SafetensorsEntry> entries_;
   size_t next_ = 0;
   int fd_ = -1;

@@ -309,7 +309,7 @@ double GptStage<T>::forward(StageActivations<T>& a, const int32_t* tokens, const
 template <typename T>
 void GptStage<T>::backward(StageActivations<T>& a, double loss_scale, const T* d_output,
                            T* d_input) {
-  const int64_t B = a.B, Tn = a.Tn, BT = B * Tn, C = config_.n_embd;
+  const int64_t B = a.B, Tn = a.Tn, C = config_.n_embd;
   const Rows rw = rows(B, Tn);
   const size_t bytes = static_cast<size_t>(rw.count * C) * sizeof(T);
   check_store(a);
@@ -465,13 +465,17 @@ const T* GptStage<T>::decode_step(KvCache<T>& c, int32_t token) {
 }
 
 template <typename T>
-double GptStage<T>::flops_per_token() const {
+double GptStage<T>::model_params() const {
   // The whole model's parameters as a user counts them (vocabulary padding
   // is matmul work, not parameters; the tied head counts once).
   const double C = config_.n_embd, L = config_.n_layer;
-  const double params =
-      L * (12.0 * C * C + 13.0 * C) + config_.vocab_size * C + config_.seq_len * C + 2.0 * C;
-  return 6.0 * params + 12.0 * L * static_cast<double>(config_.seq_len) * C;
+  return L * (12.0 * C * C + 13.0 * C) + config_.vocab_size * C + config_.seq_len * C + 2.0 * C;
+}
+
+template <typename T>
+double GptStage<T>::flops_per_token() const {
+  const double C = config_.n_embd, L = config_.n_layer;
+  return 6.0 * model_params() + 12.0 * L * static_cast<double>(config_.seq_len) * C;
 }
 
 template class GptStage<float>;

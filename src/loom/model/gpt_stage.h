@@ -42,7 +42,8 @@ struct StageActivations {
   std::vector<T*> blocks;            // each block's record
   T* head = nullptr;                 // the head's record
   T* output = nullptr;               // (rows,C): the last block's output
-  // (B,T,Vp) after forward, on the last stage. When the plan recomputes the
+  // (B,T,V) over this rank's vocabulary (all of the padded vocabulary
+  // without tensor parallelism) after forward, on the last stage. When the plan recomputes the
   // logits they live in the stage's shared room: valid until its next
   // forward or backward.
   T* logits = nullptr;
@@ -130,6 +131,8 @@ class GptStage {
   KvCache<T> make_kv_cache() const;
   const T* decode_step(KvCache<T>& cache, int32_t token);
 
+  // The whole model's parameter count (whatever this stage holds).
+  double model_params() const;
   // Model FLOPs per token for training (6 x params + 12 x layers x T x C)
   // of the whole model, the numerator of MFU; never counts recomputation.
   double flops_per_token() const;

@@ -25,6 +25,8 @@ using nlohmann::json;
 
 namespace {
 
+constexpr int kAssembleTag = 7101;  // checkpoint assembly's point-to-point messages
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -175,14 +177,22 @@ void Trainer::save(double lr) {
   zero.gather_moments(m, v);
   zero.gather_full_params();
   const ParallelContext& ctx = options_.parallel;
+  // Tensor-parallel rank 0 receives the other ranks' slices one at a time
+  // and places each; it holds the whole tensor and one slice, the others
+  // only their own slices.
   AssembleFn assemble = [&ctx](const Param& p, const float* slice, float* whole) {
-    const int n = ctx.tp->size();
-    std::vector<float> all(static_cast<size_t>(p.numel) * static_cast<size_t>(n));
-    ctx.tp->all_gather(slice, all.data(), static_cast<size_t>(p.numel), DType::kF32)->wait();
-    for (int r = 0; r < n; ++r) {
+    ProcessGroup& tp = *ctx.tp;
+    const size_t n = static_cast<size_t>(p.numel);
+    if (tp.rank() != 0) {
+      tp.send(slice, n, DType::kF32, 0, kAssembleTag)->wait();
+      return;
+    }
+    std::vector<float> other(n);
+    for (int r = 0; r < tp.size(); ++r) {
       ShardSpec s = p.shard;
       s.index = r;
-      shard_to_global(p.shape, s, all.data() + static_cast<size_t>(r) * p.numel, whole);
+      if (r > 0) tp.recv(other.data(), n, DType::kF32, r, kAssembleTag)->wait();
+      shard_to_global(p.shape, s, r == 0 ? slice : other.data(), whole);
     }
   };
   std::string dir;
@@ -251,7 +261,7 @@ void Trainer::describe_run() const {
       "loom: model GPT-2 n_layer %d n_embd %d n_head %d vocab %d (padded %d) seq_len %d: "
       "%.2fM parameters\n",
       m.n_layer, m.n_embd, m.n_head, m.vocab_size, m.padded_vocab(), m.seq_len,
-      double(engine_->stage().num_params()) / 1e6);
+      engine_->stage().model_params() / 1e6);
   std::printf("loom: grid %s\n", options_.parallel.grid.describe().c_str());
   if (config_.parallel.tensor > 1)
     std::printf(
@@ -286,9 +296,12 @@ void Trainer::describe_checkpointing() const {
         "loom: activation_checkpointing: DeepSpeed's keys are set but nothing is recomputed; "
         "activation_checkpointing.policy chooses (full, selective, every_n, budget)\n");
   if (a.partition_activations)
-    std::printf(
-        "loom: activation_checkpointing.partition_activations: no effect in this build (a "
-        "recomputed block's kept input is whole on every tensor-parallel rank)\n");
+    std::printf("loom: activation_checkpointing.partition_activations: %s\n",
+                config_.parallel.sequence_parallel
+                    ? "with sequence parallelism a recomputed block's kept input is already this "
+                      "rank's slice of the sequence"
+                    : "no effect in this build (a recomputed block's kept input is whole on every "
+                      "tensor-parallel rank; parallel.sequence_parallel splits it)");
   if (a.cpu_checkpointing)
     std::printf(
         "loom: activation_checkpointing.cpu_checkpointing: this build computes on the CPU, so "
