@@ -1,5 +1,7 @@
 #include "loom/parallel/tensor/linear.h"
 
+#include <vector>
+
 #include "loom/core/error.h"
 #include "loom/kernels/cpu/matmul.h"
 
@@ -8,7 +10,7 @@ namespace loom::tp {
 ColumnParallelLinear::ColumnParallelLinear(ParamLayout& layout, const std::string& prefix,
                                            int64_t in, int64_t out, float std, const Group& g,
                                            int blocks)
-    : in_(in), out_(out), size_(g.size()) {
+    : in_(in), out_(out), size_(g.size()), blocks_(blocks), g_(g) {
   const ShardSpec w = blocks > 1 ? ShardSpec::heads(1, g.rank(), g.size(), blocks)
                                  : ShardSpec::split(1, g.rank(), g.size());
   const ShardSpec b = blocks > 1 ? ShardSpec::heads(0, g.rank(), g.size(), blocks)
@@ -26,6 +28,26 @@ void ColumnParallelLinear::backward(const ParamStore<float>& ps, float* dx_parti
                                     const float* x, int64_t N) const {
   cpu::matmul_backward(dx_partial, ps.grad(weight), ps.grad(bias), dy, x, ps.param(weight), N, in_,
                        local_out());
+}
+
+void ColumnParallelLinear::forward_gathered(const ParamStore<float>& ps, float* y, const float* x,
+                                            int64_t N) const {
+  LOOM_CHECK(blocks_ == 1, "a gathered output needs a plain column split");
+  const int64_t ol = local_out();
+  std::vector<float> mine(static_cast<size_t>(N * ol)), all(static_cast<size_t>(N * out_));
+  forward(ps, mine.data(), x, N);
+  g_.gather(mine.data(), all.data(), N * ol);
+  // all holds rank r's (N, out/tp) block r: its columns of y.
+  for (int r = 0; r < size_; ++r)
+    shard_to_global(Shape{N, out_}, ShardSpec::split(1, r, size_), all.data() + r * N * ol, y);
+}
+
+void ColumnParallelLinear::backward_gathered(const ParamStore<float>& ps, float* dx_partial,
+                                             const float* dy, const float* x, int64_t N) const {
+  LOOM_CHECK(blocks_ == 1, "a gathered output needs a plain column split");
+  std::vector<float> mine(static_cast<size_t>(N * local_out()));
+  shard_from_global(Shape{N, out_}, ShardSpec::split(1, g_.rank(), size_), dy, mine.data());
+  backward(ps, dx_partial, mine.data(), x, N);
 }
 
 RowParallelLinear::RowParallelLinear(ParamLayout& layout, const std::string& prefix, int64_t in,

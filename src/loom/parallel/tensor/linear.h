@@ -34,11 +34,18 @@ class ColumnParallelLinear {
   // weight and bias gradients.
   void backward(const ParamStore<float>& ps, float* dx_partial, const float* dy, const float* x,
                 int64_t N) const;
+  // The same with the output gathered (column split only): y (N, out), every
+  // rank's features in place; backward takes dy (N, out), whole on every
+  // rank, and uses this rank's columns of it.
+  void forward_gathered(const ParamStore<float>& ps, float* y, const float* x, int64_t N) const;
+  void backward_gathered(const ParamStore<float>& ps, float* dx_partial, const float* dy,
+                         const float* x, int64_t N) const;
   ParamId weight, bias;
 
  private:
   int64_t in_, out_;
-  int size_;
+  int size_, blocks_;
+  Group g_;
 };
 
 class RowParallelLinear {
