@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(
   cmake ninja-build g++ pkg-config python3
-  libopenblas-dev libopenblas0-openmp libopenmpi-dev openmpi-bin
+  libopenblas-dev libopenblas0-openmp libdnnl-dev libopenmpi-dev openmpi-bin
   nlohmann-json3-dev libcli11-dev libgtest-dev libbenchmark-dev libicu-dev
   fortunes
 )

@@ -24,6 +24,9 @@ json_check "$WORK/run/metrics.jsonl" 'len(lines) == 12 and [l["step"] for l in l
 json_check "$WORK/run/metrics.jsonl" 'all(k in l for l in lines for k in ("loss","lr","grad_norm","loss_scale","tokens_per_s","mfu","mem","time"))'
 json_check "$WORK/run/metrics.jsonl" 'all(set(l["time"]) >= {"forward","backward","recompute","optimizer","comm","comm_exposed","bubble"} for l in lines)'
 json_check "$WORK/run/metrics.jsonl" 'all(l["time"]["recompute"] == 0 for l in lines)'
+json_check "$WORK/run/metrics.jsonl" 'all(l["gemm_backend"] in ("openblas", "onednn") and l["peak_gflops"] > 0 for l in lines)'
+grep -q "loom: GEMM onednn (.*; auto: oneDNN whenever this build has it): [0-9]* GFLOP/s" "$WORK/out.txt" ||
+  fail "GEMM choice not logged: $(cat "$WORK/out.txt")"
 json_check "$WORK/run/metrics.jsonl" 'all(set(l["mem"]) == {"params","grads","optimizer","activations","comm","workspace"} for l in lines)'
 json_check "$WORK/run/metrics.jsonl" '[l["step"] for l in lines if "val_loss" in l] == [4, 8, 12]'
 json_check "$WORK/run/metrics.jsonl" 'lines[-1]["loss"] < lines[0]["loss"] - 0.5'
@@ -61,7 +64,12 @@ grep -q "loom: warning: this rank may run on 1 core(s) but uses 2 threads" "$WOR
   fail "no affinity warning: $(cat "$WORK/out1.txt")"
 
 "$LOOM" bench gemm --sizes 256,512 --reps 3 --json > "$WORK/gemm.json"
-json_check "$WORK/gemm.json" 'd["peak_gflops"] > 0 and [s["n"] for s in d["sizes"]] == [256, 512]'
+json_check "$WORK/gemm.json" 'd["peak_gflops"] > 0 and [s["n"] for s in d["sizes"]] == [256, 512] and set(d["backends"]) == {"openblas", "onednn"} and d["gemm_backend"] in d["backends"] and d["peak_gflops"] == max(b["peak_gflops"] for b in d["backends"].values())'
+# OpenBLAS forced onto its generic kernel on a CPU with AVX2: warned, with the fix.
+if grep -qw avx2 /proc/cpuinfo; then
+  OPENBLAS_CORETYPE=Prescott "$LOOM" bench gemm --sizes 128 --reps 1 --backend openblas --json > "$WORK/gemm-generic.json"
+  json_check "$WORK/gemm-generic.json" '"generic" in d.get("warning", "") and "OPENBLAS_CORETYPE" in d["warning"] and d["backends"]["openblas"]["isa"] == "Prescott"'
+fi
 "$LOOM" bench train --config "$WORK/cfg.json" --set data.synthetic=true --steps 3 --warmup 1 --json > "$WORK/bench.json"
 json_check "$WORK/bench.json" 'd["tokens_per_s"] > 0 and 0 < d["mfu"] < 1.5 and d["model_flops_per_s"] > 0 and d["peak_bytes"]["params"] > 0 and d["peak_bytes"]["optimizer"] == 2 * d["peak_bytes"]["params"]'
 echo PASS

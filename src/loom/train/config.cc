@@ -101,6 +101,7 @@ const std::vector<KeySpec>& schema() {
       {"checkpoint.dir", Kind::kString},
       {"checkpoint.every", Kind::kInt, 0, kMaxInt},
       {"checkpoint.keep_last", Kind::kInt, 0, kMaxInt},
+      {"kernels.gemm", Kind::kString, 0, 0, {"auto", "onednn", "openblas"}},
       {"log.every", Kind::kInt, 1, kMaxInt},
       {"log.peak_gflops", Kind::kNumber, 0, 1e300},
   };
@@ -481,6 +482,7 @@ json to_json(const Config& c) {
                {"ranks_per_node", c.comm.ranks_per_node},
                {"debug", c.comm.debug}};
   j["log"] = {{"every", c.log.every}, {"peak_gflops", c.log.peak_gflops}};
+  j["kernels"] = {{"gemm", c.kernels.gemm}};
   return j;
 }
 
@@ -605,6 +607,7 @@ Config parse_config(const std::string& text, const std::string& source,
   c.checkpoint.keep_last = get_or<int64_t>(j, "checkpoint.keep_last", 0);
   c.log.every = get_or<int64_t>(j, "log.every", 1);
   c.log.peak_gflops = get_or<double>(j, "log.peak_gflops", 0.0);
+  c.kernels.gemm = get_or<std::string>(j, "kernels.gemm", "auto");
   c.resolved = to_json(c);
   return c;
 }

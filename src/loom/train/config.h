@@ -43,6 +43,11 @@ struct CheckpointConfig {
   int64_t keep_last = 0;  // keep the newest this many; 0: all
 };
 
+// kernels: which GEMM backend runs the f32 matrix products.
+struct KernelsConfig {
+  std::string gemm = "auto";  // auto | onednn | openblas
+};
+
 struct LogConfig {
   int64_t every = 1;
   double peak_gflops = 0;  // the MFU denominator; 0: measured at start
@@ -84,6 +89,7 @@ struct Config {
   ZeroConfig zero;
   CommOptions comm;
   LogConfig log;
+  KernelsConfig kernels;
   nlohmann::json resolved;  // every key with its value in effect
 };
 

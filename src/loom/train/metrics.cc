@@ -65,6 +65,8 @@ void MetricsLog::write(const StepResult& r) {
               {"bubble", 0.0}}}};
   if (r.val_loss) j["val_loss"] = *r.val_loss;
   j["comm_bytes"] = r.comm_bytes;
+  j["gemm_backend"] = r.gemm_backend;
+  j["peak_gflops"] = r.peak_gflops;
   out_ << j.dump() << "\n";
   out_.flush();
 }

@@ -19,6 +19,8 @@ struct StepResult {
   double tokens_per_s = 0, mfu = 0;
   std::optional<double> val_loss;
   double t_comm = 0, t_comm_exposed = 0, comm_bytes = 0;  // data-parallel communication
+  std::string gemm_backend;                               // kernels.gemm in effect
+  double peak_gflops = 0;                                 // the MFU denominator
   MemStats mem;  // peaks: the maximum over ranks of each category
 };
 

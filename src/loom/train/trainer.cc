@@ -78,6 +78,7 @@ Trainer::Trainer(Config config, RunOptions options, ThreadConfig threads)
                 "pass --overwrite)",
                 options_.out_dir);
   }
+  gemm_ = configure_gemm(config_.kernels.gemm);
   engine_ = std::make_unique<StepEngine>(config_, options_.parallel);
   load_initial_state(seed);
   peak_gflops_ = config_.log.peak_gflops > 0 ? config_.log.peak_gflops : quick_peak_gflops();
@@ -131,6 +132,8 @@ StepResult Trainer::train_step() {
   const double tokens = static_cast<double>(config_.train_batch_size * config_.model.seq_len);
   r.tokens_per_s = tokens / r.t_step;
   r.mfu = engine_->stage().flops_per_token() * r.tokens_per_s / (peak_gflops_ * 1e9);
+  r.gemm_backend = cpu::gemm_backend_name(gemm_.backend);
+  r.peak_gflops = peak_gflops_;
   ++step_;
   return r;
 }
@@ -262,6 +265,10 @@ void Trainer::describe_run() const {
       "%.2fM parameters\n",
       m.n_layer, m.n_embd, m.n_head, m.vocab_size, m.padded_vocab(), m.seq_len,
       engine_->stage().model_params() / 1e6);
+  std::printf(
+      "loom: GEMM %s: %.0f GFLOP/s %s\n", gemm_.describe.c_str(), peak_gflops_,
+      config_.log.peak_gflops > 0 ? "(log.peak_gflops)" : "(sgemm 1024^3, the MFU denominator)");
+  if (!gemm_.warning.empty()) std::printf("loom: warning: %s\n", gemm_.warning.c_str());
   std::printf("loom: grid %s\n", options_.parallel.grid.describe().c_str());
   if (config_.parallel.tensor > 1)
     std::printf(

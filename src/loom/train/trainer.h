@@ -14,6 +14,7 @@
 #include "loom/data/batch_source.h"
 #include "loom/data/tokenizer.h"
 #include "loom/train/config.h"
+#include "loom/train/gemm_choice.h"
 #include "loom/train/metrics.h"
 #include "loom/train/step_engine.h"
 
@@ -70,6 +71,7 @@ class Trainer {
   Config config_;
   RunOptions options_;
   ThreadConfig threads_;
+  GemmChoice gemm_;
   std::unique_ptr<StepEngine> engine_;
   std::unique_ptr<BatchSource> train_data_, val_data_;
   std::unique_ptr<Tokenizer> tokenizer_;  // null when the data's tokenizer is unknown

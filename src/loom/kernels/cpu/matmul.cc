@@ -4,12 +4,29 @@
 
 #include <algorithm>
 
+#ifdef LOOM_HAVE_ONEDNN
+#include <oneapi/dnnl/dnnl.h>
+#endif
+
+#include "loom/core/error.h"
+#include "loom/kernels/cpu/gemm_backend.h"
+
 namespace loom::cpu {
 
 template <>
 void gemm<float>(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                  int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
+#ifdef LOOM_HAVE_ONEDNN
+  if (gemm_backend() == GemmBackend::kOneDnn) {
+    // Row-major, as cblas with CblasRowMajor.
+    const dnnl_status_t st =
+        dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    LOOM_CHECK(st == dnnl_success, "dnnl_sgemm({} x {} x {}) failed with status {}", M, N, K,
+               static_cast<int>(st));
+    return;
+  }
+#endif
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
               K, alpha, A, lda, B, ldb, beta, C, ldc);
 }

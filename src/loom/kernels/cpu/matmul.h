@@ -1,4 +1,5 @@
-// Matrix multiplication through BLAS. Weights are stored (in, out), as GPT-2's
+// Matrix multiplication through the GEMM backend in use (gemm_backend.h:
+// OpenBLAS or oneDNN). Weights are stored (in, out), as GPT-2's
 // Conv1D does, so a layer's forward is one row-major GEMM with no transpose.
 #pragma once
 
