@@ -16,7 +16,7 @@ declare -A allowed=(
   [data]="core io data"
   [checkpoint]="core kernels nn model optim io checkpoint"
   [infer]="core kernels nn model infer"
-  [profile]="core kernels profile"
+  [profile]="core kernels io profile"
   [train]="core kernels comm nn model optim parallel io data checkpoint infer profile train"
 )
 bad=0

@@ -149,6 +149,7 @@ void run_train_bench(const TrainBenchArgs& a) {
                       {"model_flops_per_s", flops},
                       {"peak_gflops", trainer.peak_gflops()},
                       {"mfu", flops / (trainer.peak_gflops() * 1e9)},
+                      {"gemm_backend", cpu::gemm_backend_name(cpu::gemm_backend())},
                       {"peak_bytes", peak_bytes}};
   // Activation checkpointing: the plan and the bytes it was made from.
   const GptStage<float>& stage = trainer.model();

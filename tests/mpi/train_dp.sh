@@ -27,6 +27,7 @@ lines = [json.loads(l) for l in open(sys.argv[1] + "/metrics.jsonl")]
 assert [l["step"] for l in lines] == list(range(1, 7)), lines
 for l in lines:
     assert l["time"]["comm"] > 0 and l["time"]["comm_exposed"] >= 0 and l["comm_bytes"] > 0, l
+    assert 0 < l["mfu"] <= 1, l  # the job's FLOP/s against every rank's peak
 cfg = json.load(open(sys.argv[1] + "/config.resolved.json"))
 assert cfg["parallel"]["data"] == 2 and cfg["train_micro_batch_size_per_gpu"] == 4, cfg
 print("ok: metrics with comm", lines[-1]["time"]["comm"], lines[-1]["comm_bytes"])

@@ -3,12 +3,16 @@
 // choice and its errors.
 #include <gtest/gtest.h>
 
+#include <stdlib.h>
+
 #include <cmath>
 #include <random>
 #include <vector>
 
+#include "loom/io/fs.h"
 #include "loom/kernels/cpu/gemm_backend.h"
 #include "loom/kernels/cpu/matmul.h"
+#include "loom/profile/gemm_peak.h"
 #include "loom/train/config.h"
 #include "loom/train/gemm_choice.h"
 #include "test_util.h"
@@ -85,6 +89,24 @@ TEST(Gemm, KernelsGemmChoosesAndNamesTheBackend) {
              }),
              "kernels.gemm: unknown value \"mkl\" (expected one of auto, onednn, openblas)");
   cpu::set_gemm_backend(cpu::GemmBackend::kOpenBlas);
+}
+
+TEST(Gemm, ThePeakIsTheBestBackendMeasuredOnceAndCachedPerMachine) {
+  test::TempDir tmp;
+  setenv("XDG_CACHE_HOME", tmp.path.c_str(), 1);
+  cpu::set_gemm_backend(cpu::GemmBackend::kOpenBlas);
+  const PeakGflops first = machine_peak_gflops(2);
+  EXPECT_FALSE(first.cached);
+  EXPECT_GT(first.gflops, 0);
+  EXPECT_EQ(first.cache_file, (tmp.path / "loom" / "peak_gflops.json").string());
+  EXPECT_EQ(cpu::gemm_backend(), cpu::GemmBackend::kOpenBlas);  // restored
+  const PeakGflops again = machine_peak_gflops(2);
+  EXPECT_TRUE(again.cached);
+  EXPECT_EQ(again.gflops, first.gflops);
+  EXPECT_EQ(again.backend, first.backend);
+  // Another thread count is another key.
+  EXPECT_HAS(read_file(first.cache_file), "| 2 threads |");
+  unsetenv("XDG_CACHE_HOME");
 }
 
 }  // namespace

@@ -2,6 +2,15 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "loom/core/error.h"
+#include "loom/io/fs.h"
+#include "loom/kernels/cpu/gemm_backend.h"
 
 #include "loom/core/memory.h"
 #include "loom/kernels/cpu/matmul.h"
@@ -34,6 +43,74 @@ std::vector<GemmBenchResult> bench_gemm(const std::vector<int64_t>& sizes, int r
     out.push_back({n, gflops[gflops.size() / 2], gflops.back()});
   }
   return out;
+}
+
+namespace {
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      return colon == std::string::npos ? line
+                                        : line.substr(line.find_first_not_of(' ', colon + 1));
+    }
+  return "unknown cpu";
+}
+
+std::string cache_path() {
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  std::filesystem::path dir;
+  if (xdg && *xdg)
+    dir = std::filesystem::path(xdg) / "loom";
+  else if (home && *home)
+    dir = std::filesystem::path(home) / ".cache" / "loom";
+  else
+    return "";
+  return (dir / "peak_gflops.json").string();
+}
+
+}  // namespace
+
+PeakGflops machine_peak_gflops(int threads) {
+  std::vector<cpu::GemmBackend> backends;
+  std::string names;
+  for (auto b : {cpu::GemmBackend::kOpenBlas, cpu::GemmBackend::kOneDnn})
+    if (cpu::gemm_backend_available(b)) {
+      backends.push_back(b);
+      names += std::string(names.empty() ? "" : ",") + cpu::gemm_backend_name(b) + ":" +
+               cpu::gemm_backend_isa(b);
+    }
+  const std::string key = format("{} | {} threads | {}", cpu_model(), threads, names);
+  PeakGflops p;
+  p.cache_file = cache_path();
+  nlohmann::json cache = nlohmann::json::object();
+  std::error_code ec;
+  if (!p.cache_file.empty() && std::filesystem::exists(p.cache_file, ec)) {
+    cache = nlohmann::json::parse(read_file(p.cache_file), nullptr, false);
+    if (!cache.is_object()) cache = nlohmann::json::object();
+    if (cache.contains(key) && cache[key].is_object() && cache[key].value("gflops", 0.0) > 0) {
+      p.gflops = cache[key]["gflops"].get<double>();
+      p.backend = cache[key].value("backend", "");
+      p.cached = true;
+      return p;
+    }
+  }
+  for (cpu::GemmBackend b : backends) {
+    const double g = cpu::measure_sgemm_gflops(b, 2048, 5);
+    if (g > p.gflops) p.gflops = g, p.backend = cpu::gemm_backend_name(b);
+  }
+  if (!p.cache_file.empty()) {
+    // A failure to cache only costs the next run a measurement.
+    try {
+      std::filesystem::create_directories(std::filesystem::path(p.cache_file).parent_path());
+      cache[key] = {{"gflops", p.gflops}, {"backend", p.backend}};
+      write_file_atomic(p.cache_file, cache.dump(2) + "\n");
+    } catch (const std::exception&) {
+    }
+  }
+  return p;
 }
 
 double quick_peak_gflops() {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace loom {
@@ -15,9 +16,21 @@ struct GemmBenchResult {
 // Times `reps` sgemm calls at each size after one warm-up call.
 std::vector<GemmBenchResult> bench_gemm(const std::vector<int64_t>& sizes, int reps);
 
-// A short measurement (about 0.6 s) for MFU when no figure is configured:
-// the median of five 2048^3 sgemm calls (smaller sizes run well below peak
-// with several threads).
+// The MFU denominator when log.peak_gflops is not set: the best large sgemm
+// this machine reaches with any GEMM backend loom links (never a misdetected
+// kernel's figure alone): the median of five 2048^3 calls per backend
+// (about 1 s), measured once and cached per machine in
+// $XDG_CACHE_HOME/loom/peak_gflops.json (else ~/.cache/loom/), keyed by the
+// CPU model, the thread count and the backends; the GEMM backend in use is
+// restored after measuring.
+struct PeakGflops {
+  double gflops = 0;
+  std::string backend;  // the backend that reached it
+  bool cached = false;  // read from the cache file
+  std::string cache_file;
+};
+PeakGflops machine_peak_gflops(int threads);
+
 double quick_peak_gflops();
 
 }  // namespace loom

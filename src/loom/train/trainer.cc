@@ -81,7 +81,9 @@ Trainer::Trainer(Config config, RunOptions options, ThreadConfig threads)
   gemm_ = configure_gemm(config_.kernels.gemm);
   engine_ = std::make_unique<StepEngine>(config_, options_.parallel);
   load_initial_state(seed);
-  peak_gflops_ = config_.log.peak_gflops > 0 ? config_.log.peak_gflops : quick_peak_gflops();
+  // Per rank; MFU divides the job's FLOP/s by it times the ranks.
+  peak_gflops_ = config_.log.peak_gflops > 0 ? config_.log.peak_gflops
+                                             : machine_peak_gflops(threads_.threads).gflops;
   progress_ = std::make_unique<Progress>(config_.train.steps, config_.log.every, options_.quiet,
                                          !options_.quiet && isatty(STDOUT_FILENO));
 }
@@ -131,7 +133,8 @@ StepResult Trainer::train_step() {
   r.t_step = seconds_since(t_start);
   const double tokens = static_cast<double>(config_.train_batch_size * config_.model.seq_len);
   r.tokens_per_s = tokens / r.t_step;
-  r.mfu = engine_->stage().flops_per_token() * r.tokens_per_s / (peak_gflops_ * 1e9);
+  const int ranks = options_.parallel.world ? options_.parallel.world->size() : 1;
+  r.mfu = engine_->stage().flops_per_token() * r.tokens_per_s / (peak_gflops_ * 1e9 * ranks);
   r.gemm_backend = cpu::gemm_backend_name(gemm_.backend);
   r.peak_gflops = peak_gflops_;
   ++step_;
@@ -244,7 +247,8 @@ std::vector<StepResult> Trainer::run() {
         "loom: no closing sample under tensor parallelism (loom generate --checkpoint "
         "samples from a checkpoint)\n");
   if (sampling) engine_->zero().gather_full_params();
-  progress_->summary(results, seconds_since(t0), peak_gflops_, options_.out_dir);
+  const int ranks = options_.parallel.world ? options_.parallel.world->size() : 1;
+  progress_->summary(results, seconds_since(t0), peak_gflops_ * ranks, options_.out_dir);
   if (sampling && !options_.quiet) {
     std::string text =
         sample(t.sample_prompt, t.sample_tokens, t.sample_temperature, t.sample_top_k, t.seed);
