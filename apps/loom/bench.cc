@@ -26,7 +26,9 @@ namespace {
 struct GemmArgs {
   std::vector<int64_t> sizes = {512, 1024, 2048, 3072};
   int reps = 7;
-  std::vector<std::string> backends;  // empty: every backend in this build
+  std::vector<std::string> backends;          // empty: every backend in this build
+  std::vector<std::string> dtypes = {"f32"};  // with bf16: oneDNN's matmul in f32 and bf16
+  std::string model;                          // a config: its GEMM shapes too
   bool json = false;
 };
 
@@ -91,6 +93,48 @@ void run_gemm(const GemmArgs& a) {
         std::printf("%8ld %14.1f %14.1f\n", long(r.n), r.median_gflops, r.best_gflops);
     }
   }
+  // oneDNN's matmul primitive in f32 and bf16 (f32 accumulation), at the
+  // square sizes and at a model's own GEMM shapes.
+  nlohmann::json matmul = nlohmann::json::array();
+  const bool bf16 = std::find(a.dtypes.begin(), a.dtypes.end(), "bf16") != a.dtypes.end();
+  for (const std::string& d : a.dtypes)
+    LOOM_CHECK_KIND(kConfig, d == "f32" || d == "bf16", "--dtype {}: unknown (expected f32, bf16)",
+                    d);
+  if (bf16) {
+    LOOM_CHECK_KIND(kUnsupported, cpu::gemm_backend_available(cpu::GemmBackend::kOneDnn),
+                    "--dtype bf16 needs oneDNN, which this build lacks");
+    struct Shape3 {
+      std::string name;
+      int64_t M, N, K;
+    };
+    std::vector<Shape3> shapes;
+    for (int64_t n : a.sizes) shapes.push_back({format("{}^3", n), n, n, n});
+    if (!a.model.empty()) {
+      const Config c = load_config(a.model, {});
+      const int64_t BT = c.micro_batch * c.model.seq_len, C = c.model.n_embd;
+      shapes.push_back({"c_attn", BT, 3 * C, C});
+      shapes.push_back({"attn.c_proj", BT, C, C});
+      shapes.push_back({"mlp.c_fc", BT, 4 * C, C});
+      shapes.push_back({"mlp.c_proj", BT, C, 4 * C});
+      shapes.push_back({"lm head", BT, c.model.padded_vocab(), C});
+    }
+    if (!a.json)
+      std::printf("oneDNN matmul, f32 vs bf16 inputs (f32 accumulation)\n%14s %20s %14s %14s %7s\n",
+                  "shape", "M x N x K", "f32 GFLOP/s", "bf16 GFLOP/s", "ratio");
+    for (const Shape3& sh : shapes) {
+      const double f = cpu::measure_matmul_gflops(sh.M, sh.N, sh.K, false, a.reps);
+      const double h = cpu::measure_matmul_gflops(sh.M, sh.N, sh.K, true, a.reps);
+      matmul.push_back({{"shape", sh.name},
+                        {"M", sh.M},
+                        {"N", sh.N},
+                        {"K", sh.K},
+                        {"f32_gflops", f},
+                        {"bf16_gflops", h}});
+      if (!a.json)
+        std::printf("%14s %20s %14.1f %14.1f %6.2fx\n", sh.name.c_str(),
+                    format("{} x {} x {}", sh.M, sh.N, sh.K).c_str(), f, h, h / f);
+    }
+  }
   const std::string warn = cpu::openblas_misdetection();
   if (a.json) {
     nlohmann::json sizes = nlohmann::json::array();
@@ -103,6 +147,7 @@ void run_gemm(const GemmArgs& a) {
                         {"sizes", sizes},
                         {"backends", per}};
     if (!warn.empty()) j["warning"] = warn;
+    if (bf16) j["matmul"] = matmul;
     std::printf("%s\n", j.dump().c_str());
     return;
   }
@@ -216,6 +261,9 @@ void add_bench_command(CLI::App& app) {
   gemm->add_option("--reps", g->reps, "Timed repetitions per size")->check(CLI::PositiveNumber);
   gemm->add_option("--backend", g->backends, "openblas, onednn (default: every one in this build)")
       ->delimiter(',');
+  gemm->add_option("--dtype", g->dtypes, "f32, bf16 (bf16: oneDNN's matmul in f32 and bf16 too)")
+      ->delimiter(',');
+  gemm->add_option("--model", g->model, "A config: with --dtype bf16, its GEMM shapes too");
   gemm->add_flag("--json", g->json, "One JSON object on stdout");
   gemm->callback([g] { run_gemm(*g); });
 

@@ -65,6 +65,8 @@ grep -q "loom: warning: this rank may run on 1 core(s) but uses 2 threads" "$WOR
 
 "$LOOM" bench gemm --sizes 256,512 --reps 3 --json > "$WORK/gemm.json"
 json_check "$WORK/gemm.json" 'd["peak_gflops"] > 0 and [s["n"] for s in d["sizes"]] == [256, 512] and set(d["backends"]) == {"openblas", "onednn"} and d["gemm_backend"] in d["backends"] and d["peak_gflops"] == max(b["peak_gflops"] for b in d["backends"].values())'
+"$LOOM" bench gemm --sizes 128 --reps 2 --dtype f32,bf16 --model "$WORK/cfg.json" --json > "$WORK/gemm-bf16.json"
+json_check "$WORK/gemm-bf16.json" '[m["shape"] for m in d["matmul"]] == ["128^3", "c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj", "lm head"] and all(m["f32_gflops"] > 0 and m["bf16_gflops"] > 0 for m in d["matmul"])'
 # OpenBLAS forced onto its generic kernel on a CPU with AVX2: warned, with the fix.
 if grep -qw avx2 /proc/cpuinfo; then
   OPENBLAS_CORETYPE=Prescott "$LOOM" bench gemm --sizes 128 --reps 1 --backend openblas --json > "$WORK/gemm-generic.json"

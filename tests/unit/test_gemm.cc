@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -89,6 +90,37 @@ TEST(Gemm, KernelsGemmChoosesAndNamesTheBackend) {
              }),
              "kernels.gemm: unknown value \"mkl\" (expected one of auto, onednn, openblas)");
   cpu::set_gemm_backend(cpu::GemmBackend::kOpenBlas);
+}
+
+TEST(Gemm, Bf16MatmulAccumulatesInF32) {
+  if (!cpu::gemm_backend_available(cpu::GemmBackend::kOneDnn)) GTEST_SKIP() << "no oneDNN";
+  const int64_t M = 33, N = 40, K = 300;
+  std::mt19937 gen(11);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> A(M * K), B(K * N), C(M * N);
+  for (float& x : A) x = u(gen);
+  for (float& x : B) x = u(gen);
+  cpu::matmul_bf16(A.data(), B.data(), C.data(), M, N, K);
+  // Against the product of the bf16-rounded inputs in double: only the f32
+  // accumulation's rounding remains (a bf16 accumulator would be ~100x off).
+  auto bf16 = [](float x) {
+    uint32_t v;
+    std::memcpy(&v, &x, 4);
+    v += 0x7fff + ((v >> 16) & 1);
+    v &= 0xffff0000u;
+    float y;
+    std::memcpy(&y, &v, 4);
+    return double(y);
+  };
+  double worst = 0;
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      double s = 0;
+      for (int64_t k = 0; k < K; ++k) s += bf16(A[i * K + k]) * bf16(B[k * N + j]);
+      worst = std::max(worst, std::abs(C[i * N + j] - s));
+    }
+  EXPECT_LT(worst, 1e-4);
+  EXPECT_GT(cpu::measure_matmul_gflops(64, 64, 64, true, 2), 0);
 }
 
 TEST(Gemm, ThePeakIsTheBestBackendMeasuredOnceAndCachedPerMachine) {

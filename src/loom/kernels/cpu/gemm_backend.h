@@ -33,4 +33,15 @@ std::string openblas_misdetection();
 // (after one warm-up call).
 double measure_sgemm_gflops(GemmBackend b, int n, int reps);
 
+// oneDNN's matmul primitive for (M, K) @ (K, N), row-major, with f32 or
+// bf16 inputs (f32 accumulation and output either way): the median GFLOP/s
+// of `reps` calls after a warm-up; 0 when this build has no oneDNN. (The
+// mixed-precision work runs its GEMMs on this primitive.)
+double measure_matmul_gflops(int64_t M, int64_t N, int64_t K, bool bf16, int reps);
+
+// C (M, N) = A (M, K) @ B (K, N) through that primitive with the inputs
+// rounded to bf16 (round to nearest even) and f32 accumulation: the same
+// numbers a bf16 GEMM gives, for tests against an f32 reference.
+void matmul_bf16(const float* A, const float* B, float* C, int64_t M, int64_t N, int64_t K);
+
 }  // namespace loom::cpu
