@@ -87,15 +87,24 @@ PeakGflops machine_peak_gflops(int threads) {
   p.cache_file = cache_path();
   nlohmann::json cache = nlohmann::json::object();
   std::error_code ec;
-  if (!p.cache_file.empty() && std::filesystem::exists(p.cache_file, ec)) {
-    cache = nlohmann::json::parse(read_file(p.cache_file), nullptr, false);
-    if (!cache.is_object()) cache = nlohmann::json::object();
-    if (cache.contains(key) && cache[key].is_object() && cache[key].value("gflops", 0.0) > 0) {
-      p.gflops = cache[key]["gflops"].get<double>();
-      p.backend = cache[key].value("backend", "");
-      p.cached = true;
-      return p;
+  // A cache that cannot be read or has another shape is measured over.
+  try {
+    if (!p.cache_file.empty() && std::filesystem::exists(p.cache_file, ec)) {
+      cache = nlohmann::json::parse(read_file(p.cache_file), nullptr, false);
+      if (!cache.is_object()) cache = nlohmann::json::object();
+      const nlohmann::json* e = cache.contains(key) ? &cache[key] : nullptr;
+      if (e && e->is_object() && e->contains("gflops") && (*e)["gflops"].is_number() &&
+          (*e)["gflops"].get<double>() > 0) {
+        p.gflops = (*e)["gflops"].get<double>();
+        p.backend = e->contains("backend") && (*e)["backend"].is_string()
+                        ? (*e)["backend"].get<std::string>()
+                        : "";
+        p.cached = true;
+        return p;
+      }
     }
+  } catch (const std::exception&) {
+    cache = nlohmann::json::object();
   }
   for (cpu::GemmBackend b : backends) {
     const double g = cpu::measure_sgemm_gflops(b, 2048, 5);

@@ -81,9 +81,19 @@ Trainer::Trainer(Config config, RunOptions options, ThreadConfig threads)
   gemm_ = configure_gemm(config_.kernels.gemm);
   engine_ = std::make_unique<StepEngine>(config_, options_.parallel);
   load_initial_state(seed);
-  // Per rank; MFU divides the job's FLOP/s by it times the ranks.
-  peak_gflops_ = config_.log.peak_gflops > 0 ? config_.log.peak_gflops
-                                             : machine_peak_gflops(threads_.threads).gflops;
+  // Per rank; MFU divides the job's FLOP/s by it times the ranks. Under
+  // mpirun rank 0 measures while the others wait (ranks measuring at once
+  // would compete for the cores) and every rank takes its figure.
+  peak_gflops_ = config_.log.peak_gflops;
+  if (peak_gflops_ <= 0) {
+    const auto& world = options_.parallel.world;
+    if (world) world->barrier()->wait();
+    float peak = 0;
+    if (!world || world->rank() == 0)
+      peak = static_cast<float>(machine_peak_gflops(threads_.threads).gflops);
+    if (world) world->broadcast(&peak, 1, DType::kF32, 0)->wait();
+    peak_gflops_ = peak;
+  }
   progress_ = std::make_unique<Progress>(config_.train.steps, config_.log.every, options_.quiet,
                                          !options_.quiet && isatty(STDOUT_FILENO));
 }
@@ -269,9 +279,11 @@ void Trainer::describe_run() const {
       "%.2fM parameters\n",
       m.n_layer, m.n_embd, m.n_head, m.vocab_size, m.padded_vocab(), m.seq_len,
       engine_->stage().model_params() / 1e6);
-  std::printf(
-      "loom: GEMM %s: %.0f GFLOP/s %s\n", gemm_.describe.c_str(), peak_gflops_,
-      config_.log.peak_gflops > 0 ? "(log.peak_gflops)" : "(sgemm 1024^3, the MFU denominator)");
+  std::printf("loom: GEMM %s: %.0f GFLOP/s %s\n", gemm_.describe.c_str(), peak_gflops_,
+              config_.log.peak_gflops > 0
+                  ? "(log.peak_gflops)"
+                  : "per rank (the best 2048^3 sgemm of any backend, measured "
+                    "once per machine and cached; the MFU denominator)");
   if (!gemm_.warning.empty()) std::printf("loom: warning: %s\n", gemm_.warning.c_str());
   std::printf("loom: grid %s\n", options_.parallel.grid.describe().c_str());
   if (config_.parallel.tensor > 1)

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <memory>
 
 #ifdef LOOM_HAVE_ONEDNN
 #include <oneapi/dnnl/dnnl.h>
@@ -95,7 +96,11 @@ std::string openblas_misdetection() {
 }
 
 double measure_sgemm_gflops(GemmBackend b, int n, int reps) {
-  const GemmBackend saved = gemm_backend();
+  // The backend in use comes back however this returns.
+  struct Restore {
+    GemmBackend saved = gemm_backend();
+    ~Restore() { g_backend.store(saved, std::memory_order_relaxed); }
+  } restore;
   set_gemm_backend(b);
   const size_t bytes = static_cast<size_t>(n) * n * sizeof(float);
   Buffer A(bytes, MemCategory::kWorkspace), B(bytes, MemCategory::kWorkspace),
@@ -116,7 +121,6 @@ double measure_sgemm_gflops(GemmBackend b, int n, int reps) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     g.push_back(2.0 * double(n) * n * n / s / 1e9);
   }
-  set_gemm_backend(saved);
   std::sort(g.begin(), g.end());
   return g[g.size() / 2];
 }
@@ -148,16 +152,32 @@ struct Matmul {
 uint16_t to_bf16(float x) {
   uint32_t u;
   std::memcpy(&u, &x, 4);
-  u += 0x7fff + ((u >> 16) & 1);  // round to nearest even
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // quiet NaN
+  u += 0x7fff + ((u >> 16) & 1);  // round to nearest even (Inf stays Inf)
   return static_cast<uint16_t>(u >> 16);
 }
 
 }  // namespace
 #endif
 
+#ifdef LOOM_HAVE_ONEDNN
+namespace {
+// oneDNN reports what this CPU cannot run (bf16 below AVX-512) by throwing.
+std::unique_ptr<Matmul> make_matmul(int64_t M, int64_t N, int64_t K, bool bf16) {
+  try {
+    return std::make_unique<Matmul>(M, N, K, bf16);
+  } catch (const dnnl::error& e) {
+    LOOM_FAIL(kUnsupported, "oneDNN cannot run a {} matmul of {} x {} x {} on this CPU ({}): {}",
+              bf16 ? "bf16" : "f32", M, N, K, gemm_backend_isa(GemmBackend::kOneDnn), e.what());
+  }
+}
+}  // namespace
+#endif
+
 double measure_matmul_gflops(int64_t M, int64_t N, int64_t K, bool bf16, int reps) {
 #ifdef LOOM_HAVE_ONEDNN
-  Matmul mm(M, N, K, bf16);
+  const std::unique_ptr<Matmul> owned = make_matmul(M, N, K, bf16);
+  Matmul& mm = *owned;
   const size_t esize = bf16 ? 2 : 4;
   std::memset(mm.a.get_data_handle(), 0, static_cast<size_t>(M * K) * esize);
   std::memset(mm.b.get_data_handle(), 0, static_cast<size_t>(K * N) * esize);
@@ -179,7 +199,8 @@ double measure_matmul_gflops(int64_t M, int64_t N, int64_t K, bool bf16, int rep
 
 void matmul_bf16(const float* A, const float* B, float* C, int64_t M, int64_t N, int64_t K) {
 #ifdef LOOM_HAVE_ONEDNN
-  Matmul mm(M, N, K, true);
+  const std::unique_ptr<Matmul> owned = make_matmul(M, N, K, true);
+  Matmul& mm = *owned;
   auto* a = static_cast<uint16_t*>(mm.a.get_data_handle());
   auto* b = static_cast<uint16_t*>(mm.b.get_data_handle());
   for (int64_t i = 0; i < M * K; ++i) a[i] = to_bf16(A[i]);
