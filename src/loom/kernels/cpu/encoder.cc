@@ -1,6 +1,7 @@
 #include "loom/kernels/cpu/encoder.h"
 
 #include <algorithm>
+#include <limits>
 #include <vector>
 
 namespace loom::cpu {
@@ -20,8 +21,8 @@ void encoder_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, 
 }
 
 template <typename T>
-void encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t B, int64_t Tn,
-                      int64_t C) {
+void encoder_backward_rows(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t B,
+                           int64_t Tn, int64_t C, int64_t v0, int64_t v1) {
   // Each row's contributions are summed apart (positions in order) and added
   // to the gradient once, so a micro-batch's lookup gradient does not depend
   // on what the buffer held before: with the tied head's part already in it
@@ -29,8 +30,9 @@ void encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, in
   // wte gradient is bitwise the same. (Over several accumulated
   // micro-batches the two sum in different orders.)
   const int64_t BT = B * Tn;
-  std::vector<int64_t> order(static_cast<size_t>(BT));
-  for (int64_t i = 0; i < BT; ++i) order[static_cast<size_t>(i)] = i;
+  std::vector<int64_t> order;
+  for (int64_t i = 0; i < BT; ++i)
+    if (tokens[i] >= v0 && tokens[i] < v1) order.push_back(i);
   std::stable_sort(order.begin(), order.end(),
                    [tokens](int64_t a, int64_t b) { return tokens[a] < tokens[b]; });
   // Rows of dwte are shared between positions: split the work by channel
@@ -47,7 +49,7 @@ void encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, in
         const T* d = dout + order[k] * C + c0;
         for (int64_t c = 0; c < n; ++c) acc[c] += d[c];
       }
-      T* e = dwte + static_cast<int64_t>(tok) * C + c0;
+      T* e = dwte + (static_cast<int64_t>(tok) - v0) * C + c0;
       for (int64_t c = 0; c < n; ++c) e[c] += acc[c];
     }
     for (int64_t t = 0; t < Tn; ++t) {
@@ -62,6 +64,12 @@ void encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, in
   }
 }
 
+template <typename T>
+void encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t B, int64_t Tn,
+                      int64_t C) {
+  encoder_backward_rows(dwte, dwpe, dout, tokens, B, Tn, C, 0, std::numeric_limits<int64_t>::max());
+}
+
 template void encoder_forward<float>(float*, const int32_t*, const float*, const float*, int64_t,
                                      int64_t, int64_t);
 template void encoder_forward<double>(double*, const int32_t*, const double*, const double*,
@@ -70,5 +78,9 @@ template void encoder_backward<float>(float*, float*, const float*, const int32_
                                       int64_t, int64_t);
 template void encoder_backward<double>(double*, double*, const double*, const int32_t*, int64_t,
                                        int64_t, int64_t);
+template void encoder_backward_rows<float>(float*, float*, const float*, const int32_t*, int64_t,
+                                           int64_t, int64_t, int64_t, int64_t);
+template void encoder_backward_rows<double>(double*, double*, const double*, const int32_t*,
+                                            int64_t, int64_t, int64_t, int64_t, int64_t);
 
 }  // namespace loom::cpu

@@ -15,5 +15,10 @@ void encoder_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, 
 template <typename T>
 void encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t B, int64_t Tn,
                       int64_t C);
+// The same for the vocabulary rows [v0, v1) alone (a vocabulary-parallel
+// rank's slice): dwte holds those rows; tokens outside add nothing there.
+template <typename T>
+void encoder_backward_rows(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t B,
+                           int64_t Tn, int64_t C, int64_t v0, int64_t v1);
 
 }  // namespace loom::cpu

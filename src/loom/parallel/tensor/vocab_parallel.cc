@@ -8,6 +8,7 @@
 #include "loom/core/error.h"
 #include "loom/core/memory.h"
 #include "loom/kernels/cpu/elementwise.h"
+#include "loom/kernels/cpu/encoder.h"
 #include "loom/kernels/cpu/layernorm.h"
 #include "loom/kernels/cpu/matmul.h"
 
@@ -78,42 +79,9 @@ void VocabParallelEmbedding::backward(const ParamStore<float>& ps, float* dout,
     g_.gather(dout, all.as<float>(), rows.count * C_);
     dout = all.as<float>();
   }
-  // As the single-process lookup's backward does: each row's contributions
-  // summed apart (positions in order), then added once; rows outside this
-  // rank's range belong to another rank.
-  std::vector<int64_t> order;
-  for (int64_t n = 0; n < BT; ++n)
-    if (tokens[n] >= v0_ && tokens[n] < v1_) order.push_back(n);
-  std::stable_sort(order.begin(), order.end(),
-                   [tokens](int64_t a, int64_t b) { return tokens[a] < tokens[b]; });
-  float* dwte = ps.grad(wte_);
-  float* dwpe = ps.grad(wpe_);
-  constexpr int64_t kBlock = 32;
-#pragma omp parallel for
-  for (int64_t c0 = 0; c0 < C_; c0 += kBlock) {
-    const int64_t n = std::min(C_, c0 + kBlock) - c0;
-    float acc[kBlock];
-    for (size_t k = 0; k < order.size();) {
-      const int32_t tok = tokens[order[k]];
-      std::fill(acc, acc + n, 0.0f);
-      for (; k < order.size() && tokens[order[k]] == tok; ++k) {
-        const float* d = dout + order[k] * C_ + c0;
-        for (int64_t c = 0; c < n; ++c) acc[c] += d[c];
-      }
-      float* e = dwte + (tok - v0_) * C_ + c0;
-      for (int64_t c = 0; c < n; ++c) e[c] += acc[c];
-    }
-    // wpe is whole on every rank and every rank has the whole gradient.
-    for (int64_t t = 0; t < Tn; ++t) {
-      std::fill(acc, acc + n, 0.0f);
-      for (int64_t b = 0; b < B; ++b) {
-        const float* d = dout + (b * Tn + t) * C_ + c0;
-        for (int64_t c = 0; c < n; ++c) acc[c] += d[c];
-      }
-      float* p = dwpe + t * C_ + c0;
-      for (int64_t c = 0; c < n; ++c) p[c] += acc[c];
-    }
-  }
+  // The single-process lookup's backward over this rank's vocabulary rows;
+  // wpe is whole on every rank and every rank has the whole gradient.
+  cpu::encoder_backward_rows(ps.grad(wte_), ps.grad(wpe_), dout, tokens, B, Tn, C_, v0_, v1_);
 }
 
 VocabParallelHead::VocabParallelHead(std::unique_ptr<LayerNorm<float>> ln, const GptConfig& c,
