@@ -9,8 +9,8 @@
 
 #include "loom/core/error.h"
 #include "loom/data/batch_source.h"
-#include "loom/io/fs.h"
 #include "loom/data/token_file.h"
+#include "loom/io/fs.h"
 #include "test_util.h"
 
 namespace loom {

@@ -13,6 +13,7 @@
 #include "loom/optim/adamw.h"
 #include "loom/train/config.h"
 #include "loom/train/trainer.h"
+#include "test_util.h"
 
 namespace loom {
 namespace {
@@ -28,12 +29,7 @@ GptConfig tiny(float dropout) {
   return c;
 }
 
-std::vector<int32_t> tokens(int64_t n, int vocab, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = static_cast<int32_t>(gen() % static_cast<uint32_t>(vocab));
-  return t;
-}
+using test::tokens;
 
 TEST(Gpt, ParameterNamesAndShapesFollowHuggingFaceGpt2) {
   GptStage<float> m(tiny(0));

@@ -32,12 +32,7 @@ GptConfig tiny(float dropout = 0.1f, int layers = 4) {
   return c;
 }
 
-std::vector<int32_t> tokens(int64_t n, int vocab, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = static_cast<int32_t>(gen() % static_cast<uint32_t>(vocab));
-  return t;
-}
+using test::tokens;
 
 // The gradient of every parameter, by name.
 std::map<std::string, std::vector<float>> grads_by_name(const GptStage<float>& s) {

@@ -6,9 +6,9 @@
 #include <nlohmann/json.hpp>
 
 #include "loom/core/error.h"
-#include "loom/io/fs.h"
 #include "loom/data/gpt2_tokenizer.h"
 #include "loom/data/prepare.h"
+#include "loom/io/fs.h"
 
 namespace loom {
 namespace {

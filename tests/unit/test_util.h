@@ -3,9 +3,12 @@
 
 #include <stdlib.h>
 
+#include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "loom/core/error.h"
 
@@ -19,6 +22,14 @@ inline std::string error_of(const std::function<void()>& f) {
     return e.what();
   }
   return "(no error)";
+}
+
+// n token ids drawn uniformly from [0, vocab) by a seeded generator.
+inline std::vector<int32_t> tokens(int64_t n, int vocab, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = static_cast<int32_t>(gen() % static_cast<uint32_t>(vocab));
+  return t;
 }
 
 // A fresh folder under /tmp, removed with everything in it.

@@ -8,10 +8,10 @@
 #include <nlohmann/json.hpp>
 
 #include "loom/core/error.h"
-#include "loom/io/fs.h"
-#include "loom/io/sha256.h"
 #include "loom/data/token_file.h"
 #include "loom/data/tokenizer.h"
+#include "loom/io/fs.h"
+#include "loom/io/sha256.h"
 
 namespace loom {
 

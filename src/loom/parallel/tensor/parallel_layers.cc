@@ -81,14 +81,7 @@ void ParallelAttention::backward(const ParamStore<float>& ps, float* record, boo
   float* d_y = a.take(BT * Cl_);
   float* d_qkv = a.take(BT * 3 * Cl_);
   float* d_x = a.take(BT * C_);
-  if (rows.split()) {
-    // The output gradient and the input, gathered along the sequence.
-    float* dout_all = a.take(BT * C_);
-    float* x_all = a.take(BT * C_);
-    g_.gather(dout, dout_all, rows.count * C_);
-    g_.gather(x, x_all, rows.count * C_);
-    dout = dout_all, x = x_all;
-  }
+  gather_for_backward(g_, rows, C_, dout, x, a);
   if (selective) cpu::attention_forward(r.y, r.lse, r.qkv, B, Tn, Cl_, NHl_, local_heads(probs));
   zero(d_y, BT * Cl_);
   c_proj_.backward(ps, d_y, dout, r.y, BT);
@@ -96,14 +89,7 @@ void ParallelAttention::backward(const ParamStore<float>& ps, float* record, boo
   cpu::attention_backward(d_qkv, d_y, r.qkv, r.y, r.lse, B, Tn, Cl_, NHl_, local_heads(probs));
   zero(d_x, BT * C_);
   c_attn_.backward(ps, d_x, d_qkv, x, BT);
-  if (rows.split()) {
-    float* d_rows = a.take(rows.count * C_);
-    g_.reduce_scatter(d_x, d_rows, rows.count * C_);
-    cpu::add_inplace(dx, d_rows, rows.count * C_);
-  } else {
-    copy_to_region_backward(g_, d_x, BT * C_);
-    cpu::add_inplace(dx, d_x, BT * C_);
-  }
+  add_input_gradient(g_, rows, C_, dx, d_x, a);
 }
 
 ParallelMlp::ParallelMlp(ParamLayout& layout, const std::string& prefix, int64_t C, float proj_std,
@@ -161,27 +147,14 @@ void ParallelMlp::backward(const ParamStore<float>& ps, float* record, bool sele
   float* d_fch = a.take(BT * Hl_);
   float* d_fch_gelu = a.take(BT * Hl_);
   float* d_x = a.take(BT * C_);
-  if (rows.split()) {
-    float* dout_all = a.take(BT * C_);
-    float* x_all = a.take(BT * C_);
-    g_.gather(dout, dout_all, rows.count * C_);
-    g_.gather(x, x_all, rows.count * C_);
-    dout = dout_all, x = x_all;
-  }
+  gather_for_backward(g_, rows, C_, dout, x, a);
   zero(d_fch_gelu, BT * Hl_);
   c_proj_.backward(ps, d_fch_gelu, dout, fch_gelu, BT);
   zero(d_fch, BT * Hl_);
   cpu::gelu_backward(d_fch, fch, d_fch_gelu, BT * Hl_);
   zero(d_x, BT * C_);
   c_fc_.backward(ps, d_x, d_fch, x, BT);
-  if (rows.split()) {
-    float* d_rows = a.take(rows.count * C_);
-    g_.reduce_scatter(d_x, d_rows, rows.count * C_);
-    cpu::add_inplace(dx, d_rows, rows.count * C_);
-  } else {
-    copy_to_region_backward(g_, d_x, BT * C_);
-    cpu::add_inplace(dx, d_x, BT * C_);
-  }
+  add_input_gradient(g_, rows, C_, dx, d_x, a);
 }
 
 }  // namespace loom::tp

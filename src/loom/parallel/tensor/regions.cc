@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include "loom/kernels/cpu/elementwise.h"
+
 namespace loom::tp {
 
 void Group::all_reduce(float* x, int64_t n, ReduceOp op) const {
@@ -48,6 +50,28 @@ Traffic Group::take_traffic() const {
   Traffic t = *traffic_;
   *traffic_ = Traffic{};
   return t;
+}
+
+void gather_for_backward(const Group& g, const Rows& rows, int64_t C, const float*& dout,
+                         const float*& x, Arena<float>& a) {
+  if (!rows.split()) return;
+  float* dout_all = a.take(rows.all() * C);
+  float* x_all = a.take(rows.all() * C);
+  g.gather(dout, dout_all, rows.count * C);
+  g.gather(x, x_all, rows.count * C);
+  dout = dout_all, x = x_all;
+}
+
+void add_input_gradient(const Group& g, const Rows& rows, int64_t C, float* dx, float* d_all,
+                        Arena<float>& a) {
+  float* mine = d_all;
+  if (rows.split()) {
+    mine = a.take(rows.count * C);
+    g.reduce_scatter(d_all, mine, rows.count * C);
+  } else {
+    copy_to_region_backward(g, d_all, rows.count * C);
+  }
+  cpu::add_inplace(dx, mine, rows.count * C);
 }
 
 }  // namespace loom::tp

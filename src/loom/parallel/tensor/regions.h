@@ -12,6 +12,7 @@
 #include <memory>
 
 #include "loom/comm/process_group.h"
+#include "loom/nn/context.h"
 
 namespace loom::tp {
 
@@ -56,5 +57,16 @@ inline void copy_to_region_backward(const Group& g, float* dx, int64_t n) {
 inline void reduce_from_region_forward(const Group& g, float* y, int64_t n) {
   g.sum(y, n);
 }
+
+// A block half's backward (attention or MLP) under both schemes.
+// Opening: with the sequence split, the output gradient and the input
+// (rows.count, C) are gathered into (rows.all(), C) buffers taken from `a`.
+void gather_for_backward(const Group& g, const Rows& rows, int64_t C, const float*& dout,
+                         const float*& x, Arena<float>& a);
+// Closing the copy-to region: dx (rows.count, C) += the group's sum of the
+// partial input gradient d_all (rows.all(), C), reduce-scattered to this
+// rank's rows when the sequence is split, else all-reduced in place.
+void add_input_gradient(const Group& g, const Rows& rows, int64_t C, float* dx, float* d_all,
+                        Arena<float>& a);
 
 }  // namespace loom::tp
