@@ -82,7 +82,6 @@ class GptStage {
   T* grad(const Param& p) const { return store_.grad(p); }
   void init(uint64_t seed) { store_.init(seed); }
   void zero_grads() { store_.zero_grads(); }
-  int unit_of_block(int layer) const { return blocks_[static_cast<size_t>(layer - first_)].unit; }
 
   // Activation checkpointing: the plan for (B, T) micro-batches under
   // `policy` with `in_flight` micro-batches held at once (the budget covers

@@ -122,8 +122,4 @@ PeakGflops machine_peak_gflops(int threads) {
   return p;
 }
 
-double quick_peak_gflops() {
-  return bench_gemm({1024}, 9)[0].median_gflops;
-}
-
 }  // namespace loom

@@ -31,6 +31,4 @@ struct PeakGflops {
 };
 PeakGflops machine_peak_gflops(int threads);
 
-double quick_peak_gflops();
-
 }  // namespace loom
