@@ -11,6 +11,7 @@
 #include "loom/core/error.h"
 #include "loom/parallel/pipeline/partition.h"
 #include "loom/parallel/pipeline/schedule.h"
+#include "loom/train/config.h"
 
 namespace loom::pp {
 namespace {
@@ -224,3 +225,60 @@ TEST(Partition, MemoryLimitConstrainsTheCut) {
 
 }  // namespace
 }  // namespace loom::pp
+
+// The pipeline's keys: bad combinations refused at load, with the numbers.
+namespace loom {
+namespace {
+
+std::string config_error(const std::vector<std::string>& o, int world) {
+  try {
+    parse_config(R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 1,
+                     "model": {"n_layer": 4, "n_embd": 32, "n_head": 2, "vocab_size": 64,
+                               "seq_len": 8},
+                     "data": {"synthetic": true}})",
+                 "f.json", o, world);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Config, PipelineKeysAreChecked) {
+  EXPECT_EQ(config_error({"parallel.pipeline=2"}, 2), "");
+  EXPECT_EQ(
+      config_error(
+          {"parallel.pipeline=2", "parallel.schedule=interleaved", "parallel.virtual_stages=2"}, 2),
+      "");
+  auto has = [](const std::string& got, const std::string& want) {
+    EXPECT_NE(got.find(want), std::string::npos) << got;
+  };
+  has(config_error({"parallel.pipeline=8"}, 8),
+      "model.n_layer 4 is fewer than the 8 pipeline parts");
+  has(config_error({"parallel.pipeline=2", "parallel.schedule=interleaved",
+                    "parallel.virtual_stages=2", "train_batch_size=3"},
+                   2),
+      "the 3 micro-batches (gradient_accumulation_steps) must be a multiple of it");
+  has(config_error(
+          {"parallel.pipeline=2", "parallel.schedule=interleaved", "parallel.virtual_stages=3"}, 2),
+      "model.n_layer 4 does not divide into parallel.pipeline 2 x parallel.virtual_stages 3");
+  has(config_error({"parallel.pipeline=2", "parallel.partition=[1,2]"}, 2),
+      "parallel.partition sums to 3 layers but model.n_layer is 4");
+  has(config_error({"parallel.pipeline=2", "parallel.virtual_stages=2"}, 2),
+      "parallel.virtual_stages 2 needs parallel.schedule interleaved");
+  has(config_error({"parallel.pipeline=2", "parallel.schedule=pipedream"}, 2),
+      "parallel.schedule: unknown value \"pipedream\"");
+  has(config_error({"parallel.pipeline=2", "parallel.partition=even"}, 2),
+      "parallel.partition: unknown value \"even\"");
+  has(config_error({"parallel.pipeline=2", "parallel.partition=[2,0,2]"}, 2),
+      "parallel.partition: 0 is not a layer count");
+  Config c = parse_config(R"({"train_batch_size": 8, "data": {"synthetic": true},
+                              "model": {"n_layer": 4},
+                              "parallel": {"pipeline": 2, "partition": [3, 1]}})",
+                          "f.json", {}, 2);
+  EXPECT_EQ(c.parallel.partition, "list");
+  EXPECT_EQ(c.parallel.partition_counts, (std::vector<int>{3, 1}));
+  EXPECT_EQ(c.resolved["parallel"]["partition"], nlohmann::json::array({3, 1}));
+}
+
+}  // namespace
+}  // namespace loom

@@ -327,8 +327,7 @@ TEST(Config, ActivationCheckpointingKeysAreChecked) {
              "budget_bytes is set but the policy is none");
   EXPECT_HAS(parse({"activation_checkpointing.polcy=full"}),
              "did you mean 'activation_checkpointing.policy'");
-  EXPECT_HAS(parse({"parallel.pipeline=2"}),
-             "parallel.pipeline is 2, but this build has data and tensor parallelism only");
+  EXPECT_HAS(parse({"parallel.expert=2"}), "parallel.expert is 2, but this build has no expert");
   // DeepSpeed's keys are accepted.
   Config c = parse_config(
       R"({"train_batch_size": 4, "data": {"synthetic": true},

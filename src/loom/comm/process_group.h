@@ -63,8 +63,12 @@ class ProcessGroup {
   // receives recv_counts[r] from rank r (consecutive blocks of out).
   virtual WorkPtr all_to_all(const void* in, const std::vector<size_t>& send_counts, void* out,
                              const std::vector<size_t>& recv_counts, DType t) = 0;
-  virtual WorkPtr send(const void* buf, size_t count, DType t, int peer, int tag) = 0;
-  virtual WorkPtr recv(void* buf, size_t count, DType t, int peer, int tag) = 0;
+  // Point-to-point. `what` says what the message is for the caller ("the
+  // activation of micro-batch 3 to stage 2"); a timeout report names it.
+  virtual WorkPtr send(const void* buf, size_t count, DType t, int peer, int tag,
+                       const std::string& what = {}) = 0;
+  virtual WorkPtr recv(void* buf, size_t count, DType t, int peer, int tag,
+                       const std::string& what = {}) = 0;
   virtual WorkPtr barrier() = 0;
 };
 

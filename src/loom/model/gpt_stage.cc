@@ -48,6 +48,11 @@ GptStage<T>::GptStage(const GptConfig& config, StageSpec spec, StoreOptions stor
     } else {
       wte_unit_ = layout.begin_unit("lm_head");
       head_->declare_wte(layout);
+      // Room for wpe as well, so this unit has the first stage's
+      // "embeddings" unit's size and wte at the same offset: a ZeRO shard of
+      // one then holds the same elements of wte as the matching shard of
+      // the other, and the tied gradients add slice by slice.
+      layout.reserve(int64_t{config.seq_len} * config.n_embd);
     }
   }
   store_.build(std::move(layout), storage);
@@ -76,6 +81,14 @@ std::vector<UnitUse> GptStage<T>::unit_schedule(bool backward) const {
     s.push_back({wte_unit_, Pass::kForward});  // the tied LM head
   }
   if (!backward) return s;
+  const std::vector<UnitUse> b = backward_unit_schedule();
+  s.insert(s.end(), b.begin(), b.end());
+  return s;
+}
+
+template <typename T>
+std::vector<UnitUse> GptStage<T>::backward_unit_schedule() const {
+  std::vector<UnitUse> s;
   if (head_) {
     s.push_back({wte_unit_, Pass::kBackward});
     s.push_back({lnf_unit_, Pass::kBackward});

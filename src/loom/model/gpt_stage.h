@@ -106,6 +106,14 @@ class GptStage {
 
   // Units in the order forward (and then backward) uses them.
   std::vector<UnitUse> unit_schedule(bool backward) const;
+  // Those of backward alone (a pipeline runs it apart from its forward).
+  std::vector<UnitUse> backward_unit_schedule() const;
+  // The unit holding transformer.wte.weight (the embeddings on the first
+  // stage, the head's copy on a last stage that is not first); -1: none.
+  int wte_unit() const { return embedding_ ? emb_unit_ : wte_unit_; }
+  // Whether this stage holds a copy of wte that another stage owns (its
+  // gradient is summed with the owner's; norms and checkpoints count the owner's).
+  bool wte_is_copy() const { return head_ && !embedding_; }
 
   // A store for micro-batches of (B, T), T <= seq_len, under the current plan.
   StageActivations<T> make_activations(int64_t B, int64_t Tn) const;

@@ -132,6 +132,14 @@ ParamId ParamLayout::add(std::string name, Shape shape, bool decay, ParamInit in
   return ParamId{static_cast<int>(params_.size()) - 1};
 }
 
+void ParamLayout::reserve(int64_t n) {
+  LOOM_CHECK(!units_.empty() && n >= 0, "reserve({}) outside a unit", n);
+  next_ += (n + 15) / 16 * 16;
+  Unit& u = units_.back();
+  u.end = u.begin + (next_ - u.begin + unit_multiple_ - 1) / unit_multiple_ * unit_multiple_;
+  total_ = u.end;
+}
+
 int64_t ParamLayout::numel() const {
   int64_t n = 0;
   for (const Param& p : params_) n += p.numel;

@@ -100,6 +100,9 @@ class ParamLayout {
   // Appends a parameter (its slice `shard` of the global `shape`) to the open unit.
   ParamId add(std::string name, Shape shape, bool decay, ParamInit init,
               ShardSpec shard = ShardSpec::whole());
+  // Pads the open unit by n elements (aligned as a parameter would be) that
+  // belong to no parameter.
+  void reserve(int64_t n);
   const std::vector<Param>& params() const { return params_; }
   const Param& operator[](ParamId id) const { return params_[static_cast<size_t>(id.index)]; }
   const std::vector<Unit>& units() const { return units_; }

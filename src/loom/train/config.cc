@@ -7,6 +7,8 @@
 #include <sstream>
 
 #include "loom/core/error.h"
+#include "loom/parallel/pipeline/partition.h"
+#include "loom/parallel/pipeline/schedule.h"
 #include "loom/parallel/zero/offload.h"
 
 namespace loom {
@@ -15,7 +17,7 @@ using nlohmann::json;
 
 namespace {
 
-enum class Kind { kInt, kNumber, kBool, kString, kNumberPair };
+enum class Kind { kInt, kNumber, kBool, kString, kNumberPair, kPartition };
 
 struct KeySpec {
   std::string path;
@@ -72,6 +74,10 @@ const std::vector<KeySpec>& schema() {
       {"parallel.pipeline", Kind::kInt, 1, 1 << 20},
       {"parallel.expert", Kind::kInt, 1, 1 << 20},
       {"parallel.sequence_parallel", Kind::kBool},
+      {"parallel.schedule", Kind::kString, 0, 0, {"gpipe", "1f1b", "interleaved", "zero_bubble"}},
+      {"parallel.virtual_stages", Kind::kInt, 1, 4096},
+      {"parallel.partition", Kind::kPartition},
+      {"parallel.stage_memory_bytes", Kind::kInt, 0, kMaxInt},
       {"activation_checkpointing.policy",
        Kind::kString,
        0,
@@ -104,6 +110,7 @@ const std::vector<KeySpec>& schema() {
       {"kernels.gemm", Kind::kString, 0, 0, {"auto", "onednn", "openblas"}},
       {"log.every", Kind::kInt, 1, kMaxInt},
       {"log.peak_gflops", Kind::kNumber, 0, 1e300},
+      {"log.trace", Kind::kBool},
   };
   return s;
 }
@@ -182,6 +189,20 @@ void check_leaf(const KeySpec& k, const json& v, const std::string& source) {
         for (const auto& c : k.choices) list += (list.empty() ? "" : ", ") + c;
         fail(source, format("{}: unknown value {} (expected one of {})", k.path, v.dump(), list));
       }
+      break;
+    case Kind::kPartition:
+      if (v.is_string()) {
+        if (v != "uniform" && v != "balanced")
+          fail(source, format("{}: unknown value {} (expected uniform, balanced, or a list of "
+                              "layer counts per part)",
+                              k.path, v.dump()));
+        break;
+      }
+      if (!v.is_array() || v.empty()) expect("uniform, balanced, or a list of layer counts");
+      for (const json& x : v)
+        if (!x.is_number_integer() || x.get<int64_t>() < 1)
+          fail(source,
+               format("{}: {} is not a layer count (a whole number >= 1)", k.path, x.dump()));
       break;
     case Kind::kNumberPair:
       if (!v.is_array() || v.size() != 2 || !v[0].is_number() || !v[1].is_number())
@@ -284,15 +305,12 @@ void resolve_parallel(Config& c, const json& j, int world_size, const std::strin
   p.pipeline = get_or<int>(j, "parallel.pipeline", 1);
   p.expert = get_or<int>(j, "parallel.expert", 1);
   p.sequence_parallel = get_or<bool>(j, "parallel.sequence_parallel", false);
-  // The grid takes every size; pipeline and expert layers come with their
-  // own issues.
-  for (auto [key, size] :
-       {std::pair{"parallel.pipeline", p.pipeline}, std::pair{"parallel.expert", p.expert}})
-    if (size != 1)
-      LOOM_FAIL(kUnsupported,
-                "{}: {} is {}, but this build has data and tensor parallelism only (pipeline and "
-                "expert parallelism are not built yet); set it to 1",
-                source, key, size);
+  // The grid takes every size; expert layers come with their own issue.
+  if (p.expert != 1)
+    LOOM_FAIL(kUnsupported,
+              "{}: parallel.expert is {}, but this build has no expert parallelism yet; set it "
+              "to 1",
+              source, p.expert);
   if (p.tensor > world_size)
     fail(source,
          format("parallel.tensor {} is larger than the job's {} rank(s)", p.tensor, world_size));
@@ -320,6 +338,40 @@ void resolve_parallel(Config& c, const json& j, int world_size, const std::strin
     fail(source, format("parallel.data is {} but the job has {} rank(s) (= tensor {} x pipeline "
                         "{} x data {})",
                         c.data_parallel, world_size, p.tensor, p.pipeline, world_size / model));
+}
+
+// After the batch: the micro-batches per step are the pipeline's.
+void resolve_pipeline(Config& c, const json& j, const std::string& source) {
+  ParallelConfig& p = c.parallel;
+  p.schedule = get_or<std::string>(j, "parallel.schedule", "1f1b");
+  p.virtual_stages = get_or<int>(j, "parallel.virtual_stages", 1);
+  p.stage_memory_bytes = get_or<int64_t>(j, "parallel.stage_memory_bytes", 0);
+  const json* part = lookup(j, "parallel.partition");
+  if (part && part->is_array()) {
+    p.partition = "list";
+    p.partition_counts = part->get<std::vector<int>>();
+  } else {
+    p.partition = part ? part->get<std::string>() : "uniform";
+  }
+  const pp::ScheduleKind kind = pp::parse_schedule(p.schedule);
+  if (p.virtual_stages > 1 && kind != pp::ScheduleKind::kInterleaved)
+    fail(source, format("parallel.virtual_stages {} needs parallel.schedule interleaved (it is {})",
+                        p.virtual_stages, p.schedule));
+  const int parts = p.pipeline * p.virtual_stages;
+  try {
+    if (p.virtual_stages > 1 && c.model.n_layer % parts != 0)
+      LOOM_FAIL(kConfig,
+                "model.n_layer {} does not divide into parallel.pipeline {} x "
+                "parallel.virtual_stages {} = {} equal chunks",
+                c.model.n_layer, p.pipeline, p.virtual_stages, parts);
+    pp::make_schedule(kind, p.pipeline, static_cast<int>(c.grad_accum), p.virtual_stages);
+    if (p.partition == "list")
+      pp::check_partition(p.partition_counts, c.model.n_layer, parts);
+    else
+      pp::uniform_partition(c.model.n_layer, parts);
+  } catch (const Error& e) {
+    fail(source, e.what());
+  }
 }
 
 void resolve_checkpointing(Config& c, const json& j, const std::string& source) {
@@ -433,7 +485,14 @@ json to_json(const Config& c) {
                    {"tensor", c.parallel.tensor},
                    {"sequence_parallel", c.parallel.sequence_parallel},
                    {"pipeline", c.parallel.pipeline},
+                   {"schedule", c.parallel.schedule},
+                   {"virtual_stages", c.parallel.virtual_stages},
+                   {"stage_memory_bytes", c.parallel.stage_memory_bytes},
                    {"expert", c.parallel.expert}};
+  if (c.parallel.partition == "list")
+    j["parallel"]["partition"] = c.parallel.partition_counts;
+  else
+    j["parallel"]["partition"] = c.parallel.partition;
   {
     const CheckpointingConfig& a = c.checkpointing;
     json ac = {{"policy", CheckpointPolicy::name(a.policy.kind)}};
@@ -481,7 +540,7 @@ json to_json(const Config& c) {
                {"timeout_s", c.comm.timeout_s},
                {"ranks_per_node", c.comm.ranks_per_node},
                {"debug", c.comm.debug}};
-  j["log"] = {{"every", c.log.every}, {"peak_gflops", c.log.peak_gflops}};
+  j["log"] = {{"every", c.log.every}, {"peak_gflops", c.log.peak_gflops}, {"trace", c.log.trace}};
   j["kernels"] = {{"gemm", c.kernels.gemm}};
   return j;
 }
@@ -532,6 +591,7 @@ Config parse_config(const std::string& text, const std::string& source,
                           "not split into parallel.tensor {} pieces",
                           c.micro_batch, c.model.seq_len, tokens, c.parallel.tensor));
   }
+  resolve_pipeline(c, j, source);
   resolve_checkpointing(c, j, source);
   c.gradient_clipping = get_or<double>(j, "gradient_clipping", 0.0);
 
@@ -607,6 +667,7 @@ Config parse_config(const std::string& text, const std::string& source,
   c.checkpoint.keep_last = get_or<int64_t>(j, "checkpoint.keep_last", 0);
   c.log.every = get_or<int64_t>(j, "log.every", 1);
   c.log.peak_gflops = get_or<double>(j, "log.peak_gflops", 0.0);
+  c.log.trace = get_or<bool>(j, "log.trace", false);
   c.kernels.gemm = get_or<std::string>(j, "kernels.gemm", "auto");
   c.resolved = to_json(c);
   return c;

@@ -50,6 +50,7 @@ struct KernelsConfig {
 
 struct LogConfig {
   int64_t every = 1;
+  bool trace = false;      // write trace.json: the timeline of the pipelined steps
   double peak_gflops = 0;  // the MFU denominator; 0: measured at start
 };
 
@@ -57,6 +58,14 @@ struct LogConfig {
 struct ParallelConfig {
   int tensor = 1, pipeline = 1, expert = 1;
   bool sequence_parallel = false;  // LayerNorm and dropout regions split along the sequence
+  // Pipeline: the schedule, chunks per stage (interleaved), and how the
+  // blocks are cut into the pipeline x virtual_stages parts: "uniform",
+  // "balanced" (measured), or "list" with the layer counts given.
+  std::string schedule = "1f1b";
+  int virtual_stages = 1;
+  std::string partition = "uniform";
+  std::vector<int> partition_counts;  // partition == "list"
+  int64_t stage_memory_bytes = 0;     // balanced: no part above it (0: no limit)
 };
 
 // activation_checkpointing: loom's policy, and DeepSpeed's keys (accepted;

@@ -62,7 +62,9 @@ void MetricsLog::write(const StepResult& r) {
               {"optimizer", r.t_optimizer},
               {"comm", r.t_comm},
               {"comm_exposed", r.t_comm_exposed},
-              {"bubble", 0.0}}}};
+              {"bubble", r.t_bubble},
+              {"p2p_wait", r.t_p2p_wait}}}};
+  j["bubble_fraction"] = r.bubble_fraction;
   if (r.val_loss) j["val_loss"] = *r.val_loss;
   j["comm_bytes"] = r.comm_bytes;
   j["gemm_backend"] = r.gemm_backend;

@@ -19,9 +19,12 @@ struct StepResult {
   double tokens_per_s = 0, mfu = 0;
   std::optional<double> val_loss;
   double t_comm = 0, t_comm_exposed = 0, comm_bytes = 0;  // data-parallel communication
-  std::string gemm_backend;                               // kernels.gemm in effect
-  double peak_gflops = 0;                                 // the MFU denominator
-  MemStats mem;  // peaks: the maximum over ranks of each category
+  // Pipelined: seconds the most idle stage waited in the schedule, that
+  // stage's idle share, and seconds this rank blocked on pipeline messages.
+  double t_bubble = 0, bubble_fraction = 0, t_p2p_wait = 0;
+  std::string gemm_backend;  // kernels.gemm in effect
+  double peak_gflops = 0;    // the MFU denominator
+  MemStats mem;              // peaks: the maximum over ranks of each category
 };
 
 // metrics.jsonl: one JSON object per step.

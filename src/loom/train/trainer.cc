@@ -17,6 +17,7 @@
 #include "loom/io/fs.h"
 #include "loom/optim/lr_schedule.h"
 #include "loom/profile/gemm_peak.h"
+#include "loom/train/whole_model.h"
 
 namespace loom {
 
@@ -99,27 +100,31 @@ Trainer::Trainer(Config config, RunOptions options, ThreadConfig threads)
 }
 
 void Trainer::load_initial_state(uint64_t seed) {
-  ZeroEngine& zero = engine_->zero();
-  GptStage<float>& model = engine_->stage();
-  zero.init_params(seed);
   const bool loading = !options_.init_from.empty() || !options_.resume.empty();
-  // Stage 3 loads into full parameters, then keeps this rank's slices.
-  if (loading) zero.gather_full_params();
-  if (!options_.init_from.empty()) load_hf_weights(options_.init_from, model);
-  if (!options_.resume.empty()) {
-    std::string dir = resolve_checkpoint(options_.resume, checkpoint_root());
-    // The file holds whole moments; the engine keeps this rank's slices.
-    const size_t n = static_cast<size_t>(model.num_params());
-    std::vector<float> m(n), v(n);
-    TrainerState st = load_checkpoint(dir, model, m.data(), v.data());
-    zero.load_moments(m.data(), v.data());
-    LOOM_CHECK_KIND(kConfig, st.seed == seed,
-                    "{}: saved with train.seed {} but the config has {}; a resumed run must keep "
-                    "its seed to see the same data",
-                    dir, st.seed, seed);
-    step_ = st.step;
+  std::string dir;
+  if (!options_.resume.empty()) dir = resolve_checkpoint(options_.resume, checkpoint_root());
+  // Each chunk of the model this rank holds loads its own parameters by name.
+  for (int c = 0; c < engine_->num_chunks(); ++c) {
+    ZeroEngine& zero = engine_->zero(c);
+    GptStage<float>& model = engine_->stage(c);
+    zero.init_params(seed);
+    // Stage 3 loads into full parameters, then keeps this rank's slices.
+    if (loading) zero.gather_full_params();
+    if (!options_.init_from.empty()) load_hf_weights(options_.init_from, model);
+    if (!dir.empty()) {
+      // The file holds whole moments; the engine keeps this rank's slices.
+      const size_t n = static_cast<size_t>(model.num_params());
+      std::vector<float> m(n), v(n);
+      TrainerState st = load_checkpoint(dir, model, m.data(), v.data());
+      zero.load_moments(m.data(), v.data());
+      LOOM_CHECK_KIND(kConfig, st.seed == seed,
+                      "{}: saved with train.seed {} but the config has {}; a resumed run must "
+                      "keep its seed to see the same data",
+                      dir, st.seed, seed);
+      step_ = st.step;
+    }
+    if (loading) zero.release_full_params(true);
   }
-  if (loading) zero.release_full_params(true);
 }
 
 StepResult Trainer::train_step() {
@@ -140,11 +145,14 @@ StepResult Trainer::train_step() {
   r.t_comm = s.comm.comm_s;
   r.t_comm_exposed = s.comm.exposed_s;
   r.comm_bytes = s.comm.bytes;
+  r.t_bubble = s.t_bubble;
+  r.bubble_fraction = s.bubble_fraction;
+  r.t_p2p_wait = s.t_p2p_wait;
   r.t_step = seconds_since(t_start);
   const double tokens = static_cast<double>(config_.train_batch_size * config_.model.seq_len);
   r.tokens_per_s = tokens / r.t_step;
   const int ranks = options_.parallel.world ? options_.parallel.world->size() : 1;
-  r.mfu = engine_->stage().flops_per_token() * r.tokens_per_s / (peak_gflops_ * 1e9 * ranks);
+  r.mfu = engine_->flops_per_token() * r.tokens_per_s / (peak_gflops_ * 1e9 * ranks);
   r.gemm_backend = cpu::gemm_backend_name(gemm_.backend);
   r.peak_gflops = peak_gflops_;
   ++step_;
@@ -183,6 +191,10 @@ void Trainer::open_run_folder() {
 }
 
 void Trainer::save(double lr) {
+  if (engine_->pipelined()) {
+    save_pipelined(lr);
+    return;
+  }
   // Moments laid out like the stage's parameters: a ZeRO shard per rank is
   // gathered first (by every rank, since the gather is collective); at stage
   // 3 the parameters are gathered too. Then the ranks of data-parallel index
@@ -224,6 +236,43 @@ void Trainer::save(double lr) {
   if (!options_.quiet && !progress_->tty()) std::printf("loom: checkpoint %s\n", dir.c_str());
 }
 
+void Trainer::save_pipelined(double lr) {
+  // The stages hold different parts of the model: the writer stages the
+  // whole model (parameters and moments, one process's layout) tensor by
+  // tensor from their owners, then writes it as a one-process run would.
+  // Every rank of the replica takes part in each tensor's gather.
+  WholeModel whole(*engine_, true);
+  const ParamLayout& layout = whole.layout();
+  std::unique_ptr<GptStage<float>> staging;
+  std::vector<float> m, v, scratch;
+  const bool writes = writer_;
+  if (writes) {
+    staging =
+        std::make_unique<GptStage<float>>(config_.model, StageSpec{}, StoreOptions{1, true, false});
+    m.assign(static_cast<size_t>(layout.total()), 0.0f);
+    v.assign(m.size(), 0.0f);
+  }
+  const ParallelContext& ctx = options_.parallel;
+  for (const Param& p : layout.params()) {
+    // Only the first replica's ranks gather; the others hold the same values.
+    if (ctx.dp_rank() != 0) break;
+    scratch.resize(static_cast<size_t>(p.shape.numel()));
+    whole.get(p, WholeModel::kParam, writes ? staging->param(p) : scratch.data());
+    whole.get(p, WholeModel::kExpAvg, writes ? m.data() + p.offset : scratch.data());
+    whole.get(p, WholeModel::kExpAvgSq, writes ? v.data() + p.offset : scratch.data());
+  }
+  std::string dir;
+  if (writes) {
+    TrainerState st{step_, lr, 1.0, config_.train.seed, tokenizer_ ? tokenizer_->name() : ""};
+    dir = save_checkpoint(checkpoint_root(), *staging, m.data(), v.data(), st, config_.resolved,
+                          config_.checkpoint.keep_last);
+  }
+  // When save returns on any rank, the checkpoint is complete on disk.
+  if (ctx.world) ctx.world->barrier()->wait();
+  if (writes && !options_.quiet && !progress_->tty())
+    std::printf("loom: checkpoint %s\n", dir.c_str());
+}
+
 std::vector<StepResult> Trainer::run() {
   if (writer_ && !options_.out_dir.empty()) open_run_folder();
   if (!options_.quiet) describe_run();
@@ -250,12 +299,12 @@ std::vector<StepResult> Trainer::run() {
   const TrainConfig& t = config_.train;
   // (Decoding reads the single-process layers; under tensor parallelism
   // `loom generate` samples from a checkpoint instead.)
-  const bool sampling =
-      t.sample_tokens > 0 && tokenizer_ && !results.empty() && !options_.parallel.tp;
-  if (t.sample_tokens > 0 && options_.parallel.tp && !options_.quiet)
+  const bool split = options_.parallel.tp || engine_->pipelined();
+  const bool sampling = t.sample_tokens > 0 && tokenizer_ && !results.empty() && !split;
+  if (t.sample_tokens > 0 && split && !options_.quiet)
     std::printf(
-        "loom: no closing sample under tensor parallelism (loom generate --checkpoint "
-        "samples from a checkpoint)\n");
+        "loom: no closing sample under tensor or pipeline parallelism (loom generate "
+        "--checkpoint samples from a checkpoint)\n");
   if (sampling) engine_->zero().gather_full_params();
   const int ranks = options_.parallel.world ? options_.parallel.world->size() : 1;
   progress_->summary(results, seconds_since(t0), peak_gflops_ * ranks, options_.out_dir);
@@ -293,6 +342,25 @@ void Trainer::describe_run() const {
         config_.parallel.tensor, m.n_head / config_.parallel.tensor, m.n_head,
         4 * m.n_embd / config_.parallel.tensor, 4 * m.n_embd,
         m.padded_vocab() / config_.parallel.tensor, m.padded_vocab(), config_.parallel.tensor);
+  if (engine_->pipelined()) {
+    const ParallelConfig& p = config_.parallel;
+    const pp::ScheduleKind kind = pp::parse_schedule(p.schedule);
+    const int v = kind == pp::ScheduleKind::kInterleaved ? p.virtual_stages : 1;
+    std::string parts;
+    int first = 0;
+    for (int c : engine_->partition().counts) {
+      parts += format("{}[{}, {})", parts.empty() ? "" : " ", first, first + c);
+      first += c;
+    }
+    std::printf(
+        "loom: pipeline %s over %d stages%s, %ld micro-batches per step; blocks per part %s "
+        "(partition %s); bubble in theory %.1f%%\n",
+        p.schedule.c_str(), p.pipeline, v > 1 ? format(" x {} chunks", v).c_str() : "",
+        long(config_.grad_accum), parts.c_str(), p.partition.c_str(),
+        100 * pp::theoretical_bubble(kind, p.pipeline, static_cast<int>(config_.grad_accum), v));
+    if (!engine_->partition().table.empty())
+      std::printf("loom: %s", engine_->partition().table.c_str());
+  }
   std::printf("loom: data %s; batch %ld = micro-batch %ld x accumulation %ld x data-parallel %ld\n",
               train_data_->describe().c_str(), long(config_.train_batch_size),
               long(config_.micro_batch), long(config_.grad_accum), long(config_.data_parallel));

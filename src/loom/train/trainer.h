@@ -62,6 +62,7 @@ class Trainer {
 
  private:
   void load_initial_state(uint64_t seed);
+  void save_pipelined(double lr);
   void open_run_folder();
   std::string checkpoint_root() const;
   void describe_run() const;

@@ -190,14 +190,14 @@ std::shared_ptr<MpiProcessGroup> MpiProcessGroup::split(const std::vector<std::v
   for (size_t g = 0; g < groups.size(); ++g)
     for (size_t k = 0; k < groups[g].size(); ++k)
       if (groups[g][k] == rank_) color = static_cast<int>(g), key = static_cast<int>(k);
-  LOOM_CHECK(color >= 0, "rank {} of group '{}' is in none of the groups of '{}'", rank_, name_,
-             name);
   // MPI_Comm_split is a collective on comm_: it runs on the worker, in queue
-  // order with this group's other collectives.
+  // order with this group's other collectives. A rank in none of the groups
+  // (a middle pipeline stage and the embedding groups) takes part and gets none.
   MPI_Comm comm = MPI_COMM_NULL;
   enqueue(Op{"split", groups.size(), DType::kF32, 0}, [&](const Op&) {
-    MPI_Comm_split(comm_, color, key, &comm);
+    MPI_Comm_split(comm_, color >= 0 ? color : MPI_UNDEFINED, key, &comm);
   })->wait();
+  if (comm == MPI_COMM_NULL) return nullptr;
   return std::make_shared<MpiProcessGroup>(runtime_, comm, name, options_);
 }
 
@@ -308,6 +308,20 @@ void MpiProcessGroup::wait_requests(MPI_Request* reqs, int n, const Op& op) {
 }
 
 void MpiProcessGroup::timed_out(const Op& op) {
+  if (op.kind == "send" || op.kind == "recv") {
+    // Only the peer takes part, and point-to-point operations are numbered
+    // apart from the collectives: the group's collective counters say
+    // nothing about it. Name the message and the peer instead.
+    const int peer = op.arg;
+    runtime_->abort(
+        format("comm timeout: {}{}{} in group '{}' did not complete within comm.timeout_s = {} s: "
+               "its peer, rank {} of the group (world rank {}), never posted the matching {} "
+               "(it is blocked earlier, or its schedule differs)",
+               op.what.empty() ? "" : op.what, op.what.empty() ? "" : ": ", op.describe(), name_,
+               options_.timeout_s, peer, members_[static_cast<size_t>(peer)],
+               op.kind == "send" ? "receive" : "send"),
+        3);
+  }
   // Ask every other member how far its copy of this group got.
   const int n = size_;
   std::vector<uint64_t> answers(static_cast<size_t>(n), 0);
@@ -514,20 +528,22 @@ WorkPtr MpiProcessGroup::all_to_all(const void* in, const std::vector<size_t>& s
   });
 }
 
-WorkPtr MpiProcessGroup::send(const void* buf, size_t count, DType t, int peer, int tag) {
+WorkPtr MpiProcessGroup::send(const void* buf, size_t count, DType t, int peer, int tag,
+                              const std::string& what) {
   LOOM_CHECK(tag >= 0 && tag < algo::kAlgoTagBase, "tag {} outside [0, {})", tag,
              algo::kAlgoTagBase);
   const int n = as_int(count, "send");
-  return enqueue_p2p(Op{"send", count, t, peer}, [=, this](MPI_Request* req) {
+  return enqueue_p2p(Op{"send", count, t, peer, 0, what}, [=, this](MPI_Request* req) {
     MPI_Isend(buf, n, transport_type(t), peer, tag, comm_, req);
   });
 }
 
-WorkPtr MpiProcessGroup::recv(void* buf, size_t count, DType t, int peer, int tag) {
+WorkPtr MpiProcessGroup::recv(void* buf, size_t count, DType t, int peer, int tag,
+                              const std::string& what) {
   LOOM_CHECK(tag >= 0 && tag < algo::kAlgoTagBase, "tag {} outside [0, {})", tag,
              algo::kAlgoTagBase);
   const int n = as_int(count, "recv");
-  return enqueue_p2p(Op{"recv", count, t, peer}, [=, this](MPI_Request* req) {
+  return enqueue_p2p(Op{"recv", count, t, peer, 0, what}, [=, this](MPI_Request* req) {
     MPI_Irecv(buf, n, transport_type(t), peer, tag, comm_, req);
   });
 }

@@ -96,8 +96,9 @@ class MpiProcessGroup : public ProcessGroup {
   const std::vector<int>& members() const { return members_; }
 
   // Splits this group into the groups listed (each a list of ranks of this
-  // group, together a partition); collective over this group, which every
-  // member calls with the same list. Returns the group holding this rank.
+  // group, disjoint); collective over this group, which every
+  // member calls with the same list. Returns the group holding this rank
+  // (null when it is in none).
   std::shared_ptr<MpiProcessGroup> split(const std::vector<std::vector<int>>& groups,
                                          const std::string& name);
 
@@ -110,8 +111,10 @@ class MpiProcessGroup : public ProcessGroup {
   WorkPtr broadcast(void* buf, size_t count, DType t, int root) override;
   WorkPtr all_to_all(const void* in, const std::vector<size_t>& send_counts, void* out,
                      const std::vector<size_t>& recv_counts, DType t) override;
-  WorkPtr send(const void* buf, size_t count, DType t, int peer, int tag) override;
-  WorkPtr recv(void* buf, size_t count, DType t, int peer, int tag) override;
+  WorkPtr send(const void* buf, size_t count, DType t, int peer, int tag,
+               const std::string& what = {}) override;
+  WorkPtr recv(void* buf, size_t count, DType t, int peer, int tag,
+               const std::string& what = {}) override;
   WorkPtr barrier() override;
 
   // Collectives this group has started (watchdog answers use it).
@@ -126,6 +129,7 @@ class MpiProcessGroup : public ProcessGroup {
     DType dtype = DType::kF32;
     int arg = 0;       // reduce op or root
     uint64_t seq = 0;  // this group's sequence number, from 1
+    std::string what;  // point-to-point: the caller's account of the message
     std::string describe() const;
   };
   WorkPtr enqueue(Op op, std::function<void(const Op&)> body);

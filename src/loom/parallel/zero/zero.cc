@@ -306,12 +306,13 @@ void ZeroEngine::drain_one() {
   reducing_.pop_front();
 }
 
-std::pair<double, double> ZeroEngine::split_sum_squares() const {
+std::pair<double, double> ZeroEngine::split_sum_squares(int skip) const {
   // This rank's gradient elements: the whole layout below stage 2, else its
   // slice of every unit; each part of a parameter inside them counted apart.
   double split = 0, whole = 0;
   const std::vector<Param>& params = store_.layout().params();
   for (int u = 0; u < num_units(); ++u) {
+    if (u == skip) continue;
     const int64_t lo = config_.stage >= 2 ? slice_begin(u) : units_[u].begin;
     const int64_t hi = config_.stage >= 2 ? lo + slice_[u] : units_[u].end;
     const float* g = config_.stage >= 2 ? shard_grads() + shard_off_[u] : store_.grads() + lo;
@@ -322,6 +323,41 @@ std::pair<double, double> ZeroEngine::split_sum_squares() const {
     }
   }
   return {split, whole};
+}
+
+std::pair<double, double> ZeroEngine::grad_sum_squares(int skip) {
+  auto [split, whole] = split_sum_squares(skip);
+  if (group_ && config_.stage >= 2) {
+    // Added in rank order, the same on every rank.
+    const double mine[2] = {split, whole};
+    const std::vector<double> all = all_gather_words(*group_, mine, 2);
+    split = whole = 0;
+    for (size_t r = 0; r < all.size(); r += 2) split += all[r], whole += all[r + 1];
+  }
+  return {split, whole};
+}
+
+void ZeroEngine::scale_grads(float scale) {
+  if (config_.stage >= 2)
+    cpu::scale_inplace(shard_grads(), shard_elements_, scale);
+  else
+    cpu::scale_inplace(store_.grads(), store_.num_params(), scale);
+}
+
+void ZeroEngine::sum_unit_grads(int u, int64_t n, ProcessGroup& group) {
+  // The part of [0, n) of the unit this rank holds: all of it below stage
+  // 2, else its slice.
+  int64_t lo = 0, hi = n;
+  float* g = store_.grads() ? store_.grads() + units_[u].begin : nullptr;
+  if (config_.stage >= 2) {
+    lo = srank_ * slice_[u];
+    hi = std::min(n, lo + slice_[u]);
+    g = shard_grads() + shard_off_[u] - lo;
+  }
+  if (hi <= lo) return;
+  WorkPtr w =
+      group.all_reduce(g + lo, g + lo, static_cast<size_t>(hi - lo), DType::kF32, ReduceOp::kSum);
+  wait_timed(w);
 }
 
 double ZeroEngine::clip_grad_norm(double max_norm) {

@@ -73,6 +73,18 @@ class ZeroEngine {
   // the group; the others, the same on every rank of it, count once.
   double clip_grad_norm(double max_norm);
   void set_tensor_parallel(std::shared_ptr<ProcessGroup> tp) { tp_ = std::move(tp); }
+  // The pieces of clip_grad_norm for a model split over several engines (a
+  // pipeline's stages and chunks): this rank's sums of squares of the
+  // reduced gradients, {parameters split over the tensor-parallel group,
+  // whole ones}, added over the data-parallel group when sharded (collective
+  // over it then), leaving out unit `skip` (a copy counted elsewhere; -1:
+  // none); and scaling every gradient this rank holds.
+  std::pair<double, double> grad_sum_squares(int skip = -1);
+  void scale_grads(float scale);
+  // Adds unit u's first n reduced gradient elements over `group`, whose
+  // members hold the same parameters at the same place of an equal-sized
+  // unit (the tied wte of the first and last pipeline stage). Collective.
+  void sum_unit_grads(int u, int64_t n, ProcessGroup& group);
   // AdamW on this rank's shard, then whatever gathering the stage needs.
   void step(double lr, int64_t step);
   // Communication since the last call.
@@ -108,7 +120,7 @@ class ZeroEngine {
   float* shard_params() const;
   float* shard_grads() const;
   // Sums of squares of this rank's gradients: of split parameters, of whole ones.
-  std::pair<double, double> split_sum_squares() const;
+  std::pair<double, double> split_sum_squares(int skip = -1) const;
 
   ParamStore<float>& store_;
   std::shared_ptr<ProcessGroup> group_;

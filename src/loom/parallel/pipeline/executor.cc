@@ -1,0 +1,271 @@
+#include "loom/parallel/pipeline/executor.h"
+
+#include "loom/core/error.h"
+
+namespace loom::pp {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+}  // namespace
+
+Executor::Executor(Schedule schedule, int stage, std::vector<ChunkRef> chunks,
+                   std::shared_ptr<ProcessGroup> group, int64_t B, int64_t Tn)
+    : schedule_(std::move(schedule)), stage_(stage), group_(std::move(group)), B_(B), Tn_(Tn) {
+  LOOM_CHECK(static_cast<int>(chunks.size()) == schedule_.chunks,
+             "stage {} holds {} chunks, the schedule {}", stage, chunks.size(), schedule_.chunks);
+  LOOM_CHECK(!group_ || group_->size() == schedule_.stages,
+             "a pipeline group of {} ranks for {} stages", group_ ? group_->size() : 1,
+             schedule_.stages);
+  // MPI guarantees tags up to 32767.
+  LOOM_CHECK_KIND(kConfig, 2 * schedule_.micro_batches * schedule_.chunks < 32767,
+                  "{} micro-batches x {} chunks exceed the pipeline's message tags",
+                  schedule_.micro_batches, schedule_.chunks);
+  for (ChunkRef& r : chunks) {
+    Chunk c;
+    c.ref = r;
+    chunks_.push_back(std::move(c));
+  }
+  rows_ = chunks_[0].ref.stage->rows(B, Tn).count;
+  C_ = chunks_[0].ref.stage->config().n_embd;
+  const std::vector<Instr>& list = schedule_.per_stage[static_cast<size_t>(stage_)];
+  for (size_t i = 0; i < list.size(); ++i) {
+    const Op op = list[i].op;
+    if (op == Op::kForward || op == Op::kRecvAct || op == Op::kSendAct)
+      eval_list_.push_back(list[i]);
+    // The final instruction writing a chunk's gradients: data-parallel
+    // reductions of stages 0-1 run with it.
+    if (op == Op::kBackward || op == Op::kBackwardWeight)
+      chunks_[static_cast<size_t>(list[i].chunk)].last_backward = static_cast<int>(i);
+  }
+}
+
+int Executor::tag(int micro, int receiving_chunk, bool gradient) const {
+  return (micro * schedule_.chunks + receiving_chunk) * 2 + (gradient ? 1 : 0);
+}
+
+std::string Executor::describe(const Instr& in, bool gradient, bool sending) const {
+  const int peer =
+      gradient == sending ? schedule_.prev_stage(stage_) : schedule_.next_stage(stage_);
+  return format("pipeline {} of the {} of micro-batch {} (chunk {}) {} stage {}",
+                sending ? "send" : "receive", gradient ? "input gradient" : "activation", in.micro,
+                in.chunk, sending ? "to" : "from", peer);
+}
+
+void Executor::wait(const WorkPtr& w, ExecStats& st) {
+  if (!w) return;
+  const auto t = Clock::now();
+  w->wait();
+  st.wait += seconds(t, Clock::now());
+}
+
+int Executor::take_buffer() {
+  for (size_t i = 0; i < pool_.size(); ++i) {
+    if (in_use_[i]) continue;
+    // A send that may still read it: long finished in practice.
+    if (pool_[i].pending) pool_[i].pending->wait();
+    pool_[i].pending = nullptr;
+    in_use_[i] = true;
+    return static_cast<int>(i);
+  }
+  pool_.push_back(
+      {Buffer(static_cast<size_t>(rows_ * C_) * sizeof(float), MemCategory::kComm), {}});
+  in_use_.push_back(true);
+  return static_cast<int>(pool_.size()) - 1;
+}
+
+int Executor::take_slot(Chunk& c) {
+  for (size_t i = 0; i < c.slots.size(); ++i) {
+    Slot& s = *c.slots[i];
+    if (s.busy) continue;
+    if (s.pending_send) s.pending_send->wait();
+    s.pending_send = nullptr;
+    s.busy = true;
+    return static_cast<int>(i);
+  }
+  auto s = std::make_unique<Slot>();
+  s->acts = c.ref.stage->make_activations(B_, Tn_);
+  s->busy = true;
+  c.slots.push_back(std::move(s));
+  return static_cast<int>(c.slots.size()) - 1;
+}
+
+void Executor::post_recv(const Instr& in) {
+  Chunk& c = chunks_[static_cast<size_t>(in.chunk)];
+  const bool gradient = in.op == Op::kRecvGrad;
+  const int idx = take_buffer();
+  (gradient ? c.grad_in : c.act_in)[static_cast<size_t>(in.micro)] = idx;
+  const int peer = gradient ? schedule_.next_stage(stage_) : schedule_.prev_stage(stage_);
+  pool_[static_cast<size_t>(idx)].pending = group_->recv(
+      pool_[static_cast<size_t>(idx)].buf.data(), static_cast<size_t>(rows_ * C_), DType::kF32,
+      peer, tag(in.micro, in.chunk, gradient), describe(in, gradient, false));
+}
+
+void Executor::send(const Instr& in, ExecStats& st) {
+  Chunk& c = chunks_[static_cast<size_t>(in.chunk)];
+  const bool gradient = in.op == Op::kSendGrad;
+  const size_t n = static_cast<size_t>(rows_ * C_);
+  const int peer = gradient ? schedule_.prev_stage(stage_) : schedule_.next_stage(stage_);
+  const std::string what = describe(in, gradient, true);
+  // Tagged with the chunk that receives it (the next part's for an
+  // activation, the previous part's for a gradient).
+  const int to =
+      gradient ? schedule_.prev_chunk(stage_, in.chunk) : schedule_.next_chunk(stage_, in.chunk);
+  if (gradient) {
+    const size_t idx = static_cast<size_t>(c.grad_out[static_cast<size_t>(in.micro)]);
+    pool_[idx].pending =
+        group_->send(pool_[idx].buf.data(), n, DType::kF32, peer, tag(in.micro, to, true), what);
+    in_use_[idx] = false;  // reusable once the send completes
+  } else {
+    Slot& s = *c.slots[static_cast<size_t>(c.slot_of[static_cast<size_t>(in.micro)])];
+    s.pending_send =
+        group_->send(s.acts.output, n, DType::kF32, peer, tag(in.micro, to, false), what);
+  }
+  st.p2p.bytes += static_cast<double>(n * sizeof(float));
+}
+
+void Executor::forward(const Instr& in, const MicroBatch& mb, bool training, ExecStats& st) {
+  Chunk& c = chunks_[static_cast<size_t>(in.chunk)];
+  const size_t m = static_cast<size_t>(in.micro);
+  const int slot = take_slot(c);
+  c.slot_of[m] = slot;
+  const float* input = nullptr;
+  if (!schedule_.first_part(stage_, in.chunk)) {
+    Pooled& p = pool_[static_cast<size_t>(c.act_in[m])];
+    wait(p.pending, st);
+    p.pending = nullptr;
+    input = p.buf.as<float>();
+  }
+  const bool last = schedule_.last_part(stage_, in.chunk);
+  const auto t = Clock::now();
+  GptStage<float>& stage = *c.ref.stage;
+  c.ref.zero->begin_micro_batch(stage.unit_schedule(false), false);
+  const double loss = stage.forward(c.slots[static_cast<size_t>(slot)]->acts, mb.tokens, input,
+                                    last ? mb.targets : nullptr, mb.ctx);
+  c.ref.zero->end_micro_batch();
+  st.forward += seconds(t, Clock::now());
+  if (last) st.loss += loss;
+  if (input) in_use_[static_cast<size_t>(c.act_in[m])] = false;
+  // Evaluation keeps nothing for backward: the store is free once its
+  // output has been sent (take_slot waits for that).
+  if (!training) {
+    c.slots[static_cast<size_t>(slot)]->busy = false;
+    if (last) c.slot_of[m] = -1;
+  }
+}
+
+void Executor::backward(const Instr& in, size_t pos, double loss_scale, ExecStats& st) {
+  Chunk& c = chunks_[static_cast<size_t>(in.chunk)];
+  const size_t m = static_cast<size_t>(in.micro);
+  LOOM_CHECK(c.slot_of[m] >= 0, "backward of micro-batch {} chunk {} without its forward", in.micro,
+             in.chunk);
+  Slot& s = *c.slots[static_cast<size_t>(c.slot_of[m])];
+  // Backward may reuse the record's memory; the activation sent from it
+  // has been received (the gradient that comes back depends on it).
+  wait(s.pending_send, st);
+  s.pending_send = nullptr;
+  const float* d_output = nullptr;
+  if (!schedule_.last_part(stage_, in.chunk)) {
+    Pooled& p = pool_[static_cast<size_t>(c.grad_in[m])];
+    wait(p.pending, st);
+    p.pending = nullptr;
+    d_output = p.buf.as<float>();
+  }
+  float* d_input = nullptr;
+  if (!schedule_.first_part(stage_, in.chunk)) {
+    c.grad_out[m] = take_buffer();
+    d_input = pool_[static_cast<size_t>(c.grad_out[m])].buf.as<float>();
+  }
+  const auto t = Clock::now();
+  GptStage<float>& stage = *c.ref.stage;
+  c.ref.zero->begin_micro_batch(stage.backward_unit_schedule(),
+                                static_cast<int>(pos) == c.last_backward);
+  stage.backward(s.acts, loss_scale, d_output, d_input);
+  c.ref.zero->end_micro_batch();
+  st.backward += seconds(t, Clock::now());
+  if (d_output) in_use_[static_cast<size_t>(c.grad_in[m])] = false;
+  s.busy = false;
+  c.slot_of[m] = -1;
+}
+
+ExecStats Executor::run(const std::vector<Instr>& list, const std::vector<MicroBatch>& mbs,
+                        double loss_scale, bool training, const std::function<void()>& on_reduce,
+                        const std::function<void()>& on_step) {
+  LOOM_CHECK(static_cast<int>(mbs.size()) == schedule_.micro_batches,
+             "{} micro-batches for a schedule of {}", mbs.size(), schedule_.micro_batches);
+  for (Chunk& c : chunks_) {
+    const size_t m = mbs.size();
+    c.slot_of.assign(m, -1);
+    c.act_in.assign(m, -1);
+    c.grad_in.assign(m, -1);
+    c.grad_out.assign(m, -1);
+  }
+  ExecStats st;
+  trace_.clear();
+  t0_ = Clock::now();
+  for (size_t pos = 0; pos < list.size(); ++pos) {
+    const Instr& in = list[pos];
+    const auto t = Clock::now();
+    switch (in.op) {
+      case Op::kRecvAct:
+      case Op::kRecvGrad:
+        post_recv(in);
+        break;
+      case Op::kSendAct:
+      case Op::kSendGrad:
+        send(in, st);
+        break;
+      case Op::kForward:
+        forward(in, mbs[static_cast<size_t>(in.micro)], training, st);
+        break;
+      case Op::kBackward:
+        backward(in, pos, loss_scale, st);
+        break;
+      case Op::kBackwardInput:
+      case Op::kBackwardWeight:
+        LOOM_FAIL(kUnsupported, "the executor has no split backward for {}", in.describe());
+      case Op::kReduceGrads:
+        if (on_reduce) on_reduce();
+        break;
+      case Op::kOptimizerStep:
+        if (on_step) on_step();
+        break;
+    }
+    if (tracing_ && (is_compute(in.op) || in.op == Op::kReduceGrads || in.op == Op::kOptimizerStep))
+      trace_.push_back({in, seconds(t0_, t), seconds(t0_, Clock::now())});
+  }
+  // Every buffer is quiet before the caller touches the model again.
+  for (Pooled& p : pool_) {
+    wait(p.pending, st);
+    p.pending = nullptr;
+  }
+  for (Chunk& c : chunks_) {
+    for (auto& s : c.slots) {
+      wait(s->pending_send, st);
+      s->pending_send = nullptr;
+      s->busy = false;
+    }
+    st.recompute += c.ref.stage->take_recompute_seconds();
+  }
+  std::fill(in_use_.begin(), in_use_.end(), false);
+  st.total = seconds(t0_, Clock::now());
+  return st;
+}
+
+ExecStats Executor::train(const std::vector<MicroBatch>& mbs, double loss_scale,
+                          const std::function<void()>& on_reduce,
+                          const std::function<void()>& on_step) {
+  return run(schedule_.per_stage[static_cast<size_t>(stage_)], mbs, loss_scale, true, on_reduce,
+             on_step);
+}
+
+ExecStats Executor::evaluate(const std::vector<MicroBatch>& mbs) {
+  return run(eval_list_, mbs, 0, false, {}, {});
+}
+
+}  // namespace loom::pp

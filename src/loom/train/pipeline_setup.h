@@ -1,0 +1,23 @@
+// How a job's blocks are cut into pipeline parts (parallel.partition), with
+// the measurement `balanced` needs: each layer's forward + backward time and
+// activation memory on this machine for one micro-batch.
+#pragma once
+
+#include "loom/comm/parallel_context.h"
+#include "loom/parallel/pipeline/partition.h"
+#include "loom/train/config.h"
+
+namespace loom {
+
+struct PartitionReport;
+
+// The layer counts of the pipeline x virtual_stages parts. `balanced`
+// measures on world rank 0 and broadcasts the cut (collective over the
+// world then), so every rank builds the same stages.
+PartitionReport resolve_partition(const Config& config, const ParallelContext& ctx);
+
+// One micro-batch of (B, T) through the embedding, a block and the head, in
+// one process with this machine's kernels: seconds (median of `reps`) and bytes.
+pp::ModelCosts measure_model_costs(const GptConfig& model, int64_t B, int64_t Tn, int reps = 3);
+
+}  // namespace loom
