@@ -22,6 +22,7 @@
 #include "loom/parallel/tensor/linear.h"
 #include "loom/train/config.h"
 #include "loom/train/trainer.h"
+#include "loom/train/whole_model.h"
 #include "mpi_main.h"
 
 namespace loom {
@@ -42,6 +43,9 @@ std::string nvme_dir() {
 struct Layout {
   std::string name;
   std::vector<std::string> overrides;  // on top of the base config
+  // Model changes the one-process reference takes too (a deeper model for
+  // interleaving over four stages).
+  std::vector<std::string> model = {};
 };
 
 const char* kBase = R"({
@@ -62,32 +66,12 @@ struct RunResult {
   std::map<std::string, std::vector<float>> params;  // every parameter, whole, by name
 };
 
-// Every parameter of a trainer's model as its whole tensor, by name
-// (collective: slices are gathered over the tensor-parallel group), the
-// vocabulary without padding.
+// Every parameter of a trainer's model as its whole tensor, by name, on
+// every rank (collective: slices are gathered over the tensor-parallel
+// group, stages' parameters broadcast over the pipeline), the vocabulary
+// without padding.
 std::map<std::string, std::vector<float>> whole_params(Trainer& t) {
-  std::map<std::string, std::vector<float>> out;
-  const std::vector<float> flat = t.gather_params();
-  const ParallelContext& ctx = t.engine().context();
-  for (const Param& p : t.model().layout().params()) {
-    std::vector<float> whole(static_cast<size_t>(p.shape.numel()));
-    const float* mine = flat.data() + p.offset;
-    if (!p.shard.sharded()) {
-      whole.assign(mine, mine + p.numel);
-    } else {
-      std::vector<float> all(static_cast<size_t>(p.numel * ctx.tp->size()));
-      ctx.tp->all_gather(mine, all.data(), static_cast<size_t>(p.numel), DType::kF32)->wait();
-      for (int k = 0; k < ctx.tp->size(); ++k) {
-        ShardSpec s = p.shard;
-        s.index = k;
-        shard_to_global(p.shape, s, all.data() + k * p.numel, whole.data());
-      }
-    }
-    if (p.name == "transformer.wte.weight")
-      whole.resize(static_cast<size_t>(t.config().model.vocab_size * p.shape[1]));
-    out[p.name] = std::move(whole);
-  }
-  return out;
+  return WholeModel(t.engine(), false).params_by_name();
 }
 
 RunResult train(const std::vector<std::string>& overrides, std::shared_ptr<ProcessGroup> group) {
@@ -95,7 +79,8 @@ RunResult train(const std::vector<std::string>& overrides, std::shared_ptr<Proce
   Config c = parse_config(kBase, "harness", overrides, world);
   RunOptions o;
   o.quiet = true;
-  o.parallel = make_parallel_context(std::move(group), GridShape{world, c.parallel.tensor});
+  o.parallel = make_parallel_context(std::move(group),
+                                     GridShape{world, c.parallel.tensor, c.parallel.pipeline});
   Trainer t(std::move(c), o, ThreadConfig{});
   RunResult r;
   for (const auto& s : t.run()) r.losses.push_back(s.loss), r.grad_norms.push_back(s.grad_norm);
@@ -131,6 +116,48 @@ std::vector<Layout> layouts(int world) {
     tensor.push_back({"tp 2 x dp 2, zero-3, full recompute",
                       {"parallel.tensor=2", "zero_optimization.stage=3",
                        "activation_checkpointing.policy=full"}});
+  }
+  // Pipelines: four micro-batches per step unless said otherwise.
+  const std::string acc4 = "gradient_accumulation_steps=4";
+  std::vector<Layout> pipeline;
+  if (world == 2) {
+    for (const char* sched : {"1f1b", "gpipe", "zero_bubble"})
+      pipeline.push_back(
+          {std::string("pp 2, ") + sched,
+           {"parallel.pipeline=2", acc4, std::string("parallel.schedule=") + sched}});
+    pipeline.push_back({"pp 2, interleaved v 2",
+                        {"parallel.pipeline=2", acc4, "parallel.schedule=interleaved",
+                         "parallel.virtual_stages=2"}});
+    pipeline.push_back({"pp 2, 1f1b, full recompute, partition [3, 1]",
+                        {"parallel.pipeline=2", acc4, "activation_checkpointing.policy=full",
+                         "parallel.partition=[3,1]"}});
+    pipeline.push_back({"pp 2, zero_bubble, selective recompute",
+                        {"parallel.pipeline=2", acc4, "parallel.schedule=zero_bubble",
+                         "activation_checkpointing.policy=selective"}});
+  }
+  if (world == 4) {
+    for (const char* sched : {"1f1b", "gpipe", "zero_bubble"})
+      pipeline.push_back(
+          {std::string("pp 4, ") + sched,
+           {"parallel.pipeline=4", acc4, std::string("parallel.schedule=") + sched}});
+    pipeline.push_back({"pp 4, interleaved v 2 (8 layers)",
+                        {"parallel.pipeline=4", "gradient_accumulation_steps=8",
+                         "parallel.schedule=interleaved", "parallel.virtual_stages=2"},
+                        {"model.n_layer=8"}});
+    pipeline.push_back(
+        {"pp 2 x dp 2, zero-1", {"parallel.pipeline=2", acc4, "zero_optimization.stage=1"}});
+    pipeline.push_back(
+        {"pp 2 x dp 2, zero-2", {"parallel.pipeline=2", acc4, "zero_optimization.stage=2"}});
+    pipeline.push_back({"pp 2 x dp 2, zero-3, interleaved v 2",
+                        {"parallel.pipeline=2", acc4, "zero_optimization.stage=3",
+                         "parallel.schedule=interleaved", "parallel.virtual_stages=2"}});
+    pipeline.push_back({"pp 2 x tp 2, 1f1b", {"parallel.pipeline=2", "parallel.tensor=2", acc4}});
+    pipeline.push_back(
+        {"pp 2 x tp 2, sequence parallel, zero_bubble, full recompute",
+         {"parallel.pipeline=2", "parallel.tensor=2", acc4, "parallel.sequence_parallel=true",
+          "parallel.schedule=zero_bubble", "activation_checkpointing.policy=full"}});
+    pipeline.push_back(
+        {"pp 4, balanced partition", {"parallel.pipeline=4", acc4, "parallel.partition=balanced"}});
   }
   std::vector<Layout> data = {
       {"dp, one bucket per layer or so, overlapped",
@@ -172,19 +199,25 @@ std::vector<Layout> layouts(int world) {
         "gradient_accumulation_steps=2", "comm.allreduce=ring"}},
   };
   data.insert(data.end(), tensor.begin(), tensor.end());
+  data.insert(data.end(), pipeline.begin(), pipeline.end());
   return data;
 }
 
-TEST(Layouts, TrainExactlyLikeOneProcess) {
-  const RunResult ref = train({}, nullptr);  // one process, micro-batch 16
+void expect_like_one_process(const Layout& layout) {
+  // One process, micro-batch 16 (the reference of each model, kept).
+  static std::map<std::vector<std::string>, RunResult> refs;
+  if (!refs.count(layout.model)) refs[layout.model] = train(layout.model, nullptr);
+  const RunResult& ref = refs[layout.model];
   ASSERT_EQ(ref.losses.size(), 20u);
   EXPECT_LT(ref.losses.back(), ref.losses.front());
-  for (const Layout& layout : layouts(runtime().world_size())) {
+  {
     CommOptions opt;
     opt.timeout_s = 120;
     for (const auto& o : layout.overrides)
       if (o.rfind("comm.allreduce=", 0) == 0) opt.allreduce = o.substr(15);
-    RunResult got = train(layout.overrides, runtime().world(opt));
+    std::vector<std::string> overrides = layout.model;
+    overrides.insert(overrides.end(), layout.overrides.begin(), layout.overrides.end());
+    RunResult got = train(overrides, runtime().world(opt));
     ASSERT_EQ(got.losses.size(), ref.losses.size()) << layout.name;
     for (size_t s = 0; s < ref.losses.size(); ++s)
       EXPECT_LE(std::abs(got.losses[s] - ref.losses[s]), 1e-5 * std::abs(ref.losses[s]))
@@ -209,6 +242,18 @@ TEST(Layouts, TrainExactlyLikeOneProcess) {
                   layout.name.c_str(), runtime().world_size(), maxdiff, got.losses.back(),
                   ref.losses.back());
   }
+}
+
+TEST(Layouts, TrainExactlyLikeOneProcess) {
+  for (const Layout& layout : layouts(runtime().world_size())) expect_like_one_process(layout);
+}
+
+// Eight ranks: every kind of model parallelism with data parallelism.
+TEST(Layouts8, PipelineTensorDataTrainLikeOneProcess) {
+  if (runtime().world_size() != 8) GTEST_SKIP() << "needs 8 ranks";
+  expect_like_one_process({"pp 2 x tp 2 x dp 2, 1f1b, zero-1",
+                           {"parallel.pipeline=2", "parallel.tensor=2",
+                            "gradient_accumulation_steps=2", "zero_optimization.stage=1"}});
 }
 
 // Activation checkpointing recomputes in backward what forward computed, with

@@ -87,18 +87,20 @@ std::vector<UnitUse> GptStage<T>::unit_schedule(bool backward) const {
 }
 
 template <typename T>
-std::vector<UnitUse> GptStage<T>::backward_unit_schedule() const {
+std::vector<UnitUse> GptStage<T>::backward_unit_schedule(bool deferred) const {
+  const Pass pass = deferred ? Pass::kBackwardInput : Pass::kBackward;
   std::vector<UnitUse> s;
   if (head_) {
-    s.push_back({wte_unit_, Pass::kBackward});
-    s.push_back({lnf_unit_, Pass::kBackward});
+    s.push_back({wte_unit_, pass});
+    s.push_back({lnf_unit_, pass});
   }
   for (size_t i = blocks_.size(); i-- > 0;) {
     if (mode(i) == Recompute::kFull) s.push_back({blocks_[i].unit, Pass::kRecompute});
-    s.push_back({blocks_[i].unit, Pass::kBackward});
+    s.push_back({blocks_[i].unit, pass});
   }
-  // The lookup's backward writes gradients without reading parameters.
-  if (embedding_) s.push_back({emb_unit_, Pass::kBackwardGradsOnly});
+  // The lookup's backward writes gradients without reading parameters
+  // (deferred, it only records).
+  if (embedding_ && !deferred) s.push_back({emb_unit_, Pass::kBackwardGradsOnly});
   return s;
 }
 
@@ -320,8 +322,8 @@ double GptStage<T>::forward(StageActivations<T>& a, const int32_t* tokens, const
 }
 
 template <typename T>
-void GptStage<T>::backward(StageActivations<T>& a, double loss_scale, const T* d_output,
-                           T* d_input) {
+void GptStage<T>::backward(StageActivations<T>& a, double loss_scale, const T* d_output, T* d_input,
+                           DeferredGrads<T>* defer) {
   const int64_t B = a.B, Tn = a.Tn, C = config_.n_embd;
   const Rows rw = rows(B, Tn);
   const size_t bytes = static_cast<size_t>(rw.count * C) * sizeof(T);
@@ -336,18 +338,46 @@ void GptStage<T>::backward(StageActivations<T>& a, double loss_scale, const T* d
   T* d_resid = scratch_.as<T>();
   T* rest = d_resid + rw.count * C;  // the head's d_lnf, then each block's scratch
   const Dropout drop(a.ctx, config_.dropout);
+  // Deferred: the layers record their parameter gradients into `defer`
+  // (apply_deferred runs them) and the units are used for reading alone.
+  struct Deferral {
+    ParamStore<T>& s;
+    ~Deferral() { s.set_deferral(nullptr); }
+  } restore{store_};
+  store_.set_deferral(defer);
+  backward_pass_ = defer ? Pass::kBackwardInput : Pass::kBackward;
   if (head_)
     head_backward(a, loss_scale, d_resid, rest);
   else
     std::memcpy(d_resid, d_output, bytes);
   for (size_t i = blocks_.size(); i-- > 0;) block_backward(a, i, d_resid, rest, drop);
   if (embedding_) {
-    store_.before(emb_unit_, Pass::kBackwardGradsOnly);
+    // The lookup's backward writes gradients alone: deferred, all of it waits.
+    if (defer) defer->begin_unit(emb_unit_);
+    if (!defer) store_.before(emb_unit_, Pass::kBackwardGradsOnly);
     embedding_->backward(store_, d_resid, a.tokens, rw, drop);
-    store_.after(emb_unit_, Pass::kBackwardGradsOnly);
+    if (!defer) store_.after(emb_unit_, Pass::kBackwardGradsOnly);
   } else {
     std::memcpy(d_input, d_resid, bytes);
   }
+}
+
+template <typename T>
+std::vector<UnitUse> GptStage<T>::deferred_unit_schedule(const DeferredGrads<T>& d) const {
+  std::vector<UnitUse> s;
+  for (int u : d.units()) s.push_back({u, Pass::kBackwardGradsOnly});
+  return s;
+}
+
+template <typename T>
+void GptStage<T>::apply_deferred(DeferredGrads<T>& d) {
+  const std::vector<int> units = d.units();
+  for (size_t k = 0; k < units.size(); ++k) {
+    store_.before(units[k], Pass::kBackwardGradsOnly);
+    d.run(k, store_);
+    store_.after(units[k], Pass::kBackwardGradsOnly);
+  }
+  d.clear();
 }
 
 template <typename T>
@@ -358,18 +388,21 @@ void GptStage<T>::head_backward(StageActivations<T>& a, double loss_scale, T* d_
   // d(mean loss)/d(loss_n) = 1 / BT, times the caller's scale (accumulation, loss scaling).
   std::vector<T> dloss(static_cast<size_t>(BT), T(loss_scale / static_cast<double>(BT)));
   zero(d_lnf, rw.count * C);
-  store_.before(wte_unit_, Pass::kBackward);
+  DeferredGrads<T>* defer = store_.deferral();
+  if (defer) defer->begin_unit(wte_unit_);
+  store_.before(wte_unit_, backward_pass_);
   if (plan_.head_logits) {
     const auto t0 = std::chrono::steady_clock::now();
     head_->logits_forward(store_, h, rw);  // the same GEMM as forward: the same logits
     recompute_s_ += seconds_since(t0);
   }
   head_->logits_backward(store_, h, a.targets, dloss.data(), d_lnf, rw);
-  store_.after(wte_unit_, Pass::kBackward);
+  store_.after(wte_unit_, backward_pass_);
   zero(d_resid, rw.count * C);
-  store_.before(lnf_unit_, Pass::kBackward);
+  if (defer) defer->begin_unit(lnf_unit_);
+  store_.before(lnf_unit_, backward_pass_);
   head_->norm_backward(store_, h, d_resid, d_lnf, a.output, rw);
-  store_.after(lnf_unit_, Pass::kBackward);
+  store_.after(lnf_unit_, backward_pass_);
 }
 
 template <typename T>
@@ -394,9 +427,10 @@ void GptStage<T>::block_backward(StageActivations<T>& a, size_t i, T* d_resid, T
     Arena<T> rec(a.blocks[i]), rm(room);
     r = block.bind(rec, rm, rw, mode(i));
   }
-  store_.before(u, Pass::kBackward);
+  if (DeferredGrads<T>* defer = store_.deferral()) defer->begin_unit(u);
+  store_.before(u, backward_pass_);
   block.backward(store_, r, x, d_resid, rw, mode(i) == Recompute::kSelective, drop, scratch);
-  store_.after(u, Pass::kBackward);
+  store_.after(u, backward_pass_);
 }
 
 template <typename T>

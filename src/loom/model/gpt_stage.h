@@ -19,6 +19,7 @@
 #include "loom/core/memory.h"
 #include "loom/model/recompute.h"
 #include "loom/nn/block.h"
+#include "loom/nn/deferred_grads.h"
 #include "loom/nn/factory.h"
 #include "loom/nn/param_store.h"
 
@@ -106,8 +107,11 @@ class GptStage {
 
   // Units in the order forward (and then backward) uses them.
   std::vector<UnitUse> unit_schedule(bool backward) const;
-  // Those of backward alone (a pipeline runs it apart from its forward).
-  std::vector<UnitUse> backward_unit_schedule() const;
+  // Those of backward alone (a pipeline runs it apart from its forward);
+  // `deferred`: of a backward whose parameter gradients are deferred.
+  std::vector<UnitUse> backward_unit_schedule(bool deferred = false) const;
+  // Those of apply_deferred(d).
+  std::vector<UnitUse> deferred_unit_schedule(const DeferredGrads<T>& d) const;
   // The unit holding transformer.wte.weight (the embeddings on the first
   // stage, the head's copy on a last stage that is not first); -1: none.
   int wte_unit() const { return embedding_ ? emb_unit_ : wte_unit_; }
@@ -126,9 +130,14 @@ class GptStage {
                  const int32_t* targets, const StepContext& ctx);
   // Accumulates into the gradients the gradient of loss_scale * mean loss.
   // A stage without the head takes d_output (B,T,C), the gradient of its
-  // output; a stage without the embedding writes d_input (B,T,C).
+  // output; a stage without the embedding writes d_input (B,T,C). With
+  // `defer` (zero-bubble's B) only d_input is computed; the parameter
+  // gradients are recorded there for apply_deferred (its W), and the store
+  // `a` may be reused at once.
   void backward(StageActivations<T>& a, double loss_scale, const T* d_output = nullptr,
-                T* d_input = nullptr);
+                T* d_input = nullptr, DeferredGrads<T>* defer = nullptr);
+  // Accumulates the recorded parameter gradients, unit by unit, and clears d.
+  void apply_deferred(DeferredGrads<T>& d);
   // Seconds spent recomputing forwards in backward since the last call.
   double take_recompute_seconds();
 
@@ -175,6 +184,7 @@ class GptStage {
   int emb_unit_ = -1, lnf_unit_ = -1, wte_unit_ = -1;
   RecomputePlan plan_;
   uint64_t plan_id_ = 1;
+  Pass backward_pass_ = Pass::kBackward;  // kBackwardInput while deferring
   // Backward's gradient scratch (workspace) and the shared recompute room
   // (activations), sized for the largest micro-batch seen.
   int64_t work_bt_ = 0;

@@ -1,4 +1,5 @@
 #include "loom/nn/attention.h"
+#include "loom/nn/deferred_grads.h"
 
 #include "loom/kernels/cpu/attention.h"
 #include "loom/kernels/cpu/matmul.h"
@@ -70,12 +71,10 @@ void Attention<T>::backward(const ParamStore<T>& ps, T* record, bool selective, 
   // Selective: the core again from q|k|v, with the same dropout masks.
   if (selective) cpu::attention_forward(r.y, r.lse, r.qkv, B, Tn, C_, NH_, probs);
   zero(d_y, BT * C_);
-  cpu::matmul_backward(d_y, ps.grad(c_proj_w), ps.grad(c_proj_b), dout, r.y, ps.param(c_proj_w), BT,
-                       C_, C_);
+  linear_backward(ps, d_y, c_proj_w, c_proj_b, dout, r.y, BT, C_, C_);
   zero(d_qkv, BT * 3 * C_);
   cpu::attention_backward(d_qkv, d_y, r.qkv, r.y, r.lse, B, Tn, C_, NH_, probs);
-  cpu::matmul_backward(dx, ps.grad(c_attn_w), ps.grad(c_attn_b), d_qkv, x, ps.param(c_attn_w), BT,
-                       C_, 3 * C_);
+  linear_backward(ps, dx, c_attn_w, c_attn_b, d_qkv, x, BT, C_, 3 * C_);
 }
 
 template class Attention<float>;

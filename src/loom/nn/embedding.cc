@@ -1,4 +1,5 @@
 #include "loom/nn/embedding.h"
+#include "loom/nn/deferred_grads.h"
 
 #include "loom/core/error.h"
 #include "loom/kernels/cpu/encoder.h"
@@ -24,7 +25,18 @@ template <typename T>
 void Embedding<T>::backward(const ParamStore<T>& ps, T* dout, const int32_t* tokens,
                             const Rows& rows, const Dropout& drop) const {
   drop.apply(dout, -1, DropoutSite::kEmbedding, rows, C_);
-  cpu::encoder_backward(ps.grad(wte_), ps.grad(wpe_), dout, tokens, rows.B, rows.Tn, C_);
+  const int64_t B = rows.B, Tn = rows.Tn, C = C_;
+  const ParamId wte = wte_, wpe = wpe_;
+  if (DeferredGrads<T>* d = ps.deferral()) {
+    // The lookup's backward writes parameter gradients alone: all of it waits.
+    const T* dy = d->keep(static_cast<const T*>(dout), B * Tn * C);
+    const int32_t* tok = d->keep(tokens, B * Tn);
+    d->add([=](const ParamStore<T>& s) {
+      cpu::encoder_backward(s.grad(wte), s.grad(wpe), dy, tok, B, Tn, C);
+    });
+    return;
+  }
+  cpu::encoder_backward(ps.grad(wte), ps.grad(wpe), dout, tokens, B, Tn, C);
 }
 
 template class Embedding<float>;

@@ -1,4 +1,5 @@
 #include "loom/nn/head.h"
+#include "loom/nn/deferred_grads.h"
 
 #include "loom/kernels/cpu/cross_entropy.h"
 #include "loom/kernels/cpu/matmul.h"
@@ -50,8 +51,7 @@ void Head<T>::logits_backward(const ParamStore<T>& ps, const HeadRecord<T>& r,
   const int64_t BT = rows.all();
   cpu::cross_entropy_backward(r.logits, r.lse, targets, dloss, BT, c_.vocab_size,
                               c_.padded_vocab());
-  cpu::matmul_nt_backward(d_lnf, ps.grad(this->wte_), r.logits, r.lnf, ps.param(this->wte_), BT,
-                          c_.n_embd, c_.padded_vocab());
+  tied_head_backward(ps, d_lnf, this->wte_, r.logits, r.lnf, BT, c_.n_embd, c_.padded_vocab());
 }
 
 template class Head<float>;

@@ -1,4 +1,5 @@
 #include "loom/nn/layernorm.h"
+#include "loom/nn/deferred_grads.h"
 
 #include "loom/kernels/cpu/layernorm.h"
 
@@ -19,8 +20,7 @@ void LayerNorm<T>::forward(const ParamStore<T>& ps, T* out, T* mean, T* rstd, co
 template <typename T>
 void LayerNorm<T>::backward(const ParamStore<T>& ps, T* dx, const T* dout, const T* x,
                             const T* mean, const T* rstd, int64_t N) const {
-  cpu::layernorm_backward(dx, ps.grad(weight), ps.grad(bias), dout, x, ps.param(weight), mean, rstd,
-                          N, C_);
+  layernorm_backward(ps, dx, weight, bias, dout, x, mean, rstd, N, C_);
 }
 
 template class LayerNorm<float>;

@@ -1,4 +1,5 @@
 #include "loom/nn/mlp.h"
+#include "loom/nn/deferred_grads.h"
 
 #include <cstring>
 
@@ -56,12 +57,10 @@ void Mlp<T>::backward(const ParamStore<T>& ps, T* record, bool selective, T* dx,
   T* d_fch = scratch;
   T* d_fch_gelu = scratch + BT * 4 * C_;
   zero(d_fch_gelu, BT * 4 * C_);
-  cpu::matmul_backward(d_fch_gelu, ps.grad(c_proj_w), ps.grad(c_proj_b), dout, fch_gelu,
-                       ps.param(c_proj_w), BT, 4 * C_, C_);
+  linear_backward(ps, d_fch_gelu, c_proj_w, c_proj_b, dout, fch_gelu, BT, 4 * C_, C_);
   zero(d_fch, BT * 4 * C_);
   cpu::gelu_backward(d_fch, fch, d_fch_gelu, BT * 4 * C_);
-  cpu::matmul_backward(dx, ps.grad(c_fc_w), ps.grad(c_fc_b), d_fch, x, ps.param(c_fc_w), BT, C_,
-                       4 * C_);
+  linear_backward(ps, dx, c_fc_w, c_fc_b, d_fch, x, BT, C_, 4 * C_);
 }
 
 template class Mlp<float>;

@@ -18,7 +18,10 @@ namespace loom {
 // Which pass uses a unit: forward and backward read its parameters; a
 // recompute (activation checkpointing) reads them again before backward;
 // the backward of the token and position lookup only writes gradients.
-enum class Pass { kForward, kRecompute, kBackward, kBackwardGradsOnly };
+// A zero-bubble pipeline splits backward: kBackwardInput reads parameters
+// and writes no gradients (they are put off), kBackwardGradsOnly then writes
+// them.
+enum class Pass { kForward, kRecompute, kBackward, kBackwardGradsOnly, kBackwardInput };
 inline bool reads_params(Pass p) {
   return p != Pass::kBackwardGradsOnly;
 }
@@ -46,6 +49,9 @@ struct StoreOptions {
   bool params = true;         // allocate the full parameter buffer
   bool grads = true;          // allocate the full gradient buffer
 };
+
+template <typename T>
+class DeferredGrads;
 
 template <typename T>
 class ParamStore {
@@ -81,6 +87,11 @@ class ParamStore {
   void init_range(uint64_t seed, int64_t begin, int64_t end, T* dst) const;
   void zero_grads();
 
+  // While set, layers compute input gradients and record their parameter
+  // gradients there instead of accumulating them (deferred_grads.h).
+  void set_deferral(DeferredGrads<T>* d) { defer_ = d; }
+  DeferredGrads<T>* deferral() const { return defer_; }
+
   void set_hooks(UnitHooks hooks) { hooks_ = std::move(hooks); }
   void before(int u, Pass pass) const {
     if (hooks_.before) hooks_.before(u, pass);
@@ -96,6 +107,7 @@ class ParamStore {
   Buffer params_, grads_;
   std::vector<T*> unit_params_, unit_grads_;
   UnitHooks hooks_;
+  DeferredGrads<T>* defer_ = nullptr;
 };
 
 extern template class ParamStore<float>;

@@ -44,26 +44,33 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
       const T* x = inp + n * C;
       const T* d = dout + n * C;
       T m = mean[n], s = rstd[n];
-      // dnorm = d * weight; dx = s * (dnorm - mean(dnorm) - xhat * mean(dnorm * xhat)).
-      T dnorm_mean = 0, dnorm_xhat_mean = 0;
-      for (int64_t c = 0; c < C; ++c) {
-        T xhat = (x[c] - m) * s;
-        T dn = d[c] * weight[c];
-        dnorm_mean += dn;
-        dnorm_xhat_mean += dn * xhat;
+      if (dinp != nullptr) {
+        // dnorm = d * weight; dx = s * (dnorm - mean(dnorm) - xhat * mean(dnorm * xhat)).
+        T dnorm_mean = 0, dnorm_xhat_mean = 0;
+        for (int64_t c = 0; c < C; ++c) {
+          T xhat = (x[c] - m) * s;
+          T dn = d[c] * weight[c];
+          dnorm_mean += dn;
+          dnorm_xhat_mean += dn * xhat;
+        }
+        dnorm_mean /= T(C);
+        dnorm_xhat_mean /= T(C);
+        T* dx = dinp + n * C;
+        for (int64_t c = 0; c < C; ++c) {
+          T xhat = (x[c] - m) * s;
+          T dn = d[c] * weight[c];
+          dx[c] += s * (dn - dnorm_mean - xhat * dnorm_xhat_mean);
+        }
       }
-      dnorm_mean /= T(C);
-      dnorm_xhat_mean /= T(C);
-      T* dx = dinp + n * C;
+      if (dweight == nullptr) continue;
       for (int64_t c = 0; c < C; ++c) {
         T xhat = (x[c] - m) * s;
-        T dn = d[c] * weight[c];
-        dx[c] += s * (dn - dnorm_mean - xhat * dnorm_xhat_mean);
         pw[c] += d[c] * xhat;
         pb[c] += d[c];
       }
     }
   }
+  if (dweight == nullptr) return;
   for (int t = 0; t < nthreads; ++t) {
     const T* pw = partial.data() + static_cast<size_t>(t) * 2 * C;
     for (int64_t c = 0; c < C; ++c) {

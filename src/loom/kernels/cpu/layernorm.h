@@ -12,7 +12,8 @@ template <typename T>
 void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias,
                        int64_t N, int64_t C);
 
-// Accumulates dinp (N, C), dweight (C), dbias (C).
+// Accumulates dinp (N, C), dweight (C), dbias (C). dinp may be null (then
+// weight is not read); dweight and dbias are null together.
 template <typename T>
 void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
                         const T* mean, const T* rstd, int64_t N, int64_t C);

@@ -53,7 +53,7 @@ template <typename T>
 void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
                      int64_t N, int64_t C, int64_t OC) {
   if (dinp != nullptr) gemm<T>(false, true, N, C, OC, T(1), dout, OC, weight, OC, T(1), dinp, C);
-  gemm<T>(true, false, C, OC, N, T(1), inp, C, dout, OC, T(1), dweight, OC);
+  if (dweight != nullptr) gemm<T>(true, false, C, OC, N, T(1), inp, C, dout, OC, T(1), dweight, OC);
   if (dbias == nullptr) return;
   // Column sums, split by column blocks so threads never share an output.
   constexpr int64_t kBlock = 64;
@@ -77,8 +77,8 @@ void matmul_nt_forward(T* out, const T* inp, const T* weight, int64_t N, int64_t
 template <typename T>
 void matmul_nt_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight,
                         int64_t N, int64_t C, int64_t V) {
-  gemm<T>(false, false, N, C, V, T(1), dout, V, weight, C, T(1), dinp, C);
-  gemm<T>(true, false, V, C, N, T(1), dout, V, inp, C, T(1), dweight, C);
+  if (dinp != nullptr) gemm<T>(false, false, N, C, V, T(1), dout, V, weight, C, T(1), dinp, C);
+  if (dweight != nullptr) gemm<T>(true, false, V, C, N, T(1), dout, V, inp, C, T(1), dweight, C);
 }
 
 #define LOOM_INSTANTIATE(T)                                                                     \

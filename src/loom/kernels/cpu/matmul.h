@@ -18,7 +18,8 @@ void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int64_
                     int64_t OC);
 
 // Accumulates: dinp (N, C) += dout @ weight^T; dweight (C, OC) += inp^T @ dout;
-// dbias (OC) += column sums of dout. dinp or dbias may be null.
+// dbias (OC) += column sums of dout. Any of dinp, dweight, dbias may be
+// null (then weight, or inp, is not read).
 template <typename T>
 void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
                      int64_t N, int64_t C, int64_t OC);
@@ -28,6 +29,7 @@ template <typename T>
 void matmul_nt_forward(T* out, const T* inp, const T* weight, int64_t N, int64_t C, int64_t V);
 
 // Accumulates: dinp (N, C) += dout (N, V) @ weight; dweight (V, C) += dout^T @ inp.
+// Either may be null (then weight, or inp, is not read).
 template <typename T>
 void matmul_nt_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight,
                         int64_t N, int64_t C, int64_t V);

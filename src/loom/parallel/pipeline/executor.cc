@@ -183,14 +183,35 @@ void Executor::backward(const Instr& in, size_t pos, double loss_scale, ExecStat
   }
   const auto t = Clock::now();
   GptStage<float>& stage = *c.ref.stage;
-  c.ref.zero->begin_micro_batch(stage.backward_unit_schedule(),
+  // Zero-bubble's B: the parameter gradients wait in this micro-batch's
+  // record for its W; the activation store is free after B either way.
+  DeferredGrads<float>* defer = nullptr;
+  if (in.op == Op::kBackwardInput) {
+    auto& d = c.deferred[m];
+    if (!d) d = std::make_unique<DeferredGrads<float>>();
+    defer = d.get();
+  }
+  c.ref.zero->begin_micro_batch(stage.backward_unit_schedule(defer != nullptr),
                                 static_cast<int>(pos) == c.last_backward);
-  stage.backward(s.acts, loss_scale, d_output, d_input);
+  stage.backward(s.acts, loss_scale, d_output, d_input, defer);
   c.ref.zero->end_micro_batch();
   st.backward += seconds(t, Clock::now());
   if (d_output) in_use_[static_cast<size_t>(c.grad_in[m])] = false;
   s.busy = false;
   c.slot_of[m] = -1;
+}
+
+void Executor::backward_weights(const Instr& in, size_t pos, ExecStats& st) {
+  Chunk& c = chunks_[static_cast<size_t>(in.chunk)];
+  auto& d = c.deferred[static_cast<size_t>(in.micro)];
+  LOOM_CHECK(d && !d->empty(), "W of micro-batch {} chunk {} before its B", in.micro, in.chunk);
+  const auto t = Clock::now();
+  GptStage<float>& stage = *c.ref.stage;
+  c.ref.zero->begin_micro_batch(stage.deferred_unit_schedule(*d),
+                                static_cast<int>(pos) == c.last_backward);
+  stage.apply_deferred(*d);
+  c.ref.zero->end_micro_batch();
+  st.backward += seconds(t, Clock::now());
 }
 
 ExecStats Executor::run(const std::vector<Instr>& list, const std::vector<MicroBatch>& mbs,
@@ -204,6 +225,7 @@ ExecStats Executor::run(const std::vector<Instr>& list, const std::vector<MicroB
     c.act_in.assign(m, -1);
     c.grad_in.assign(m, -1);
     c.grad_out.assign(m, -1);
+    c.deferred.resize(m);
   }
   ExecStats st;
   trace_.clear();
@@ -224,11 +246,12 @@ ExecStats Executor::run(const std::vector<Instr>& list, const std::vector<MicroB
         forward(in, mbs[static_cast<size_t>(in.micro)], training, st);
         break;
       case Op::kBackward:
+      case Op::kBackwardInput:
         backward(in, pos, loss_scale, st);
         break;
-      case Op::kBackwardInput:
       case Op::kBackwardWeight:
-        LOOM_FAIL(kUnsupported, "the executor has no split backward for {}", in.describe());
+        backward_weights(in, pos, st);
+        break;
       case Op::kReduceGrads:
         if (on_reduce) on_reduce();
         break;

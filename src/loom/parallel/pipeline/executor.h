@@ -94,6 +94,7 @@ class Executor {
     std::vector<int> slot_of;                    // per micro-batch, -1 when none
     std::vector<int> act_in, grad_in, grad_out;  // pool entries per micro-batch
     int last_backward = -1;                      // the list position of its final backward
+    std::vector<std::unique_ptr<DeferredGrads<float>>> deferred;  // zero-bubble: per micro-batch
   };
 
   ExecStats run(const std::vector<Instr>& list, const std::vector<MicroBatch>& mbs,
@@ -102,6 +103,7 @@ class Executor {
   void post_recv(const Instr& in);
   void forward(const Instr& in, const MicroBatch& mb, bool training, ExecStats& st);
   void backward(const Instr& in, size_t pos, double loss_scale, ExecStats& st);
+  void backward_weights(const Instr& in, size_t pos, ExecStats& st);
   void send(const Instr& in, ExecStats& st);
   int take_slot(Chunk& c);
   int take_buffer();

@@ -1,4 +1,5 @@
 #include "loom/parallel/tensor/linear.h"
+#include "loom/nn/deferred_grads.h"
 
 #include <vector>
 
@@ -26,8 +27,7 @@ void ColumnParallelLinear::forward(const ParamStore<float>& ps, float* y, const 
 
 void ColumnParallelLinear::backward(const ParamStore<float>& ps, float* dx_partial, const float* dy,
                                     const float* x, int64_t N) const {
-  cpu::matmul_backward(dx_partial, ps.grad(weight), ps.grad(bias), dy, x, ps.param(weight), N, in_,
-                       local_out());
+  linear_backward(ps, dx_partial, weight, bias, dy, x, N, in_, local_out());
 }
 
 void ColumnParallelLinear::forward_gathered(const ParamStore<float>& ps, float* y, const float* x,
@@ -85,8 +85,7 @@ void RowParallelLinear::forward_rows(const ParamStore<float>& ps, float* y_rows,
 
 void RowParallelLinear::backward(const ParamStore<float>& ps, float* dx_local, const float* dy,
                                  const float* x_local, int64_t N) const {
-  cpu::matmul_backward(dx_local, ps.grad(weight), ps.grad(bias), dy, x_local, ps.param(weight), N,
-                       local_in(), out_);
+  linear_backward(ps, dx_local, weight, bias, dy, x_local, N, local_in(), out_);
 }
 
 }  // namespace loom::tp

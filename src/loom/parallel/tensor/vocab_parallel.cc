@@ -1,4 +1,5 @@
 #include "loom/parallel/tensor/vocab_parallel.h"
+#include "loom/nn/deferred_grads.h"
 
 #include <algorithm>
 #include <cmath>
@@ -81,7 +82,17 @@ void VocabParallelEmbedding::backward(const ParamStore<float>& ps, float* dout,
   }
   // The single-process lookup's backward over this rank's vocabulary rows;
   // wpe is whole on every rank and every rank has the whole gradient.
-  cpu::encoder_backward_rows(ps.grad(wte_), ps.grad(wpe_), dout, tokens, B, Tn, C_, v0_, v1_);
+  const int64_t C = C_, v0 = v0_, v1 = v1_;
+  const ParamId wte = wte_, wpe = wpe_;
+  if (DeferredGrads<float>* d = ps.deferral()) {
+    const float* dy = d->keep(static_cast<const float*>(dout), BT * C);
+    const int32_t* tok = d->keep(tokens, BT);
+    d->add([=](const ParamStore<float>& s) {
+      cpu::encoder_backward_rows(s.grad(wte), s.grad(wpe), dy, tok, B, Tn, C, v0, v1);
+    });
+    return;
+  }
+  cpu::encoder_backward_rows(ps.grad(wte), ps.grad(wpe), dout, tokens, B, Tn, C, v0, v1);
 }
 
 VocabParallelHead::VocabParallelHead(std::unique_ptr<LayerNorm<float>> ln, const GptConfig& c,
@@ -170,8 +181,8 @@ void VocabParallelHead::logits_backward(const ParamStore<float>& ps, const HeadR
   // group (reduce-scattered to this rank's rows when the sequence is split).
   const int64_t C = c_.n_embd;
   Buffer part(static_cast<size_t>(BT * C) * sizeof(float), MemCategory::kWorkspace);
-  cpu::matmul_nt_backward(part.as<float>(), ps.grad(wte_), r.logits, r.lnf_all, ps.param(wte_), BT,
-                          C, Vl_);
+  zero(part.as<float>(), BT * C);
+  tied_head_backward(ps, part.as<float>(), wte_, r.logits, r.lnf_all, BT, C, Vl_);
   if (rows.split()) {
     Buffer mine(static_cast<size_t>(rows.count * C) * sizeof(float), MemCategory::kWorkspace);
     g_.reduce_scatter(part.as<float>(), mine.as<float>(), rows.count * C);
@@ -186,12 +197,9 @@ void SequenceParallelLayerNorm::backward(const ParamStore<float>& ps, float* dx,
                                          const float* x, const float* mean, const float* rstd,
                                          int64_t N) const {
   // This rank's rows' share of the parameter gradients, summed over the group.
-  std::vector<float> part(static_cast<size_t>(2 * C_), 0.0f);
-  cpu::layernorm_backward(dx, part.data(), part.data() + C_, dout, x, ps.param(weight), mean, rstd,
-                          N, C_);
-  g_.sum(part.data(), 2 * C_);
-  cpu::add_inplace(ps.grad(weight), part.data(), C_);
-  cpu::add_inplace(ps.grad(bias), part.data() + C_, C_);
+  const Group* g = &g_;  // outlives a deferred call: the layer does
+  layernorm_backward<float>(ps, dx, weight, bias, dout, x, mean, rstd, N, C_,
+                            [g](float* part, int64_t n) { g->sum(part, n); });
 }
 
 }  // namespace loom::tp

@@ -1,0 +1,130 @@
+#include "loom/nn/deferred_grads.h"
+
+#include <cstring>
+
+#include "loom/core/error.h"
+#include "loom/kernels/cpu/elementwise.h"
+#include "loom/kernels/cpu/layernorm.h"
+#include "loom/kernels/cpu/matmul.h"
+
+namespace loom {
+
+template <typename T>
+template <typename E>
+const E* DeferredGrads<T>::keep(const E* src, int64_t n) {
+  kept_.emplace_back(static_cast<size_t>(n) * sizeof(E), MemCategory::kActivations);
+  std::memcpy(kept_.back().data(), src, static_cast<size_t>(n) * sizeof(E));
+  return kept_.back().template as<E>();
+}
+
+template <typename T>
+void DeferredGrads<T>::add(Work w) {
+  LOOM_CHECK(unit_ >= 0, "deferred gradient work outside a unit");
+  if (segments_.empty() || segments_.back().unit != unit_) segments_.push_back({unit_, {}});
+  segments_.back().work.push_back(std::move(w));
+}
+
+template <typename T>
+std::vector<int> DeferredGrads<T>::units() const {
+  std::vector<int> u;
+  for (const Segment& s : segments_) u.push_back(s.unit);
+  return u;
+}
+
+template <typename T>
+void DeferredGrads<T>::run(size_t k, const ParamStore<T>& ps) const {
+  for (const Work& w : segments_.at(k).work) w(ps);
+}
+
+template <typename T>
+void DeferredGrads<T>::clear() {
+  segments_.clear();
+  kept_.clear();
+  unit_ = -1;
+}
+
+template <typename T>
+void linear_backward(const ParamStore<T>& ps, T* dinp, ParamId w, ParamId b, const T* dout,
+                     const T* inp, int64_t N, int64_t C, int64_t OC) {
+  DeferredGrads<T>* d = ps.deferral();
+  if (!d) {
+    cpu::matmul_backward(dinp, ps.grad(w), b.valid() ? ps.grad(b) : nullptr, dout, inp, ps.param(w),
+                         N, C, OC);
+    return;
+  }
+  if (dinp) cpu::matmul_backward<T>(dinp, nullptr, nullptr, dout, nullptr, ps.param(w), N, C, OC);
+  const T* dy = d->keep(dout, N * OC);
+  const T* x = d->keep(inp, N * C);
+  d->add([=](const ParamStore<T>& s) {
+    cpu::matmul_backward<T>(nullptr, s.grad(w), b.valid() ? s.grad(b) : nullptr, dy, x, nullptr, N,
+                            C, OC);
+  });
+}
+
+template <typename T>
+void tied_head_backward(const ParamStore<T>& ps, T* dinp, ParamId wte, const T* dout, const T* inp,
+                        int64_t N, int64_t C, int64_t V) {
+  DeferredGrads<T>* d = ps.deferral();
+  if (!d) {
+    cpu::matmul_nt_backward(dinp, ps.grad(wte), dout, inp, ps.param(wte), N, C, V);
+    return;
+  }
+  cpu::matmul_nt_backward<T>(dinp, nullptr, dout, nullptr, ps.param(wte), N, C, V);
+  const T* dy = d->keep(dout, N * V);
+  const T* x = d->keep(inp, N * C);
+  d->add([=](const ParamStore<T>& s) {
+    cpu::matmul_nt_backward<T>(nullptr, s.grad(wte), dy, x, nullptr, N, C, V);
+  });
+}
+
+template <typename T>
+void layernorm_backward(const ParamStore<T>& ps, T* dx, ParamId w, ParamId b, const T* dout,
+                        const T* x, const T* mean, const T* rstd, int64_t N, int64_t C,
+                        const std::function<void(T*, int64_t)>& reduce) {
+  // The parameter gradients: into the store's, or summed apart when they
+  // still have to be added over the ranks splitting the rows.
+  auto params = [=](const ParamStore<T>& s, const T* dy, const T* xs, const T* mu, const T* rs) {
+    if (!reduce) {
+      cpu::layernorm_backward<T>(nullptr, s.grad(w), s.grad(b), dy, xs, nullptr, mu, rs, N, C);
+      return;
+    }
+    std::vector<T> part(static_cast<size_t>(2 * C), T(0));
+    cpu::layernorm_backward<T>(nullptr, part.data(), part.data() + C, dy, xs, nullptr, mu, rs, N,
+                               C);
+    reduce(part.data(), 2 * C);
+    cpu::add_inplace(s.grad(w), part.data(), C);
+    cpu::add_inplace(s.grad(b), part.data() + C, C);
+  };
+  DeferredGrads<T>* d = ps.deferral();
+  if (!d && !reduce) {
+    cpu::layernorm_backward(dx, ps.grad(w), ps.grad(b), dout, x, ps.param(w), mean, rstd, N, C);
+    return;
+  }
+  cpu::layernorm_backward<T>(dx, nullptr, nullptr, dout, x, ps.param(w), mean, rstd, N, C);
+  if (!d) {
+    params(ps, dout, x, mean, rstd);
+    return;
+  }
+  const T* dy = d->keep(dout, N * C);
+  const T* xs = d->keep(x, N * C);
+  const T* mu = d->keep(mean, N);
+  const T* rs = d->keep(rstd, N);
+  d->add([=](const ParamStore<T>& s) { params(s, dy, xs, mu, rs); });
+}
+
+#define LOOM_INSTANTIATE(T)                                                                        \
+  template class DeferredGrads<T>;                                                                 \
+  template const T* DeferredGrads<T>::keep<T>(const T*, int64_t);                                  \
+  template const int32_t* DeferredGrads<T>::keep<int32_t>(const int32_t*, int64_t);                \
+  template void linear_backward<T>(const ParamStore<T>&, T*, ParamId, ParamId, const T*, const T*, \
+                                   int64_t, int64_t, int64_t);                                     \
+  template void tied_head_backward<T>(const ParamStore<T>&, T*, ParamId, const T*, const T*,       \
+                                      int64_t, int64_t, int64_t);                                  \
+  template void layernorm_backward<T>(const ParamStore<T>&, T*, ParamId, ParamId, const T*,        \
+                                      const T*, const T*, const T*, int64_t, int64_t,              \
+                                      const std::function<void(T*, int64_t)>&);
+LOOM_INSTANTIATE(float)
+LOOM_INSTANTIATE(double)
+#undef LOOM_INSTANTIATE
+
+}  // namespace loom
