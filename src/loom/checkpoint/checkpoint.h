@@ -56,8 +56,10 @@ TrainerState read_trainer_state(const std::string& dir);
 
 // Loads parameters (and the moments, into buffers laid out like the stage's
 // flat parameters, when given) after verifying; shapes must match the model.
-// A split parameter takes its slice of the whole tensor, so a checkpoint
-// loads under any tensor-parallel size. Returns the trainer state.
+// A split parameter takes its slice of the whole tensor and a pipeline
+// stage the parameters it holds (a last stage's wte copy from
+// transformer.wte.weight), so a checkpoint loads under any tensor- and
+// pipeline-parallel size. Returns the trainer state.
 TrainerState load_checkpoint(const std::string& dir, GptStage<float>& model,
                              float* exp_avg = nullptr, float* exp_avg_sq = nullptr);
 
