@@ -55,6 +55,13 @@ grep -q "comm timeout: allreduce #2 (1000 x f32, sum) in group 'world'" "$WORK/o
 grep -q "ranks that had not arrived: 1 (world 1, at #1)" "$WORK/out.txt" ||
   fail "late rank not named: $(cat "$WORK/out.txt")"
 echo "ok: late rank"
+# 3b. A point-to-point message that never comes: the report names it and
+# the peer (not the collective counters, which it does not move).
+start "$PROBE" p2p
+finish_within 30
+grep -q "comm timeout: pipeline receive of the activation of micro-batch 3 (chunk 0) from stage 0: recv #1 (1000 x f32, peer 0) in group 'world' did not complete within comm.timeout_s = 2 s: its peer, rank 0 of the group (world rank 0), never posted the matching send" "$WORK/out.txt" ||
+  fail "no point-to-point timeout report: $(cat "$WORK/out.txt")"
+echo "ok: point-to-point timeout"
 # 4. kill -9 of a rank during a data-parallel training run.
 cat > "$WORK/train.json" <<JSON
 {"train_batch_size": 8, "model": {"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 256, "seq_len": 32},
@@ -67,4 +74,16 @@ kill -9 "$(rank_pid 3)"
 finish_within 30
 grep -q "exited on signal 9" "$WORK/out.txt" || fail "no report of the killed rank: $(cat "$WORK/out.txt")"
 echo "ok: kill -9 during training"
+# 5. A frozen stage in a 4-stage pipeline: the job ends with a timeout that
+# names it (its neighbours' messages, or a collective it never joined).
+start "$LOOM" train --config "$WORK/train.json" --out "$WORK/pp" --set parallel.pipeline=4 \
+  --set gradient_accumulation_steps=4 --set model.n_layer=4 --set comm.timeout_s=3
+sleep 4
+frozen=$(rank_pid 2)
+kill -STOP "$frozen"
+finish_within 40
+kill -9 "$frozen" 2>/dev/null || true
+grep -Eq "comm timeout: .*(from stage 2|to stage 2|rank 2 of the group|2 \(world 2)" "$WORK/out.txt" ||
+  fail "no timeout naming the frozen stage: $(cat "$WORK/out.txt")"
+echo "ok: frozen pipeline stage"
 echo PASS

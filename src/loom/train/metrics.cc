@@ -108,8 +108,12 @@ void Progress::summary(const std::vector<StepResult>& results, double elapsed, d
   if (val) std::printf(" (val %.4f)", *val);
   std::printf(", median %.0f tokens/s, MFU %.1f%% of %.0f GFLOP/s\n", tps[tps.size() / 2],
               100.0 * results.back().mfu, peak_gflops);
-  if (!out_dir.empty())
-    std::printf("loom: run folder %s (metrics.jsonl, config.resolved.json)\n", out_dir.c_str());
+  if (!out_dir.empty()) {
+    std::error_code ec;
+    const bool trace = std::filesystem::exists(std::filesystem::path(out_dir) / "trace.json", ec);
+    std::printf("loom: run folder %s (metrics.jsonl, config.resolved.json%s)\n", out_dir.c_str(),
+                trace ? ", trace.json" : "");
+  }
   std::fflush(stdout);
 }
 

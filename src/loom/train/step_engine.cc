@@ -75,7 +75,7 @@ StepEngine::StepEngine(const Config& config, ParallelContext ctx)
   }
   if (schedule) {
     executor_ = std::make_unique<pp::Executor>(*schedule, stage, refs, ctx_.pp, B, Tn);
-    executor_->set_tracing(config_.log.trace);
+    executor_->set_tracing(config_.log.trace, std::chrono::steady_clock::now());
   } else {
     acts_ = chunks_[0].stage->make_activations(B, Tn);
   }

@@ -8,6 +8,7 @@
 // from the ParallelContext passed in; nothing is global.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -56,8 +57,12 @@ class StepEngine {
   const Config& config() const { return config_; }
   bool pipelined() const { return executor_ != nullptr; }
   const PartitionReport& partition() const { return partition_; }
-  // The last pipelined step's instructions as they ran (log.trace).
+  // The last pipelined step's instructions as they ran (log.trace), in
+  // seconds from the origin set here (take it after a barrier).
   const std::vector<pp::TraceSlice>& trace() const;
+  void set_trace_origin(std::chrono::steady_clock::time_point origin) {
+    if (executor_) executor_->set_tracing(config_.log.trace, origin);
+  }
 
   // Runs optimizer step `step` (0-based) at learning rate `lr` over the
   // global batch `data` yields for it.

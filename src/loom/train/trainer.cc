@@ -26,7 +26,9 @@ using nlohmann::json;
 
 namespace {
 
-constexpr int kAssembleTag = 7101;  // checkpoint assembly's point-to-point messages
+constexpr int kAssembleTag = 7101;   // checkpoint assembly's point-to-point messages
+constexpr int kTraceTag = 7102;      // trace slices to the writer
+constexpr int64_t kTraceSteps = 20;  // steps a trace keeps (the first ones)
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -273,6 +275,72 @@ void Trainer::save_pipelined(double lr) {
     std::printf("loom: checkpoint %s\n", dir.c_str());
 }
 
+void Trainer::keep_trace(int64_t step) {
+  if (step > kTraceSteps) return;
+  for (const pp::TraceSlice& s : engine_->trace())
+    trace_.insert(trace_.end(), {double(step), s.start, s.end, double(static_cast<int>(s.instr.op)),
+                                 double(s.instr.micro), double(s.instr.chunk)});
+}
+
+void Trainer::write_trace() {
+  // Every rank's slices to the writer, as raw 8-byte words.
+  const ParallelContext& ctx = options_.parallel;
+  std::vector<std::vector<double>> ranks;
+  if (ctx.world) {
+    const size_t mine = trace_.size();
+    const std::vector<size_t> counts = all_gather_words(*ctx.world, &mine, 1);
+    if (writer_) {
+      for (int r = 0; r < ctx.world->size(); ++r) {
+        if (r == ctx.world->rank()) {
+          ranks.push_back(trace_);
+          continue;
+        }
+        std::vector<double> v(counts[static_cast<size_t>(r)]);
+        if (!v.empty()) ctx.world->recv(v.data(), 2 * v.size(), DType::kF32, r, kTraceTag)->wait();
+        ranks.push_back(std::move(v));
+      }
+    } else if (mine > 0) {
+      ctx.world->send(trace_.data(), 2 * mine, DType::kF32, 0, kTraceTag)->wait();
+    }
+  } else {
+    ranks.push_back(trace_);
+  }
+  if (!writer_ || options_.out_dir.empty()) return;
+  // Chrome trace JSON (Perfetto, chrome://tracing): a process per rank, a
+  // complete event per instruction, microseconds.
+  json events = json::array();
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const GridCoord c = ctx.grid.coord(static_cast<int>(r));
+    const int pid = static_cast<int>(r);
+    events.push_back(
+        {{"name", "process_name"},
+         {"ph", "M"},
+         {"pid", pid},
+         {"args", {{"name", format("rank {}: stage {} (tp {}, dp {})", r, c.pp, c.tp, c.dp)}}}});
+    events.push_back({{"name", "process_sort_index"},
+                      {"ph", "M"},
+                      {"pid", pid},
+                      {"args", {{"sort_index", pid}}}});
+    const std::vector<double>& v = ranks[r];
+    for (size_t k = 0; k + 6 <= v.size(); k += 6) {
+      const pp::Instr in{static_cast<pp::Op>(static_cast<int>(v[k + 3])),
+                         static_cast<int>(v[k + 4]), static_cast<int>(v[k + 5])};
+      json args = {{"step", static_cast<int64_t>(v[k])}};
+      if (in.micro >= 0) args["micro_batch"] = in.micro, args["chunk"] = in.chunk;
+      events.push_back({{"name", in.describe()},
+                        {"cat", pp::op_name(in.op)},
+                        {"ph", "X"},
+                        {"ts", v[k + 1] * 1e6},
+                        {"dur", (v[k + 2] - v[k + 1]) * 1e6},
+                        {"pid", pid},
+                        {"tid", 0},
+                        {"args", args}});
+    }
+  }
+  json trace = {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
+  write_file_atomic((fs::path(options_.out_dir) / "trace.json").string(), trace.dump() + "\n");
+}
+
 std::vector<StepResult> Trainer::run() {
   if (writer_ && !options_.out_dir.empty()) open_run_folder();
   if (!options_.quiet) describe_run();
@@ -284,8 +352,15 @@ std::vector<StepResult> Trainer::run() {
   // Every rank takes part in a save (gathers over the data- and
   // tensor-parallel groups); world rank 0 writes.
   const bool checkpoints = every > 0 && !checkpoint_root().empty();
+  const bool tracing = config_.log.trace && engine_->pipelined();
+  if (tracing) {
+    // One origin for every rank's timeline: right after a barrier.
+    if (options_.parallel.world) options_.parallel.world->barrier()->wait();
+    engine_->set_trace_origin(std::chrono::steady_clock::now());
+  }
   while (step_ < total) {
     StepResult r = train_step();
+    if (tracing) keep_trace(r.step);
     const int64_t eval = config_.train.eval_every;
     if (eval > 0 && (r.step % eval == 0 || r.step == total)) r.val_loss = evaluate();
     r.mem = engine_->peak_memory_over_ranks();
@@ -294,6 +369,7 @@ std::vector<StepResult> Trainer::run() {
     progress_->show(r, seconds_since(t0), static_cast<int64_t>(results.size()));
     if (checkpoints && (r.step % every == 0 || r.step == total)) save(r.lr);
   }
+  if (tracing) write_trace();
   // The closing sample decodes on rank 0 from full parameters; at stage 3
   // every rank takes part in gathering them.
   const TrainConfig& t = config_.train;

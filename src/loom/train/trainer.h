@@ -63,6 +63,10 @@ class Trainer {
  private:
   void load_initial_state(uint64_t seed);
   void save_pipelined(double lr);
+  // log.trace: keeps the step's pipeline instructions; write_trace gathers
+  // every rank's on the writer and writes trace.json (collective).
+  void keep_trace(int64_t step);
+  void write_trace();
   void open_run_folder();
   std::string checkpoint_root() const;
   void describe_run() const;
@@ -80,6 +84,7 @@ class Trainer {
   double peak_gflops_ = 0;
   int64_t step_ = 0;
   MetricsLog metrics_;
+  std::vector<double> trace_;  // per slice: step, start, end, op, micro, chunk
   std::unique_ptr<Progress> progress_;
 };
 

@@ -260,7 +260,7 @@ ExecStats Executor::run(const std::vector<Instr>& list, const std::vector<MicroB
         break;
     }
     if (tracing_ && (is_compute(in.op) || in.op == Op::kReduceGrads || in.op == Op::kOptimizerStep))
-      trace_.push_back({in, seconds(t0_, t), seconds(t0_, Clock::now())});
+      trace_.push_back({in, seconds(origin_, t), seconds(origin_, Clock::now())});
   }
   // Every buffer is quiet before the caller touches the model again.
   for (Pooled& p : pool_) {

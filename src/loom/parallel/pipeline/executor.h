@@ -52,7 +52,9 @@ struct ExecStats {
   double idle() const { return total - forward - backward; }
 };
 
-// One instruction as it ran, for the timeline (seconds from the run's start).
+// One instruction as it ran, for the timeline (seconds from the tracing
+// origin; ranks on one machine share the monotonic clock, and the caller
+// takes the origin right after a barrier).
 struct TraceSlice {
   Instr instr;
   double start = 0, end = 0;
@@ -75,7 +77,10 @@ class Executor {
   // Forwards alone, every micro-batch through every part, for evaluation.
   ExecStats evaluate(const std::vector<MicroBatch>& mbs);
   // The last run's instructions as they ran (kept when tracing is on).
-  void set_tracing(bool on) { tracing_ = on; }
+  void set_tracing(bool on, std::chrono::steady_clock::time_point origin) {
+    tracing_ = on;
+    origin_ = origin;
+  }
   const std::vector<TraceSlice>& trace() const { return trace_; }
 
  private:
@@ -121,7 +126,7 @@ class Executor {
   std::vector<Instr> eval_list_;
   bool tracing_ = false;
   std::vector<TraceSlice> trace_;
-  std::chrono::steady_clock::time_point t0_;
+  std::chrono::steady_clock::time_point t0_, origin_;
 };
 
 }  // namespace loom::pp
