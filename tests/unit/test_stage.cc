@@ -89,6 +89,61 @@ TEST(Stage, TwoStagesBackToBackTrainLikeOne) {
   }
 }
 
+// Zero-bubble's split backward: B gives the input gradient and writes no
+// parameter gradient; W, run after the store has been reused by another
+// forward, gives every parameter gradient of an undivided backward bitwise.
+TEST(Stage, SplitBackwardGivesTheSameGradientsBitwise) {
+  const GptConfig c = tiny(0.1f, 4);
+  const int64_t B = 2, T = 16, BT = B * T, C = c.n_embd;
+  auto in = tokens(BT, c.vocab_size, 1), tg = tokens(BT, c.vocab_size, 2);
+  auto other = tokens(BT, c.vocab_size, 3);
+  const StepContext ctx{7, 3, 40, true};
+  for (auto policy :
+       {CheckpointPolicy::kNone, CheckpointPolicy::kFull, CheckpointPolicy::kSelective}) {
+    SCOPED_TRACE(CheckpointPolicy::name(policy));
+    using Result = std::pair<std::vector<float>, std::map<std::string, std::vector<float>>>;
+    auto run = [&](bool split) -> Result {
+      GptStage<float> first(c, StageSpec{0, 2}), second(c, StageSpec{2, 4});
+      CheckpointPolicy p;
+      p.kind = policy;
+      for (GptStage<float>* st : {&first, &second}) {
+        st->set_plan(st->plan(p, B, T));
+        st->init(9);
+        st->zero_grads();
+      }
+      auto af = first.make_activations(B, T);
+      auto as = second.make_activations(B, T);
+      first.forward(af, in.data(), nullptr, nullptr, ctx);
+      second.forward(as, nullptr, af.output, tg.data(), ctx);
+      std::vector<float> d_mid(static_cast<size_t>(BT * C));
+      DeferredGrads<float> d1, d2;
+      second.backward(as, 1.0, nullptr, d_mid.data(), split ? &d2 : nullptr);
+      first.backward(af, 1.0, d_mid.data(), nullptr, split ? &d1 : nullptr);
+      if (split) {
+        for (const GptStage<float>* st : {&first, &second})
+          for (const auto& [name, g] : grads_by_name(*st))
+            for (float x : g) EXPECT_EQ(x, 0.0f) << name << " written in B";
+        // The stores are free after B: another micro-batch overwrites them.
+        first.forward(af, other.data(), nullptr, nullptr, ctx);
+        second.forward(as, nullptr, af.output, tg.data(), ctx);
+        std::vector<UnitUse> w = first.deferred_unit_schedule(d1);
+        EXPECT_FALSE(w.empty());
+        if (!w.empty()) EXPECT_EQ(w.back().unit, first.wte_unit());  // the lookup's, last
+        for (const UnitUse& u : w) EXPECT_EQ(u.pass, Pass::kBackwardGradsOnly);
+        second.apply_deferred(d2);
+        first.apply_deferred(d1);
+        EXPECT_TRUE(d1.empty() && d2.empty());
+      }
+      auto g = grads_by_name(first);
+      for (auto& [name, v] : grads_by_name(second)) g["second." + name] = v;
+      return std::make_pair(d_mid, g);
+    };
+    const auto whole = run(false), split = run(true);
+    EXPECT_EQ(whole.first, split.first) << "input gradient";
+    EXPECT_TRUE(whole.second == split.second) << "parameter gradients";
+  }
+}
+
 TEST(Stage, MicroBatchesInFlightKeepTheirOwnActivations) {
   const GptConfig c = tiny(0.1f, 2);
   const int64_t B = 2, T = 16, BT = B * T;
