@@ -151,6 +151,9 @@ std::vector<Layout> layouts(int world) {
     pipeline.push_back({"pp 2 x dp 2, zero-3, interleaved v 2",
                         {"parallel.pipeline=2", acc4, "zero_optimization.stage=3",
                          "parallel.schedule=interleaved", "parallel.virtual_stages=2"}});
+    pipeline.push_back({"pp 2 x dp 2, zero-3, zero_bubble",
+                        {"parallel.pipeline=2", acc4, "zero_optimization.stage=3",
+                         "parallel.schedule=zero_bubble"}});
     pipeline.push_back({"pp 2 x tp 2, 1f1b", {"parallel.pipeline=2", "parallel.tensor=2", acc4}});
     pipeline.push_back(
         {"pp 2 x tp 2, sequence parallel, zero_bubble, full recompute",

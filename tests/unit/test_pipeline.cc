@@ -265,6 +265,9 @@ TEST(Config, PipelineKeysAreChecked) {
       "parallel.partition sums to 3 layers but model.n_layer is 4");
   has(config_error({"parallel.pipeline=2", "parallel.virtual_stages=2"}, 2),
       "parallel.virtual_stages 2 needs parallel.schedule interleaved");
+  has(config_error({"parallel.schedule=interleaved", "parallel.virtual_stages=2"}, 1),
+      "parallel.virtual_stages 2 interleaves chunks over pipeline stages; it needs "
+      "parallel.pipeline > 1");
   has(config_error({"parallel.pipeline=2", "parallel.schedule=pipedream"}, 2),
       "parallel.schedule: unknown value \"pipedream\"");
   has(config_error({"parallel.pipeline=2", "parallel.partition=even"}, 2),

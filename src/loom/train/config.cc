@@ -357,6 +357,10 @@ void resolve_pipeline(Config& c, const json& j, const std::string& source) {
   if (p.virtual_stages > 1 && kind != pp::ScheduleKind::kInterleaved)
     fail(source, format("parallel.virtual_stages {} needs parallel.schedule interleaved (it is {})",
                         p.virtual_stages, p.schedule));
+  if (p.virtual_stages > 1 && p.pipeline == 1)
+    fail(source, format("parallel.virtual_stages {} interleaves chunks over pipeline stages; it "
+                        "needs parallel.pipeline > 1",
+                        p.virtual_stages));
   const int parts = p.pipeline * p.virtual_stages;
   try {
     if (p.virtual_stages > 1 && c.model.n_layer % parts != 0)

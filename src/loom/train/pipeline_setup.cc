@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 #include <vector>
 
 #include "loom/core/error.h"
@@ -92,19 +93,30 @@ PartitionReport resolve_partition(const Config& config, const ParallelContext& c
   // Measured on one rank (ranks timing at once would share the cores) and
   // broadcast, so every rank cuts the model the same way.
   std::vector<float> counts(static_cast<size_t>(parts), 0);
+  std::exception_ptr failed;
   if (ctx.rank == 0) {
-    const pp::ModelCosts costs =
-        measure_model_costs(config.model, config.micro_batch, config.model.seq_len);
-    r.counts =
-        pp::balanced_partition(costs, parts, in_flight, static_cast<double>(p.stage_memory_bytes));
-    const std::vector<int> uniform = pp::uniform_partition(n, parts);
-    r.table = "balanced partition (measured per micro-batch on this machine):\n" +
-              pp::partition_table(r.counts, pp::part_costs(costs, r.counts, in_flight)) +
-              "uniform would be:\n" +
-              pp::partition_table(uniform, pp::part_costs(costs, uniform, in_flight));
-    for (int k = 0; k < parts; ++k) counts[static_cast<size_t>(k)] = float(r.counts[size_t(k)]);
+    try {
+      const pp::ModelCosts costs =
+          measure_model_costs(config.model, config.micro_batch, config.model.seq_len);
+      r.counts = pp::balanced_partition(costs, parts, in_flight,
+                                        static_cast<double>(p.stage_memory_bytes));
+      const std::vector<int> uniform = pp::uniform_partition(n, parts);
+      r.table = "balanced partition (measured per micro-batch on this machine):\n" +
+                pp::partition_table(r.counts, pp::part_costs(costs, r.counts, in_flight)) +
+                "uniform would be:\n" +
+                pp::partition_table(uniform, pp::part_costs(costs, uniform, in_flight));
+      for (int k = 0; k < parts; ++k)
+        counts[static_cast<size_t>(k)] = static_cast<float>(r.counts[static_cast<size_t>(k)]);
+    } catch (...) {
+      // The others learn it from the broadcast rather than waiting for it.
+      failed = std::current_exception();
+      counts[0] = -1;
+    }
   }
   if (ctx.world) ctx.world->broadcast(counts.data(), counts.size(), DType::kF32, 0)->wait();
+  if (failed) std::rethrow_exception(failed);
+  LOOM_CHECK_KIND(kConfig, counts[0] >= 0,
+                  "parallel.partition balanced failed on rank 0 (its message says why)");
   r.counts.assign(counts.begin(), counts.end());
   return r;
 }

@@ -75,7 +75,11 @@ StepEngine::StepEngine(const Config& config, ParallelContext ctx)
   }
   if (schedule) {
     executor_ = std::make_unique<pp::Executor>(*schedule, stage, refs, ctx_.pp, B, Tn);
-    executor_->set_tracing(config_.log.trace, std::chrono::steady_clock::now());
+    executor_->set_tracing(config_.log.trace);
+    // One time origin for every rank (the bubble's span, the timeline),
+    // taken right after a barrier.
+    if (ctx_.world) ctx_.world->barrier()->wait();
+    executor_->set_time_origin(std::chrono::steady_clock::now());
   } else {
     acts_ = chunks_[0].stage->make_activations(B, Tn);
   }
@@ -207,12 +211,7 @@ StepStats StepEngine::step_pipelined(const BatchSource& data, int64_t step, doub
     mbs[static_cast<size_t>(micro)] = {inputs_.data() + micro * BT, targets_.data() + micro * BT,
                                        ctx};
   }
-  double t_reduce = 0;
-  auto on_reduce = [&] {
-    const auto t0 = clock::now();
-    sum_tied_grads();
-    t_reduce = seconds_since(t0);
-  };
+  auto on_reduce = [&] { sum_tied_grads(); };
   auto on_step = [&] {
     const auto t0 = clock::now();
     r.grad_norm = clip_pipelined();
@@ -234,17 +233,25 @@ StepStats StepEngine::step_pipelined(const BatchSource& data, int64_t step, doub
     sum = mean;
   }
   r.loss = sum / static_cast<double>(m);
-  // The bubble: the schedule's time this rank computed nothing, the
-  // reduction and optimizer left out; the worst rank's is the job's.
-  const double schedule_s = st.total - t_reduce - r.t_optimizer;
-  const double idle[2] = {std::max(0.0, schedule_s - st.forward - st.backward), schedule_s};
+  // The bubble: the pipeline's span is from the first rank's start to the
+  // last rank's last compute; a rank's idle time is the span less its own
+  // compute. time.bubble is the most idle rank's; bubble_fraction the mean
+  // idle share, as the theory and the simulator count it.
+  const double mine[3] = {st.start, st.compute_end, st.forward + st.backward};
   const std::vector<double> all =
-      ctx_.world ? all_gather_words(*ctx_.world, idle, 2) : std::vector<double>{idle[0], idle[1]};
-  for (size_t k = 0; k < all.size(); k += 2)
-    if (all[k] >= r.t_bubble) {
-      r.t_bubble = all[k];
-      r.bubble_fraction = all[k + 1] > 0 ? all[k] / all[k + 1] : 0;
-    }
+      ctx_.world ? all_gather_words(*ctx_.world, mine, 3) : std::vector<double>(mine, mine + 3);
+  double first = all[0], last = all[1];
+  for (size_t k = 0; k < all.size(); k += 3)
+    first = std::min(first, all[k]), last = std::max(last, all[k + 1]);
+  const double span = last - first;
+  double idle_sum = 0;
+  for (size_t k = 0; k < all.size(); k += 3) {
+    const double idle = std::max(0.0, span - all[k + 2]);
+    r.t_bubble = std::max(r.t_bubble, idle);
+    idle_sum += idle;
+  }
+  const double ranks = static_cast<double>(all.size() / 3);
+  r.bubble_fraction = span > 0 ? idle_sum / ranks / span : 0;
   for (Chunk& c : chunks_) {
     const CommStats z = c.zero->take_stats();
     r.comm.comm_s += z.comm_s;

@@ -28,9 +28,10 @@ struct StepStats {
   double grad_norm = 0;
   double t_forward = 0, t_backward = 0, t_recompute = 0, t_optimizer = 0;  // seconds
   CommStats comm;
-  // Pipelined: seconds a stage sat idle in the schedule (waiting for
-  // messages or with nothing to run), the maximum over ranks, and that
-  // rank's idle share of its pipeline time; seconds blocked on messages.
+  // Pipelined: over the pipeline's span (the first rank's start to the last
+  // rank's last compute), the most idle rank's seconds without compute, the
+  // mean idle share over the ranks; and this rank's seconds blocked on
+  // messages.
   double t_bubble = 0, bubble_fraction = 0, t_p2p_wait = 0;
 };
 
@@ -58,11 +59,8 @@ class StepEngine {
   bool pipelined() const { return executor_ != nullptr; }
   const PartitionReport& partition() const { return partition_; }
   // The last pipelined step's instructions as they ran (log.trace), in
-  // seconds from the origin set here (take it after a barrier).
+  // seconds from one origin the ranks took together when the engine was built.
   const std::vector<pp::TraceSlice>& trace() const;
-  void set_trace_origin(std::chrono::steady_clock::time_point origin) {
-    if (executor_) executor_->set_tracing(config_.log.trace, origin);
-  }
 
   // Runs optimizer step `step` (0-based) at learning rate `lr` over the
   // global batch `data` yields for it.

@@ -353,11 +353,6 @@ std::vector<StepResult> Trainer::run() {
   // tensor-parallel groups); world rank 0 writes.
   const bool checkpoints = every > 0 && !checkpoint_root().empty();
   const bool tracing = config_.log.trace && engine_->pipelined();
-  if (tracing) {
-    // One origin for every rank's timeline: right after a barrier.
-    if (options_.parallel.world) options_.parallel.world->barrier()->wait();
-    engine_->set_trace_origin(std::chrono::steady_clock::now());
-  }
   while (step_ < total) {
     StepResult r = train_step();
     if (tracing) keep_trace(r.step);

@@ -1,5 +1,6 @@
 #include "loom/parallel/pipeline/executor.h"
 
+#include "loom/comm/algorithms/allreduce.h"
 #include "loom/core/error.h"
 
 namespace loom::pp {
@@ -22,8 +23,8 @@ Executor::Executor(Schedule schedule, int stage, std::vector<ChunkRef> chunks,
   LOOM_CHECK(!group_ || group_->size() == schedule_.stages,
              "a pipeline group of {} ranks for {} stages", group_ ? group_->size() : 1,
              schedule_.stages);
-  // MPI guarantees tags up to 32767.
-  LOOM_CHECK_KIND(kConfig, 2 * schedule_.micro_batches * schedule_.chunks < 32767,
+  // Point-to-point tags stay below the ones loom's collectives use.
+  LOOM_CHECK_KIND(kConfig, 2 * schedule_.micro_batches * schedule_.chunks < algo::kAlgoTagBase,
                   "{} micro-batches x {} chunks exceed the pipeline's message tags",
                   schedule_.micro_batches, schedule_.chunks);
   for (ChunkRef& r : chunks) {
@@ -65,10 +66,12 @@ void Executor::wait(const WorkPtr& w, ExecStats& st) {
 }
 
 int Executor::take_buffer() {
+  // A free buffer whose send has completed; else a new one (a send still
+  // in flight is never waited for here, so sends never block the schedule,
+  // as the simulator assumes).
   for (size_t i = 0; i < pool_.size(); ++i) {
-    if (in_use_[i]) continue;
-    // A send that may still read it: long finished in practice.
-    if (pool_[i].pending) pool_[i].pending->wait();
+    if (in_use_[i] || (pool_[i].pending && !pool_[i].pending->test())) continue;
+    if (pool_[i].pending) pool_[i].pending->wait();  // completed: collects its status
     pool_[i].pending = nullptr;
     in_use_[i] = true;
     return static_cast<int>(i);
@@ -82,7 +85,7 @@ int Executor::take_buffer() {
 int Executor::take_slot(Chunk& c) {
   for (size_t i = 0; i < c.slots.size(); ++i) {
     Slot& s = *c.slots[i];
-    if (s.busy) continue;
+    if (s.busy || (s.pending_send && !s.pending_send->test())) continue;
     if (s.pending_send) s.pending_send->wait();
     s.pending_send = nullptr;
     s.busy = true;
@@ -230,6 +233,7 @@ ExecStats Executor::run(const std::vector<Instr>& list, const std::vector<MicroB
   ExecStats st;
   trace_.clear();
   t0_ = Clock::now();
+  st.start = st.compute_end = seconds(origin_, t0_);
   for (size_t pos = 0; pos < list.size(); ++pos) {
     const Instr& in = list[pos];
     const auto t = Clock::now();
@@ -259,8 +263,10 @@ ExecStats Executor::run(const std::vector<Instr>& list, const std::vector<MicroB
         if (on_step) on_step();
         break;
     }
+    const auto done = Clock::now();
+    if (is_compute(in.op)) st.compute_end = seconds(origin_, done);
     if (tracing_ && (is_compute(in.op) || in.op == Op::kReduceGrads || in.op == Op::kOptimizerStep))
-      trace_.push_back({in, seconds(origin_, t), seconds(origin_, Clock::now())});
+      trace_.push_back({in, seconds(origin_, t), seconds(origin_, done)});
   }
   // Every buffer is quiet before the caller touches the model again.
   for (Pooled& p : pool_) {

@@ -47,8 +47,12 @@ struct ExecStats {
   double forward = 0, backward = 0, recompute = 0;
   double wait = 0;   // blocked on receives (and on sends before reusing a buffer)
   double total = 0;  // the run, first instruction to last
-  double loss = 0;   // sum of the last part's micro-batch losses (0 elsewhere)
-  CommStats p2p;     // point-to-point traffic
+  // From the time origin (set_time_origin): the run's start and the end of
+  // its last compute instruction, so the caller can find the pipeline's
+  // span over every rank.
+  double start = 0, compute_end = 0;
+  double loss = 0;  // sum of the last part's micro-batch losses (0 elsewhere)
+  CommStats p2p;    // point-to-point traffic
   double idle() const { return total - forward - backward; }
 };
 
@@ -77,10 +81,10 @@ class Executor {
   // Forwards alone, every micro-batch through every part, for evaluation.
   ExecStats evaluate(const std::vector<MicroBatch>& mbs);
   // The last run's instructions as they ran (kept when tracing is on).
-  void set_tracing(bool on, std::chrono::steady_clock::time_point origin) {
-    tracing_ = on;
-    origin_ = origin;
-  }
+  void set_tracing(bool on) { tracing_ = on; }
+  // Where the trace's and ExecStats' times count from (take it right after
+  // a barrier so the ranks agree).
+  void set_time_origin(std::chrono::steady_clock::time_point origin) { origin_ = origin; }
   const std::vector<TraceSlice>& trace() const { return trace_; }
 
  private:
@@ -126,7 +130,7 @@ class Executor {
   std::vector<Instr> eval_list_;
   bool tracing_ = false;
   std::vector<TraceSlice> trace_;
-  std::chrono::steady_clock::time_point t0_, origin_;
+  std::chrono::steady_clock::time_point t0_, origin_ = std::chrono::steady_clock::now();
 };
 
 }  // namespace loom::pp

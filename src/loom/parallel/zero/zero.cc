@@ -163,9 +163,14 @@ void ZeroEngine::begin_micro_batch(std::vector<UnitUse> schedule, bool last) {
   // no full gradients, so every micro-batch's are reduced into the shard.
   reduce_ = backward && (config_.stage >= 2 || last);
   if (buckets_ && reduce_) buckets_->begin(store_.grads());
-  // Start gathering what the micro-batch opens with.
+  // Start gathering the first unit whose parameters the micro-batch reads
+  // (a pipeline's weight-gradient pass reads none).
   if (config_.stage >= 3 && !full_ && config_.prefetch_bucket_size > 0)
-    launch_gather(plan_[0].unit);
+    for (const UnitUse& use : plan_)
+      if (reads_params(use.pass)) {
+        launch_gather(use.unit);
+        break;
+      }
 }
 
 void ZeroEngine::end_micro_batch() {
@@ -178,6 +183,12 @@ void ZeroEngine::end_micro_batch() {
     stats_.exposed_s += s.exposed_s;
     stats_.bytes += s.bytes;
   }
+  // Nothing but the persistent units stays gathered: a gathered copy kept
+  // past the optimizer step would be stale.
+  if (config_.stage >= 3 && !full_)
+    for (int u = 0; u < num_units(); ++u)
+      LOOM_CHECK(persistent_[u] || !gathered_[u].buf.data(),
+                 "unit {} still gathered after its micro-batch", units_[u].name);
   plan_.clear();
   pos_ = 0;
 }
@@ -348,15 +359,14 @@ void ZeroEngine::sum_unit_grads(int u, int64_t n, ProcessGroup& group) {
   // The part of [0, n) of the unit this rank holds: all of it below stage
   // 2, else its slice.
   int64_t lo = 0, hi = n;
-  float* g = store_.grads() ? store_.grads() + units_[u].begin : nullptr;
+  float* g = store_.grads() ? store_.grads() + units_[u].begin : nullptr;  // element lo
   if (config_.stage >= 2) {
     lo = srank_ * slice_[u];
     hi = std::min(n, lo + slice_[u]);
-    g = shard_grads() + shard_off_[u] - lo;
+    g = shard_grads() + shard_off_[u];
   }
   if (hi <= lo) return;
-  WorkPtr w =
-      group.all_reduce(g + lo, g + lo, static_cast<size_t>(hi - lo), DType::kF32, ReduceOp::kSum);
+  WorkPtr w = group.all_reduce(g, g, static_cast<size_t>(hi - lo), DType::kF32, ReduceOp::kSum);
   wait_timed(w);
 }
 
