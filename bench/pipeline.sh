@@ -33,7 +33,7 @@ run() {  # name ranks config overrides...
     --set train.steps="$steps" --set log.peak_gflops=100 "${sets[@]}" --out "$work/$name" \
     > "$work/$name.log" 2>&1 || { cat "$work/$name.log"; exit 1; }
 }
-echo "# $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores, one thread per rank, f32"
+echo "# $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc --all) cores, one thread per rank, f32"
 for p in $ps; do
   for m in $ms; do
     for s in $scheds; do
@@ -55,7 +55,7 @@ done
 python3 - "$work" "$ps" "$ms" "$scheds" "$rounds" <<'PY'
 import json, re, statistics as S, sys
 work, ps, ms, scheds, rounds = sys.argv[1], sys.argv[2].split(), sys.argv[3].split(), sys.argv[4].split(), int(sys.argv[5])
-print("#", re.search(r"loom: (GEMM [^:]*)", open(f"{work}/v-uniform-1.log").read()).group(1))
+print("#", re.search(r"loom: (GEMM [^\n]*)", open(f"{work}/v-uniform-1.log").read()).group(1))
 def metrics(name):
     return [json.loads(l) for l in open(f"{work}/{name}/metrics.jsonl")][1:]  # skip step 1
 def theory(s, p, m, v=2):
