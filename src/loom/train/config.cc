@@ -170,8 +170,10 @@ void check_leaf(const KeySpec& k, const json& v, const std::string& source) {
   };
   switch (k.kind) {
     case Kind::kInt:
-      if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()) break;
-      if (!v.is_number_integer() && !v.is_number_unsigned()) expect("an integer");
+      // A whole float (4.0) counts as an integer, and is range-checked like one.
+      if (v.is_number_float() && std::floor(v.get<double>()) != v.get<double>())
+        expect("an integer");
+      if (!v.is_number()) expect("an integer");
       range(v.get<double>());
       break;
     case Kind::kNumber:
