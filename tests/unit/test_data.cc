@@ -53,6 +53,18 @@ TEST(TokenFile, DamageIsReportedWithTheFile) {
                 .find("truncated or oversized body: header says 100 tokens (232 bytes) but the "
                       "file has 82 bytes"),
             std::string::npos);
+  // A count whose byte size wraps around 2^64 to the file's real size.
+  write_token_file(f.path, {1, 2}, 256);
+  {
+    std::fstream io(f.path, std::ios::in | std::ios::out | std::ios::binary);
+    const uint64_t count = 2 + (uint64_t{1} << 63);  // x 2 bytes = 4 (mod 2^64)
+    io.seekp(16);
+    io.write(reinterpret_cast<const char*>(&count), 8);
+  }
+  EXPECT_NE(error_of([&] { TokenFile t(f.path); })
+                .find("header says 9223372036854775810 tokens (more bytes than a file can have) "
+                      "but the file has 36 bytes"),
+            std::string::npos);
   write_token_file(f.path, iota(100), 256);
   EXPECT_NE(error_of([&] { make_token_file_source(f.path, "data.train", 1, 50, 8); })
                 .find("data.train " + f.path +

@@ -68,12 +68,16 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
   if (std::memcmp(p, kTokenMagic, 8) != 0) fail("not a token file (wrong magic)");
   if (version != kTokenVersion) fail(format("unsupported token file version {}", version));
   if (width_ != 2 && width_ != 4) fail(format("bad token width {}", width_));
-  uint64_t want = kTokenHeaderBytes + count_ * width_;
-  if (want != map_bytes_)
-    fail(
-        format("truncated or oversized body: header says {} tokens ({} bytes) but the file has "
-               "{} bytes",
-               count_, want, map_bytes_));
+  // Compared without multiplying the header's count (it could wrap).
+  const uint64_t body = map_bytes_ - kTokenHeaderBytes;
+  if (count_ > body / width_ || count_ * width_ != body) {
+    const std::string want = count_ <= (UINT64_MAX - kTokenHeaderBytes) / width_
+                                 ? format("{} bytes", kTokenHeaderBytes + count_ * width_)
+                                 : std::string("more bytes than a file can have");
+    fail(format("truncated or oversized body: header says {} tokens ({}) but the file has {} "
+                "bytes",
+                count_, want, map_bytes_));
+  }
   tokens_ = p + kTokenHeaderBytes;
 }
 
