@@ -143,6 +143,19 @@ TEST(Safetensors, DamagedFilesAreRejectedWithTheReason) {
   EXPECT_HAS(err(), "4 trailing bytes after the last tensor");
   write_raw(p, "not json", 0);
   EXPECT_HAS(err(), "header is not a JSON object");
+  // Dimensions whose product wraps around 2^64 to the data's 8 bytes
+  // (2^62 x 2^2 elements x 4 bytes = 2^66 = 0 mod 2^64, + 2 x 4).
+  write_raw(p, R"({"a":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,0]}})", 0);
+  EXPECT_HAS(err(), "tensor 'a': shape [4611686018427387904,4] has more elements than memory");
+  write_raw(p, R"({"a":{"dtype":"F32","shape":[18446744073709551615],"data_offsets":[0,4]}})", 4);
+  EXPECT_HAS(err(), "tensor 'a': bad shape [18446744073709551615]");
+  write_raw(p, R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8);
+  EXPECT_HAS(err(), "tensor 'a': bad shape [-2]");
+  std::string huge(8, '\0');
+  const uint64_t claimed = 200'000'000;
+  std::memcpy(huge.data(), &claimed, 8);
+  std::ofstream(p, std::ios::binary) << huge + "{}";
+  EXPECT_HAS(err(), "header length 200000000 exceeds the 100 MB a safetensors header may have");
 }
 
 TEST(Generate, GreedyIsDeterministicAndSurvivesAFullContext) {

@@ -64,7 +64,8 @@ TEST(Config, WrongTypesAndRangesNameTheKeyPath) {
   EXPECT_HAS(error_of(R"({"model": {"dropout": 1.5}})"), "model.dropout: 1.5 is out of range");
   // Whole floats count as integers and are range-checked like them (0.0
   // once reached a division, -4.0 and 1e300 integer conversions).
-  EXPECT_HAS(error_of(kBase, {"model.n_head=0.0"}), "model.n_head: 0.0 is out of range (must be >= 1");
+  EXPECT_HAS(error_of(kBase, {"model.n_head=0.0"}),
+             "model.n_head: 0.0 is out of range (must be >= 1");
   EXPECT_HAS(error_of(kBase, {"model.n_head=-4.0"}), "model.n_head: -4.0 is out of range");
   EXPECT_HAS(error_of(kBase, {"train.steps=1e300"}), "train.steps: 1e+300 is out of range");
   EXPECT_HAS(error_of(kBase, {"model.n_layer=2.5"}), "model.n_layer: expected an integer, got");

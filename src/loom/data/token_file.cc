@@ -74,9 +74,10 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
     const std::string want = count_ <= (UINT64_MAX - kTokenHeaderBytes) / width_
                                  ? format("{} bytes", kTokenHeaderBytes + count_ * width_)
                                  : std::string("more bytes than a file can have");
-    fail(format("truncated or oversized body: header says {} tokens ({}) but the file has {} "
-                "bytes",
-                count_, want, map_bytes_));
+    fail(
+        format("truncated or oversized body: header says {} tokens ({}) but the file has {} "
+               "bytes",
+               count_, want, map_bytes_));
   }
   tokens_ = p + kTokenHeaderBytes;
 }

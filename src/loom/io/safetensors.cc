@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 
 #include <nlohmann/json.hpp>
 
@@ -110,6 +112,10 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   if (bytes_.size() < 8) fail(format("truncated safetensors file ({} bytes)", bytes_.size()));
   uint64_t n = 0;
   std::memcpy(&n, bytes_.data(), 8);
+  // As Hugging Face's reader does: a header is small; a huge length is damage.
+  constexpr uint64_t kMaxHeader = 100'000'000;
+  if (n > kMaxHeader)
+    fail(format("header length {} exceeds the 100 MB a safetensors header may have", n));
   if (n > bytes_.size() - 8)
     fail(format("header length {} is beyond the file ({} bytes)", n, bytes_.size()));
   json header =
@@ -139,12 +145,18 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       e.dtype = DType::kF16;
     else
       fail(format("tensor '{}': unsupported dtype {}", name, v["dtype"].dump()));
+    // Dimensions whole and >= 0, their product (in bytes) without overflow.
     size_t numel = 1;
+    const size_t limit = std::numeric_limits<size_t>::max() / 8;
     for (const json& d : v["shape"]) {
-      if (!d.is_number_unsigned())
+      if (!d.is_number_unsigned() || d.get<uint64_t>() > uint64_t{INT64_MAX})
         fail(format("tensor '{}': bad shape {}", name, v["shape"].dump()));
-      e.shape.push_back(d.get<int64_t>());
-      numel *= d.get<size_t>();
+      const size_t x = d.get<size_t>();
+      if (x != 0 && numel > limit / x)
+        fail(format("tensor '{}': shape {} has more elements than memory can hold", name,
+                    v["shape"].dump()));
+      e.shape.push_back(static_cast<int64_t>(x));
+      numel *= x;
     }
     const json& off = v["data_offsets"];
     if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned())
