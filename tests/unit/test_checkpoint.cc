@@ -88,6 +88,70 @@ TEST(Checkpoint, KeepLastPrunesAndChecksumsCatchDamage) {
              "no manifest.json");
 }
 
+// A save never leaves `latest` naming a missing or partial folder, and the
+// checkpoint just written is never pruned, whatever else is in the folder.
+TEST(Checkpoint, SavesReplaceAtomicallyAndNeverPruneTheNewOne) {
+  TempDir tmp;
+  GptStage<float> m(small());
+  m.init(2);
+  const std::string root = tmp.path.string();
+  auto names = [&] {
+    std::vector<std::string> n;
+    for (const auto& e : fs::directory_iterator(tmp.path)) n.push_back(e.path().filename());
+    std::sort(n.begin(), n.end());
+    return n;
+  };
+  // An older run left step 10; this one saves step 4 with keep_last 1.
+  save_checkpoint(root, m, nullptr, nullptr, TrainerState{10, 0, 1, 2, ""}, {}, 0);
+  const std::string four =
+      save_checkpoint(root, m, nullptr, nullptr, TrainerState{4, 0, 1, 2, ""}, {}, 1);
+  EXPECT_EQ(names(), (std::vector<std::string>{"latest", "step-00000004"}));
+  EXPECT_EQ(resolve_checkpoint("latest", root), four);
+  // The same step again (latest names it): replaced whole, nothing left over.
+  m.init(3);
+  save_checkpoint(root, m, nullptr, nullptr, TrainerState{4, 0, 1, 2, ""}, {}, 1);
+  EXPECT_EQ(names(), (std::vector<std::string>{"latest", "step-00000004"}));
+  verify_checkpoint(four);
+  GptStage<float> back(small());
+  back.init(9);
+  load_checkpoint(four, back);
+  EXPECT_EQ(std::memcmp(back.params(), m.params(), m.num_params() * sizeof(float)), 0);
+}
+
+TEST(Checkpoint, DamagedManifestsAndStatesNameTheFileAndField) {
+  TempDir tmp;
+  GptStage<float> m(small());
+  m.init(2);
+  const std::string dir =
+      save_checkpoint(tmp.path.string(), m, nullptr, nullptr, TrainerState{1, 0, 1, 2, ""}, {}, 0);
+  const std::string manifest = (fs::path(dir) / "manifest.json").string();
+  const std::string good = read_file(manifest);
+  auto verify_with = [&](const std::string& text) {
+    std::ofstream(manifest, std::ios::binary) << text;
+    return error_of([&] { verify_checkpoint(dir); });
+  };
+  EXPECT_HAS(verify_with(R"({"files": {}})"), "manifest.json: lists no model.safetensors");
+  EXPECT_HAS(verify_with(R"({"format": 1})"), "manifest.json: field 'files' is missing");
+  EXPECT_HAS(verify_with("{not json"), "manifest.json: not valid JSON");
+  nlohmann::json j = nlohmann::json::parse(good);
+  j["files"]["model.safetensors"]["bytes"] = "many";
+  EXPECT_HAS(
+      verify_with(j.dump()),
+      "manifest.json files.model.safetensors: field 'bytes' is of the wrong type (\"many\")");
+  j = nlohmann::json::parse(good);
+  j["files"]["../escape"] = {{"bytes", 1}, {"sha256", "x"}};
+  EXPECT_HAS(verify_with(j.dump()), "file name '../escape' leaves the folder");
+  std::ofstream(manifest, std::ios::binary) << good;
+  verify_checkpoint(dir);
+  const std::string state = (fs::path(dir) / "trainer_state.json").string();
+  std::ofstream(state, std::ios::binary) << R"({"step": 3, "lr": 0.1})";
+  EXPECT_HAS(error_of([&] { read_trainer_state(dir); }),
+             "trainer_state.json: field 'loss_scale' is missing");
+  std::ofstream(state, std::ios::binary) << R"({"step": "x"})";
+  EXPECT_HAS(error_of([&] { read_trainer_state(dir); }),
+             "trainer_state.json: field 'step' is of the wrong type (\"x\")");
+}
+
 TEST(Checkpoint, ShapeMismatchNamesTheTensor) {
   TempDir tmp;
   GptStage<float> m(small());

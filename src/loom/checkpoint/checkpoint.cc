@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <filesystem>
 #include <regex>
@@ -21,11 +22,55 @@ using nlohmann::json;
 namespace {
 
 void fsync_path(const fs::path& p) {
-  int fd = ::open(p.c_str(), O_RDONLY);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
+  loom::fsync_path(p.string());
+}
+
+// Puts the finished folder `tmp` at `final_dir`. When a checkpoint of the
+// same step is there (and `latest` may name it), the two are exchanged in
+// one atomic rename, so the name always holds a complete checkpoint; the
+// old one is removed after.
+void install(const fs::path& tmp, const fs::path& final_dir) {
+  std::error_code ec;
+  if (fs::exists(final_dir, ec)) {
+    if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) != 0)
+      LOOM_FAIL(kIo, "{}: cannot replace with {}: {}", final_dir.string(), tmp.string(),
+                std::strerror(errno));
+    fsync_path(final_dir.parent_path());
+    fs::remove_all(tmp);  // now the old checkpoint
+    return;
   }
+  fs::rename(tmp, final_dir);
+  fsync_path(final_dir.parent_path());
+}
+
+// Removes the oldest checkpoints (by step) under `root` so `keep_last` stay,
+// counting the one just written, which is never removed (a run that saves
+// step 4 beside an older run's step 10 keeps step 4).
+void prune(const fs::path& root, const fs::path& written, int64_t keep_last) {
+  std::vector<std::pair<int64_t, fs::path>> others;
+  for (const auto& entry : fs::directory_iterator(root)) {
+    const std::string n = entry.path().filename().string();
+    if (!entry.is_directory() || !n.starts_with("step-") || entry.path() == written) continue;
+    int64_t step = 0;
+    const auto [end, err] = std::from_chars(n.data() + 5, n.data() + n.size(), step);
+    if (err != std::errc() || end != n.data() + n.size()) continue;  // not loom's
+    others.emplace_back(step, entry.path());
+  }
+  std::sort(others.begin(), others.end());
+  const size_t keep = static_cast<size_t>(keep_last - 1);
+  for (size_t i = 0; i + keep < others.size(); ++i) fs::remove_all(others[i].second);
+}
+
+// A field of a checkpoint's JSON file, typed, or Error(kData) naming both.
+template <typename T>
+T field(const json& j, const char* key, const std::string& path) {
+  const json* v = j.is_object() && j.contains(key) ? &j.at(key) : nullptr;
+  try {
+    if (v) return v->get<T>();
+  } catch (const json::exception&) {
+  }
+  LOOM_FAIL(kData, "{}: field '{}' is {}", path, key,
+            v ? "of the wrong type (" + v->dump() + ")" : std::string("missing"));
 }
 
 // The Hugging Face shape of a parameter: wte without its padding rows.
@@ -103,10 +148,11 @@ bool moment_shape_fits(const std::vector<int64_t>& file, const Param& p) {
 
 }  // namespace
 
-std::string save_checkpoint(const std::string& root, const GptStage<float>& model,
-                            const float* exp_avg, const float* exp_avg_sq,
-                            const TrainerState& state, const json& config, int64_t keep_last,
-                            const AssembleFn& assemble, bool write) {
+namespace {
+
+std::string save(const std::string& root, const GptStage<float>& model, const float* exp_avg,
+                 const float* exp_avg_sq, const TrainerState& state, const json& config,
+                 int64_t keep_last, const AssembleFn& assemble, bool write) {
   check_whole(model, "save_checkpoint");
   const std::vector<Param>& params = model.layout().params();
   LOOM_CHECK(params.front().name == "transformer.wte.weight",
@@ -187,20 +233,25 @@ std::string save_checkpoint(const std::string& root, const GptStage<float>& mode
   }
   write_file_atomic((tmp / "manifest.json").string(), manifest.dump(2) + "\n");
   fsync_path(tmp);
-  fs::remove_all(final_dir);  // a checkpoint of the same step from an earlier attempt
-  fs::rename(tmp, final_dir);
-  fsync_path(root);
+  install(tmp, final_dir);
   write_file_atomic((fs::path(root) / "latest").string(), std::string(name) + "\n");
-
-  if (keep_last > 0) {
-    std::vector<fs::path> all;
-    for (const auto& entry : fs::directory_iterator(root))
-      if (entry.is_directory() && entry.path().filename().string().starts_with("step-"))
-        all.push_back(entry.path());
-    std::sort(all.begin(), all.end());
-    for (size_t i = 0; i + static_cast<size_t>(keep_last) < all.size(); ++i) fs::remove_all(all[i]);
-  }
+  if (keep_last > 0) prune(root, final_dir, keep_last);
   return final_dir.string();
+}
+
+}  // namespace
+
+std::string save_checkpoint(const std::string& root, const GptStage<float>& model,
+                            const float* exp_avg, const float* exp_avg_sq,
+                            const TrainerState& state, const json& config, int64_t keep_last,
+                            const AssembleFn& assemble, bool write) {
+  // The file system's own errors (a full disk, a read-only folder) name the
+  // checkpoint folder like loom's.
+  try {
+    return save(root, model, exp_avg, exp_avg_sq, state, config, keep_last, assemble, write);
+  } catch (const fs::filesystem_error& e) {
+    LOOM_FAIL(kIo, "checkpoint save into {}: {}", root, e.what());
+  }
 }
 
 std::string resolve_checkpoint(const std::string& dir_or_latest, const std::string& root) {
@@ -220,33 +271,43 @@ void verify_checkpoint(const std::string& dir) {
   LOOM_CHECK_KIND(kIo, fs::is_directory(d, ec), "{}: not a checkpoint folder", dir);
   LOOM_CHECK_KIND(kData, fs::exists(d / "manifest.json", ec),
                   "{}: no manifest.json (incomplete or not a checkpoint)", dir);
-  json m = json::parse(read_file((d / "manifest.json").string()), nullptr, false);
-  LOOM_CHECK_KIND(kData, !m.is_discarded() && m.contains("files"), "{}: unreadable manifest.json",
-                  (d / "manifest.json").string());
-  for (const auto& [file, info] : m["files"].items()) {
+  const std::string mpath = (d / "manifest.json").string();
+  const json m = read_json_file(mpath);
+  const json files = field<json>(m, "files", mpath);
+  LOOM_CHECK_KIND(kData, files.is_object(), "{}: field 'files' is not an object", mpath);
+  // What every checkpoint holds; a manifest listing less is damaged.
+  for (const char* f : {"model.safetensors", "trainer_state.json", "config.resolved.json"})
+    LOOM_CHECK_KIND(kData, files.contains(f), "{}: lists no {} (damaged or not loom's)", mpath, f);
+  for (const auto& [file, info] : files.items()) {
+    LOOM_CHECK_KIND(kData, file.find('/') == std::string::npos && file != "..",
+                    "{}: file name '{}' leaves the folder", mpath, file);
     fs::path p = d / file;
     LOOM_CHECK_KIND(kData, fs::exists(p, ec), "{}: missing (listed in manifest.json)", p.string());
+    const std::string where = mpath + " files." + file;
+    const size_t want = field<size_t>(info, "bytes", where);
+    const std::string sha = field<std::string>(info, "sha256", where);
     std::string bytes = read_file(p.string());
-    LOOM_CHECK_KIND(kData, bytes.size() == info["bytes"].get<size_t>(),
-                    "{}: {} bytes, manifest says {}", p.string(), bytes.size(),
-                    info["bytes"].get<size_t>());
-    LOOM_CHECK_KIND(kData, sha256_hex(bytes) == info["sha256"].get<std::string>(),
+    LOOM_CHECK_KIND(kData, bytes.size() == want, "{}: {} bytes, manifest says {}", p.string(),
+                    bytes.size(), want);
+    LOOM_CHECK_KIND(kData, sha256_hex(bytes) == sha,
                     "{}: checksum mismatch (SHA-256 differs from manifest.json)", p.string());
   }
 }
 
 json read_checkpoint_config(const std::string& dir) {
-  return json::parse(read_file((fs::path(dir) / "config.resolved.json").string()));
+  return read_json_file((fs::path(dir) / "config.resolved.json").string());
 }
 
 TrainerState read_trainer_state(const std::string& dir) {
-  json j = json::parse(read_file((fs::path(dir) / "trainer_state.json").string()));
+  const std::string path = (fs::path(dir) / "trainer_state.json").string();
+  const json j = read_json_file(path);
   TrainerState s;
-  s.step = j.at("step").get<int64_t>();
-  s.lr = j.at("lr").get<double>();
-  s.loss_scale = j.at("loss_scale").get<double>();
-  s.seed = j.at("seed").get<uint64_t>();
-  s.tokenizer = j.at("tokenizer").get<std::string>();
+  s.step = field<int64_t>(j, "step", path);
+  s.lr = field<double>(j, "lr", path);
+  s.loss_scale = field<double>(j, "loss_scale", path);
+  s.seed = field<uint64_t>(j, "seed", path);
+  s.tokenizer = field<std::string>(j, "tokenizer", path);
+  LOOM_CHECK_KIND(kData, s.step >= 0, "{}: field 'step' is negative ({})", path, s.step);
   return s;
 }
 
@@ -294,7 +355,13 @@ void load_hf_weights(const std::string& path, GptStage<float>& model) {
   std::regex layer_re(R"(^transformer\.h\.(\d+)\.)");
   for (const auto& e : f.entries()) {
     std::smatch m;
-    if (std::regex_search(e.name, m, layer_re)) n_layer = std::max(n_layer, std::stoi(m[1]) + 1);
+    if (!std::regex_search(e.name, m, layer_re)) continue;
+    const std::string digits = m[1];
+    int layer = 0;
+    const auto [end, err] = std::from_chars(digits.data(), digits.data() + digits.size(), layer);
+    LOOM_CHECK_KIND(kData, err == std::errc() && layer < 1 << 20,
+                    "{}: tensor '{}': layer {} is out of range", path, e.name, digits);
+    n_layer = std::max(n_layer, layer + 1);
   }
   auto check = [&](const char* key, int64_t file_value, int64_t config_value) {
     LOOM_CHECK_KIND(kConfig, file_value == config_value,

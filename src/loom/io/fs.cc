@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -35,6 +36,24 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
     int err = errno;
     ::unlink(tmp.c_str());
     LOOM_FAIL(kIo, "{}: cannot write: {}", path, std::strerror(err));
+  }
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  fsync_path(dir.empty() ? "." : dir);
+}
+
+void fsync_path(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+nlohmann::json read_json_file(const std::string& path) {
+  const std::string text = read_file(path);
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    LOOM_FAIL(kData, "{}: not valid JSON ({})", path, e.what());
   }
 }
 
