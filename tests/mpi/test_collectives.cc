@@ -114,6 +114,14 @@ TEST(Collectives, ReduceScatterAllGatherBroadcast) {
         g->all_gather(all.data() + r * count, all.data(), count, DType::kF32)->wait();
         for (int q = 0; q < p; ++q)
           for (size_t i = 0; i < count; ++i) ASSERT_EQ(all[q * count + i], input(q, i));
+        // in == out (the interface's promise): my block at the start, on
+        // every rank, not only where it already sits.
+        std::vector<float> same(count * p, -99.0f);
+        for (size_t i = 0; i < count; ++i) same[i] = input(r, i);
+        g->all_gather(same.data(), same.data(), count, DType::kF32)->wait();
+        for (int q = 0; q < p; ++q)
+          for (size_t i = 0; i < count; ++i)
+            ASSERT_EQ(same[q * count + i], input(q, i)) << "in == out, rank " << r;
       }
       std::vector<float> b(count, r == p - 1 ? 3.5f : 0.0f);
       g->broadcast(b.data(), count, DType::kF32, p - 1)->wait();

@@ -224,6 +224,14 @@ WorkPtr MpiProcessGroup::enqueue(Op op, std::function<void(const Op&)> body) {
         work->finish(since(t0));
       } catch (const Error& e) {
         work->fail(format("group '{}' rank {}: {}: {}", name_, rank_, op.describe(), e.what()));
+      } catch (const std::exception& e) {
+        // Anything else (std::bad_alloc in an algorithm's buffers) fails the
+        // operation too: an exception leaving the worker would terminate the
+        // process and leave the waiting side blocked.
+        work->fail(format("group '{}' rank {}: {}: {}", name_, rank_, op.describe(), e.what()));
+      } catch (...) {
+        work->fail(format("group '{}' rank {}: {}: unknown exception", name_, rank_,
+                          op.describe()));
       }
     });
   }
@@ -478,10 +486,19 @@ WorkPtr MpiProcessGroup::all_gather(const void* in, void* out, size_t count, DTy
   return enqueue(Op{"allgather", count, t, 0}, [=, this](const Op& o) {
     const size_t bytes = count * dtype_size(t);
     char* dst = static_cast<char*>(out);
-    const bool in_place = in == dst + static_cast<size_t>(rank_) * bytes;
+    char* mine = dst + static_cast<size_t>(rank_) * bytes;
+    // An input inside the output but not at this rank's block (in == out on
+    // ranks above 0) would be overwritten by the others' blocks as MPI
+    // writes them: move it to its block first and gather in place.
+    const char* src = static_cast<const char*>(in);
+    if (src != mine && src + bytes > dst && src < dst + static_cast<size_t>(size_) * bytes) {
+      std::memmove(mine, src, bytes);
+      src = mine;
+    }
+    const bool in_place = src == mine;
     const int n = as_int(count, "all-gather");
     MPI_Request req;
-    MPI_Iallgather(in_place ? MPI_IN_PLACE : in, n, transport_type(t), out, n, transport_type(t),
+    MPI_Iallgather(in_place ? MPI_IN_PLACE : src, n, transport_type(t), out, n, transport_type(t),
                    comm_, &req);
     wait_requests(&req, 1, o);
   });
