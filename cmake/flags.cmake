@@ -16,3 +16,9 @@ if(LOOM_SANITIZE)
   add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer)
   add_link_options(-fsanitize=address,undefined)
 endif()
+if(LOOM_FUZZ)
+  # libFuzzer's coverage everywhere (the targets link its runtime), with the
+  # sanitizers that turn a bad read into a finding.
+  add_compile_options(-fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=address,undefined)
+endif()

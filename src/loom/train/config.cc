@@ -565,6 +565,9 @@ Config parse_config(const std::string& text, const std::string& source,
     fail(source, format("invalid JSON at line {}, column {}: {}", line, col,
                         colon == std::string::npos ? what : what.substr(colon + 2)));
   }
+  // Overrides walk the sections: the top level must be one (fuzzing found
+  // `1` with --set reaching a type error).
+  if (!j.is_object()) fail(source, format("the top level: expected an object, got {}", type_name(j)));
   for (const std::string& o : overrides) apply_override(j, o);
   validate(j, "", source);
 
