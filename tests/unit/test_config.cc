@@ -70,6 +70,13 @@ TEST(Config, WrongTypesAndRangesNameTheKeyPath) {
   EXPECT_HAS(error_of(kBase, {"train.steps=1e300"}), "train.steps: 1e+300 is out of range");
   EXPECT_HAS(error_of(kBase, {"model.n_layer=2.5"}), "model.n_layer: expected an integer, got");
   EXPECT_EQ(error_of(kBase, {"model.n_layer=2.0"}), "(no error)");
+  // Found by fuzzing: bytes that are not UTF-8 in a value (a message or
+  // config.resolved.json would throw dumping them), a top level that is not
+  // an object under --set.
+  EXPECT_HAS(error_of(kBase, {"parallel.schedule=\x8a\xff"}),
+             "parallel.schedule: \"\xef\xbf\xbd\xef\xbf\xbd\" is not valid UTF-8");
+  EXPECT_HAS(error_of(kBase, {"train.name=\xc3"}), "train.name: ");
+  EXPECT_HAS(error_of("[1, 2]", {"model.n_layer=2"}), "the top level: expected an object, got");
 }
 
 TEST(Config, HeadsMustDivideWidth) {

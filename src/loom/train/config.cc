@@ -155,17 +155,32 @@ std::string type_name(const json& v) {
   return std::string("a ") + v.type_name();
 }
 
+// A value as JSON text for a message; bytes that are not UTF-8 shown as
+// U+FFFD (dumping them strictly throws).
+std::string show(const json& v) {
+  return v.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+bool valid_utf8(const json& v) {
+  try {
+    (void)v.dump();
+    return true;
+  } catch (const json::type_error&) {
+    return false;
+  }
+}
+
 void check_leaf(const KeySpec& k, const json& v, const std::string& source) {
   auto expect = [&](const char* what) {
-    fail(source, format("{}: expected {}, got {} {}", k.path, what, type_name(v), v.dump()));
+    fail(source, format("{}: expected {}, got {} {}", k.path, what, type_name(v), show(v)));
   };
   auto range = [&](double x) {
     bool low = k.lo_exclusive ? x <= k.lo : x < k.lo;
     if (low || x > k.hi) {
       std::string lo = k.lo_exclusive ? "> " : ">= ";
-      fail(source, format("{}: {} is out of range (must be {}{}{})", k.path, v.dump(), lo,
-                          json(k.lo).dump(),
-                          k.hi < 1e299 ? " and <= " + json(k.hi).dump() : std::string()));
+      fail(source,
+           format("{}: {} is out of range (must be {}{}{})", k.path, show(v), lo, json(k.lo).dump(),
+                  k.hi < 1e299 ? " and <= " + json(k.hi).dump() : std::string()));
     }
   };
   switch (k.kind) {
@@ -185,11 +200,13 @@ void check_leaf(const KeySpec& k, const json& v, const std::string& source) {
       break;
     case Kind::kString:
       if (!v.is_string()) expect("a string");
+      // It goes into config.resolved.json, which is UTF-8.
+      if (!valid_utf8(v)) fail(source, format("{}: {} is not valid UTF-8", k.path, show(v)));
       if (!k.choices.empty() &&
           std::find(k.choices.begin(), k.choices.end(), v.get<std::string>()) == k.choices.end()) {
         std::string list;
         for (const auto& c : k.choices) list += (list.empty() ? "" : ", ") + c;
-        fail(source, format("{}: unknown value {} (expected one of {})", k.path, v.dump(), list));
+        fail(source, format("{}: unknown value {} (expected one of {})", k.path, show(v), list));
       }
       break;
     case Kind::kPartition:
@@ -197,21 +214,21 @@ void check_leaf(const KeySpec& k, const json& v, const std::string& source) {
         if (v != "uniform" && v != "balanced")
           fail(source, format("{}: unknown value {} (expected uniform, balanced, or a list of "
                               "layer counts per part)",
-                              k.path, v.dump()));
+                              k.path, show(v)));
         break;
       }
       if (!v.is_array() || v.empty()) expect("uniform, balanced, or a list of layer counts");
       for (const json& x : v)
         if (!x.is_number_integer() || x.get<int64_t>() < 1)
           fail(source,
-               format("{}: {} is not a layer count (a whole number >= 1)", k.path, x.dump()));
+               format("{}: {} is not a layer count (a whole number >= 1)", k.path, show(x)));
       break;
     case Kind::kNumberPair:
       if (!v.is_array() || v.size() != 2 || !v[0].is_number() || !v[1].is_number())
         expect("a list of two numbers");
       for (const json& x : v) {
         double d = x.get<double>();
-        if (d < 0 || d >= 1) fail(source, format("{}: {} must be in [0, 1)", k.path, x.dump()));
+        if (d < 0 || d >= 1) fail(source, format("{}: {} must be in [0, 1)", k.path, show(x)));
       }
       break;
   }
@@ -567,7 +584,8 @@ Config parse_config(const std::string& text, const std::string& source,
   }
   // Overrides walk the sections: the top level must be one (fuzzing found
   // `1` with --set reaching a type error).
-  if (!j.is_object()) fail(source, format("the top level: expected an object, got {}", type_name(j)));
+  if (!j.is_object())
+    fail(source, format("the top level: expected an object, got {}", type_name(j)));
   for (const std::string& o : overrides) apply_override(j, o);
   validate(j, "", source);
 
