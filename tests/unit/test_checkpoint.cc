@@ -147,6 +147,14 @@ TEST(Checkpoint, DamagedManifestsAndStatesNameTheFileAndField) {
   std::ofstream(state, std::ios::binary) << R"({"step": 3, "lr": 0.1})";
   EXPECT_HAS(error_of([&] { read_trainer_state(dir); }),
              "trainer_state.json: field 'loss_scale' is missing");
+  // Found by fuzzing: a float beyond int64 was converted with undefined behaviour.
+  std::ofstream(state, std::ios::binary) << R"({"step": 8649e94})";
+  EXPECT_HAS(error_of([&] { read_trainer_state(dir); }),
+             "trainer_state.json: field 'step' is of the wrong type (8.649e+97)");
+  std::ofstream(state, std::ios::binary)
+      << R"({"step": 1, "lr": 0, "loss_scale": 1, "seed": -3, "tokenizer": ""})";
+  EXPECT_HAS(error_of([&] { read_trainer_state(dir); }),
+             "trainer_state.json: field 'seed' is of the wrong type (-3)");
   std::ofstream(state, std::ios::binary) << R"({"step": "x"})";
   EXPECT_HAS(error_of([&] { read_trainer_state(dir); }),
              "trainer_state.json: field 'step' is of the wrong type (\"x\")");
