@@ -77,6 +77,7 @@ TEST(Config, WrongTypesAndRangesNameTheKeyPath) {
              "parallel.schedule: \"\xef\xbf\xbd\xef\xbf\xbd\" is not valid UTF-8");
   EXPECT_HAS(error_of(kBase, {"train.name=\xc3"}), "train.name: ");
   EXPECT_HAS(error_of("[1, 2]", {"model.n_layer=2"}), "the top level: expected an object, got");
+  EXPECT_HAS(error_of(R"({"train_batch_size": 1e999})"), "cfg.json: invalid JSON: ");
 }
 
 TEST(Config, HeadsMustDivideWidth) {

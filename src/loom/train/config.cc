@@ -581,6 +581,9 @@ Config parse_config(const std::string& text, const std::string& source,
     size_t colon = what.find(": ", what.find("parse error"));
     fail(source, format("invalid JSON at line {}, column {}: {}", line, col,
                         colon == std::string::npos ? what : what.substr(colon + 2)));
+  } catch (const json::exception& e) {
+    // A number beyond a double (out_of_range), found by fuzzing.
+    fail(source, format("invalid JSON: {}", e.what()));
   }
   // Overrides walk the sections: the top level must be one (fuzzing found
   // `1` with --set reaching a type error).
