@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <charconv>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <limits>
 #include <regex>
@@ -84,6 +86,20 @@ bool holds(const json& v) {
   } else {
     return true;  // json: anything
   }
+}
+
+// Fault injection for the crash-safety tests: LOOM_TEST_FAULT=PHASE@STEP
+// kills the process (SIGKILL, as a crash would) when the save of step STEP
+// reaches PHASE: `partial` (model.safetensors half written), `rename` (every
+// file durable in the temporary folder, before it is put in place) or
+// `pointer` (the folder in place, before `latest` moves). Tests only.
+void fault_point(const char* phase, int64_t step) {
+  static const std::string spec = [] {
+    const char* s = std::getenv("LOOM_TEST_FAULT");
+    return std::string(s ? s : "");
+  }();
+  if (spec.empty()) return;
+  if (spec == std::string(phase) + "@" + std::to_string(step)) std::raise(SIGKILL);
 }
 
 // A field of a checkpoint's JSON file, typed, or Error(kData) naming both.
@@ -216,9 +232,11 @@ std::string save(const std::string& root, const GptStage<float>& model, const fl
   for (const Param& p : params) declared.push_back(entry(p.name, p));
   declared.push_back(entry("lm_head.weight", params.front()));
   SafetensorsWriter weights((tmp / "model.safetensors").string(), declared, {{"format", "pt"}});
-  for (const Param& p : params)
+  for (const Param& p : params) {
     weights.append(whole_tensor(p, model.param(p), assemble, buf),
                    declared[weights.written()].bytes);
+    if (weights.written() == params.size() / 2) fault_point("partial", state.step);
+  }
   weights.append(whole_tensor(params.front(), model.param(params.front()), assemble, buf),
                  declared.back().bytes);
   weights.commit();
@@ -257,7 +275,9 @@ std::string save(const std::string& root, const GptStage<float>& model, const fl
   }
   write_file_atomic((tmp / "manifest.json").string(), manifest.dump(2) + "\n");
   fsync_path(tmp);
+  fault_point("rename", state.step);
   install(tmp, final_dir);
+  fault_point("pointer", state.step);
   write_file_atomic((fs::path(root) / "latest").string(), std::string(name) + "\n");
   if (keep_last > 0) prune(root, final_dir, keep_last);
   return final_dir.string();
