@@ -62,18 +62,36 @@ finish_within 30
 grep -q "comm timeout: pipeline receive of the activation of micro-batch 3 (chunk 0) from stage 0: recv #1 (1000 x f32, peer 0) in group 'world' did not complete within comm.timeout_s = 2 s: its peer, rank 0 of the group (world rank 0), never posted the matching send" "$WORK/out.txt" ||
   fail "no point-to-point timeout report: $(cat "$WORK/out.txt")"
 echo "ok: point-to-point timeout"
-# 4. kill -9 of a rank during a data-parallel training run.
+# 4. kill -9 of a rank during a data-parallel training run that saves every
+# step. Beyond the launcher's report, loom's own exit path: no rank of the
+# job is left running, every checkpoint in the run folder is complete and
+# verifies, `latest` names one of them, and metrics.jsonl has no torn line.
 cat > "$WORK/train.json" <<JSON
 {"train_batch_size": 8, "model": {"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 256, "seq_len": 32},
  "data": {"synthetic": true}, "train": {"steps": 1000000}, "comm": {"timeout_s": 10},
- "log": {"peak_gflops": 100}}
+ "checkpoint": {"every": 1, "keep_last": 3}, "log": {"peak_gflops": 100}}
 JSON
 start "$LOOM" train --config "$WORK/train.json" --out "$WORK/run"
 sleep 4
 kill -9 "$(rank_pid 3)"
 finish_within 30
 grep -q "exited on signal 9" "$WORK/out.txt" || fail "no report of the killed rank: $(cat "$WORK/out.txt")"
-echo "ok: kill -9 during training"
+sleep 1
+! pgrep -f -- "--out $WORK/run" > /dev/null || fail "ranks left running: $(pgrep -af -- "--out $WORK/run")"
+[[ -f "$WORK/run/checkpoints/latest" ]] || fail "no checkpoint before the kill"
+[[ -d "$WORK/run/checkpoints/$(cat "$WORK/run/checkpoints/latest")" ]] || fail "latest dangles"
+python3 - "$WORK/run" <<'PY' || fail "a checkpoint or metrics.jsonl damaged by the kill"
+import glob, hashlib, json, os, sys
+run = sys.argv[1]
+for d in glob.glob(run + "/checkpoints/step-*"):
+    files = json.load(open(d + "/manifest.json"))["files"]
+    assert {"model.safetensors", "trainer_state.json"} <= set(files), d
+    for name, info in files.items():
+        data = open(os.path.join(d, name), "rb").read()
+        assert len(data) == info["bytes"] and hashlib.sha256(data).hexdigest() == info["sha256"], name
+[json.loads(l) for l in open(run + "/metrics.jsonl")]
+PY
+echo "ok: kill -9 during training (no rank left, checkpoints complete, metrics whole)"
 # 5. A frozen stage in a 4-stage pipeline: the job ends with a timeout that
 # names it (its neighbours' messages, or a collective it never joined).
 start "$LOOM" train --config "$WORK/train.json" --out "$WORK/pp" --set parallel.pipeline=4 \
