@@ -3,12 +3,15 @@
 // corner cases the reference cannot express (invalid UTF-8).
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include <nlohmann/json.hpp>
 
 #include "loom/core/error.h"
 #include "loom/data/gpt2_tokenizer.h"
 #include "loom/data/prepare.h"
 #include "loom/io/fs.h"
+#include "test_util.h"
 
 namespace loom {
 namespace {
@@ -84,6 +87,29 @@ TEST(Utf8, FindsTheFirstInvalidOffset) {
   EXPECT_EQ(find_invalid_utf8("ab\xc0\xafz"), 2u);    // overlong
   EXPECT_EQ(find_invalid_utf8("x\xed\xa0\x80"), 1u);  // surrogate
   EXPECT_EQ(find_invalid_utf8("\x80"), 0u);           // stray continuation
+}
+
+}  // namespace
+}  // namespace loom
+
+namespace loom {
+namespace {
+
+// Damaged tokenizer files end in one line naming the file and the token.
+TEST(Gpt2Tokenizer, DamagedVocabularyFilesNameTheFileAndToken) {
+  test::TempDir tmp;
+  auto load = [&](const std::string& encoder) {
+    std::ofstream(tmp.path / "encoder.json") << encoder;
+    std::ofstream(tmp.path / "vocab.bpe") << "#version: 0.2\n";
+    return test::error_of([&] { Gpt2Tokenizer t(tmp.path.string()); });
+  };
+  EXPECT_HAS(load(R"({"a": "zero"})"),
+             "encoder.json: token \"a\" has id \"zero\", not a whole "
+             "number below the 1 tokens");
+  EXPECT_HAS(load(R"({"a": -1})"), "token \"a\" has id -1");
+  EXPECT_HAS(load(R"({"a": 0.5})"), "token \"a\" has id 0.5");
+  EXPECT_HAS(load(R"({"a": 7})"), "token \"a\" has id 7, not a whole number below the 1 tokens");
+  EXPECT_HAS(load("[1]"), "encoder.json: not a JSON object");
 }
 
 }  // namespace

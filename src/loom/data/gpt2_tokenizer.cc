@@ -117,8 +117,14 @@ Gpt2Tokenizer::Gpt2Tokenizer(const std::string& dir) {
   std::unordered_map<std::string, uint32_t> encoder;
   decoder_.resize(enc.size());
   for (const auto& [token, id] : enc.items()) {
-    uint32_t i = id.get<uint32_t>();
-    LOOM_CHECK_KIND(kData, i < decoder_.size(), "{}: id {} out of range", enc_path, i);
+    // Ids are whole numbers below the vocabulary's size (anything else
+    // would escape as a JSON type error or wrap).
+    LOOM_CHECK_KIND(
+        kData, id.is_number_unsigned() && id.get<uint64_t>() < decoder_.size(),
+        "{}: token {} has id {}, not a whole number below the {} tokens", enc_path,
+        nlohmann::json(token).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+        id.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), decoder_.size());
+    const uint32_t i = id.get<uint32_t>();
     decoder_[i] = token;
     encoder[token] = i;
   }
