@@ -230,8 +230,8 @@ WorkPtr MpiProcessGroup::enqueue(Op op, std::function<void(const Op&)> body) {
         // process and leave the waiting side blocked.
         work->fail(format("group '{}' rank {}: {}: {}", name_, rank_, op.describe(), e.what()));
       } catch (...) {
-        work->fail(format("group '{}' rank {}: {}: unknown exception", name_, rank_,
-                          op.describe()));
+        work->fail(
+            format("group '{}' rank {}: {}: unknown exception", name_, rank_, op.describe()));
       }
     });
   }

@@ -42,21 +42,34 @@ void check_partition(const std::vector<int>& counts, int n_layer, int parts) {
                   "parallel.partition sums to {} layers but model.n_layer is {}", sum, n_layer);
 }
 
+namespace {
+
+// Part k of `parts` holding blocks [a, b): its time, and its peak bytes
+// (in_flight micro-batches' activations plus its model state).
+PartCost cost_of_part(const ModelCosts& costs, int k, int parts, int a, int b, double in_flight) {
+  double t = 0, act = 0, state = 0;
+  auto add = [&](const LayerCost& c) {
+    t += c.seconds;
+    act += c.act_bytes;
+    state += c.state_bytes;
+  };
+  if (k == 0) add(costs.embedding);
+  for (int i = a; i < b; ++i) add(costs.blocks.at(static_cast<size_t>(i)));
+  if (k == parts - 1) add(costs.head);
+  return {t, in_flight * act + state};
+}
+
+}  // namespace
+
 std::vector<PartCost> part_costs(const ModelCosts& costs, const std::vector<int>& counts,
                                  const std::vector<double>& in_flight) {
   std::vector<PartCost> out;
-  size_t l = 0;
-  for (size_t k = 0; k < counts.size(); ++k) {
-    double t = 0, act = 0, state = 0;
-    auto add = [&](const LayerCost& c) {
-      t += c.seconds;
-      act += c.act_bytes;
-      state += c.state_bytes;
-    };
-    if (k == 0) add(costs.embedding);
-    for (int i = 0; i < counts[k]; ++i) add(costs.blocks.at(l++));
-    if (k + 1 == counts.size()) add(costs.head);
-    out.push_back({t, in_flight.at(k) * act + state});
+  const int parts = static_cast<int>(counts.size());
+  int first = 0;
+  for (int k = 0; k < parts; ++k) {
+    const int n = counts[static_cast<size_t>(k)];
+    out.push_back(cost_of_part(costs, k, parts, first, first + n, in_flight.at(size_t(k))));
+    first += n;
   }
   return out;
 }
@@ -71,18 +84,8 @@ std::vector<int> balanced_partition(const ModelCosts& costs, int parts,
   std::vector<std::vector<double>> best(parts, std::vector<double>(n + 1, inf));
   std::vector<std::vector<int>> cut(parts, std::vector<int>(n + 1, -1));
   auto cost_of = [&](int k, int a, int b) {  // part k holding blocks [a, b)
-    std::vector<int> counts(static_cast<size_t>(parts), 0);
-    double t = 0, act = 0, state = 0;
-    auto add = [&](const LayerCost& c) {
-      t += c.seconds;
-      act += c.act_bytes;
-      state += c.state_bytes;
-    };
-    if (k == 0) add(costs.embedding);
-    for (int i = a; i < b; ++i) add(costs.blocks[static_cast<size_t>(i)]);
-    if (k == parts - 1) add(costs.head);
-    const double bytes = in_flight.at(static_cast<size_t>(k)) * act + state;
-    return (memory_limit > 0 && bytes > memory_limit) ? inf : t;
+    const PartCost c = cost_of_part(costs, k, parts, a, b, in_flight.at(static_cast<size_t>(k)));
+    return (memory_limit > 0 && c.bytes > memory_limit) ? inf : c.seconds;
   };
   for (int i = 1; i <= n; ++i) best[0][i] = cost_of(0, 0, i);
   for (int k = 1; k < parts; ++k)
