@@ -8,7 +8,6 @@
 // from the ParallelContext passed in; nothing is global.
 #pragma once
 
-#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <vector>

@@ -97,6 +97,10 @@ std::shared_ptr<MpiProcessGroup> MpiRuntime::world(const CommOptions& options) {
 void MpiRuntime::abort(const std::string& message, int code) {
   std::fprintf(stderr, "loom: rank %d: %s\n", world_rank_, message.c_str());
   std::fflush(stderr);
+  // mpirun relays a rank's stderr asynchronously and tears the job down on
+  // the first abort: give the line a moment to get out (two ranks timing out
+  // at once otherwise lost it in a test).
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
   MPI_Abort(MPI_COMM_WORLD, code);
   std::_Exit(code);
 }
