@@ -62,7 +62,15 @@ void prune(const fs::path& root, const fs::path& written, int64_t keep_last) {
   }
   std::sort(others.begin(), others.end());
   const size_t keep = static_cast<size_t>(keep_last - 1);
-  for (size_t i = 0; i + keep < others.size(); ++i) fs::remove_all(others[i].second);
+  for (size_t i = 0; i + keep < others.size(); ++i) {
+    // Renamed out of the step-* names first: a process killed while the
+    // files go never leaves a half-deleted folder that looks like a checkpoint.
+    const fs::path& old = others[i].second;
+    const fs::path trash = old.parent_path() / ("." + old.filename().string() + ".old");
+    fs::remove_all(trash);
+    fs::rename(old, trash);
+    fs::remove_all(trash);
+  }
 }
 
 // Whether v holds a T exactly: integers must be JSON integers within T's
