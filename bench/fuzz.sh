@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${SECONDS_PER_TARGET:-${SECONDS_EACH:-300}}
-targets=${TARGETS:-"config safetensors token_file checkpoint_meta gpt2"}
+targets=${TARGETS:-"config safetensors token_file checkpoint_meta gpt2 gpt2_files"}
 command -v clang++ > /dev/null || { echo "bench/fuzz.sh needs clang (apt-get install clang)" >&2; exit 1; }
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DLOOM_FUZZ=ON -DLOOM_NATIVE=OFF > /dev/null

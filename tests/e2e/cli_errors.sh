@@ -36,7 +36,7 @@ expect_error "activation_checkpointing.budget_bytes 10000 is too small: one bloc
   run --config "$WORK/good.json" --set activation_checkpointing.policy=budget --set activation_checkpointing.budget_bytes=10000
 expect_error "the job's 1 rank(s) do not divide into parallel.tensor 1 x parallel.pipeline 2" \
   run --config "$WORK/good.json" --set parallel.pipeline=2
-expect_error "parallel.expert is 2, but this build has no expert parallelism yet" \
+expect_error "parallel.expert is 2 but the model has no mixture-of-experts layers" \
   run --config "$WORK/good.json" --set parallel.expert=2
 expect_error "parallel.virtual_stages 2 needs parallel.schedule interleaved (it is 1f1b)" \
   run --config "$WORK/good.json" --set parallel.virtual_stages=2

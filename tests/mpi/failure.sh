@@ -27,13 +27,33 @@ rank_pid() { pgrep -P "$job" | sort -n | sed -n "$(($1 + 1))p"; }
 
 long=(bench comm --op allreduce --algo ring --min 1M --max 1M --iters 1000000 --warmup 0)
 
-# 1. kill -9 of rank 2 in the middle of a long loop of all-reduces.
+# 1. kill -9 of rank 2 in the middle of a long loop of all-reduces: the
+# launcher ends the job, and no rank of it is left running.
 start "$LOOM" "${long[@]}" --set comm.timeout_s=10
 sleep 3
 kill -9 "$(rank_pid 2)"
 finish_within 30
 grep -q "exited on signal 9" "$WORK/out.txt" || fail "no report of the killed rank: $(cat "$WORK/out.txt")"
+sleep 1
+! pgrep -f -- "loom bench comm" > /dev/null || fail "ranks left running: $(pgrep -af -- "loom bench comm")"
 echo "ok: kill -9"
+# 1b. The same with the launcher told to keep a job whose rank died
+# (--enable-recovery): loom's own watchdog ends it within the timeout,
+# naming the operation and the dead rank.
+mpirun --oversubscribe --enable-recovery -np 4 "$LOOM" "${long[@]}" --set comm.timeout_s=4 \
+  > "$WORK/out.txt" 2>&1 & job=$!
+sleep 3
+kill -9 "$(rank_pid 2)"
+t0=$SECONDS
+while kill -0 "$job" 2>/dev/null; do
+  ((SECONDS - t0 <= 30)) || { kill -9 "$job"; fail "job still running 30 s after a rank died"; }
+  sleep 0.2
+done
+wait "$job" || true
+grep -Eq "loom: rank [013]: comm timeout: allreduce #[0-9]+ \(262144 x f32, sum\) in group 'world' \(size 4\) did not complete within comm.timeout_s = 4 s; .*ranks that did not answer: 2 \(world 2\)" \
+  "$WORK/out.txt" || fail "no loom report naming the dead rank: $(cat "$WORK/out.txt")"
+! pgrep -f -- "loom bench comm" > /dev/null || fail "ranks left running: $(pgrep -af -- "loom bench comm")"
+echo "ok: kill -9, loom's own report"
 
 # 2. SIGSTOP of rank 1: the others time out and name it.
 start "$LOOM" "${long[@]}" --set comm.timeout_s=3
@@ -84,8 +104,11 @@ python3 - "$WORK/run" <<'PY' || fail "a checkpoint or metrics.jsonl damaged by t
 import glob, hashlib, json, os, sys
 run = sys.argv[1]
 for d in glob.glob(run + "/checkpoints/step-*"):
-    files = json.load(open(d + "/manifest.json"))["files"]
-    assert {"model.safetensors", "trainer_state.json"} <= set(files), d
+    m = json.load(open(d + "/manifest.json"))
+    files = m["files"]
+    # Sharded: each of the 4 ranks' files, and the run's state.
+    ranks = {"rank-%05d.safetensors" % r for r in range(4)}
+    assert m["format"] == "loom checkpoint v2" and ranks | {"trainer_state.json"} <= set(files), d
     for name, info in files.items():
         data = open(os.path.join(d, name), "rb").read()
         assert len(data) == info["bytes"] and hashlib.sha256(data).hexdigest() == info["sha256"], name

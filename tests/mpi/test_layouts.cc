@@ -11,14 +11,20 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "loom/checkpoint/sharded.h"
 #include "loom/core/memory.h"
+#include "loom/io/fs.h"
 #include "loom/nn/param.h"
+#include "loom/parallel/expert/all_to_all.h"
 #include "loom/parallel/tensor/linear.h"
 #include "loom/train/config.h"
 #include "loom/train/trainer.h"
@@ -74,13 +80,30 @@ std::map<std::string, std::vector<float>> whole_params(Trainer& t) {
   return WholeModel(t.engine(), false).params_by_name();
 }
 
+// Parameters and both AdamW moments of every tensor, whole, by name
+// (collective).
+std::map<std::string, std::vector<float>> whole_state(Trainer& t) {
+  WholeModel w(t.engine(), true);
+  std::map<std::string, std::vector<float>> out;
+  for (const Param& p : w.layout().params())
+    for (auto [kind, prefix] :
+         {std::pair{WholeModel::kParam, ""}, std::pair{WholeModel::kExpAvg, "exp_avg."},
+          std::pair{WholeModel::kExpAvgSq, "exp_avg_sq."}}) {
+      std::vector<float> x(static_cast<size_t>(p.shape.numel()));
+      w.get(p, kind, x.data());
+      out[prefix + p.name] = std::move(x);
+    }
+  return out;
+}
+
 RunResult train(const std::vector<std::string>& overrides, std::shared_ptr<ProcessGroup> group) {
   int world = group ? group->size() : 1;
   Config c = parse_config(kBase, "harness", overrides, world);
   RunOptions o;
   o.quiet = true;
-  o.parallel = make_parallel_context(std::move(group),
-                                     GridShape{world, c.parallel.tensor, c.parallel.pipeline});
+  o.parallel = make_parallel_context(
+      std::move(group),
+      GridShape{world, c.parallel.tensor, c.parallel.pipeline, c.parallel.expert});
   Trainer t(std::move(c), o, ThreadConfig{});
   RunResult r;
   for (const auto& s : t.run()) r.losses.push_back(s.loss), r.grad_norms.push_back(s.grad_norm);
@@ -203,6 +226,89 @@ std::vector<Layout> layouts(int world) {
   };
   data.insert(data.end(), tensor.begin(), tensor.end());
   data.insert(data.end(), pipeline.begin(), pipeline.end());
+  // Mixtures of experts (blocks 1 and 3: 4 experts, top-2), with the
+  // balancing losses, without and with dropping at capacity: each expert's
+  // gradients reduce over the data-parallel group like any parameter's, and
+  // every layout drops the same tokens (capacity 1.25 drops 3.7% of the
+  // assignments at the last step). Routing is discontinuous: reduction
+  // order moves a logit by ulps, and where two gates compete for the last
+  // place of an expert within ulps the choice can flip (at capacity 1.0 one
+  // did at step 12 between micro-batches of 16 and of 4 in one process).
+  // The tolerance holds while no decision sits that close.
+  const std::vector<std::string> moe = {"model.moe.num_experts=4", "model.moe.every_n_layers=2",
+                                        "model.moe.z_loss_coef=0.001"};
+  std::vector<std::string> moe_drop = moe;
+  moe_drop.push_back("model.moe.capacity_factor=1.25");
+  data.push_back({"moe 4 x top-2, dp", {dp}, moe});
+  data.push_back({"moe 4 x top-2, capacity 1.25 (dropping), zero-2",
+                  {dp, "zero_optimization.stage=2"},
+                  moe_drop});
+  std::vector<std::string> moe_bias = moe;
+  moe_bias.push_back("model.moe.balancing=bias");
+  moe_bias.push_back("model.moe.bias_update_rate=0.01");
+  data.push_back({"moe, bias balancing, zero-3", {dp, "zero_optimization.stage=3"}, moe_bias});
+  if (world == 2)
+    data.push_back({"moe 4 x top-2, capacity 1.25, pp 2", {"parallel.pipeline=2", acc4}, moe_drop});
+  if (world == 4)
+    data.push_back({"moe 4 x top-2, capacity 1.25, pp 2 x dp 2, zero-3",
+                    {"parallel.pipeline=2", acc4, "zero_optimization.stage=3"},
+                    moe_drop});
+  // Expert parallelism: the experts split over ep ranks, rows travelling by
+  // all-to-all; expert gradients reduced over the ranks holding the same
+  // experts, ZeRO shards too.
+  const std::string ep2 = "parallel.expert=2";
+  data.push_back({"moe, ep 2", {dp, ep2}, moe});
+  data.push_back({"moe, ep 2, zero-2", {dp, ep2, "zero_optimization.stage=2"}, moe});
+  data.push_back(
+      {"moe, ep 2, capacity 1.25, zero-2", {dp, ep2, "zero_optimization.stage=2"}, moe_drop});
+  data.push_back({"moe, ep 2, bias balancing, zero-3, accumulation 2",
+                  {dp, ep2, "zero_optimization.stage=3", "gradient_accumulation_steps=2"},
+                  moe_bias});
+  // Fixed routers: by a hash of the token id, by the last tag token.
+  const std::vector<std::string> hash = {"model.moe.num_experts=4", "model.moe.every_n_layers=2",
+                                         "model.moe.router=hash", "model.moe.capacity_factor=1.25"};
+  const std::vector<std::string> tag = {"model.moe.num_experts=4", "model.moe.every_n_layers=2",
+                                        "model.moe.top_k=1", "model.moe.router=tag",
+                                        "model.moe.tag_tokens=[7, 19, 42, 101, 200]"};
+  data.push_back({"moe, hash router, capacity 1.25, ep 2", {dp, ep2}, hash});
+  // Under tensor parallelism each rank routes its share of the sequences
+  // (and the router's and experts' gradients are summed over the group);
+  // with one sequence per micro-batch every rank routes it.
+  const std::string tpw = "parallel.tensor=" + std::to_string(world);
+  data.push_back({"moe, tp, capacity 1.25, sequences split", {tpw}, moe_drop});
+  data.push_back({"moe, tp, micro-batch 1 (every rank routes it)",
+                  {tpw, "gradient_accumulation_steps=16"},
+                  moe});
+  data.push_back(
+      {"moe, hash router, tp, sequences split, zero-1", {tpw, "zero_optimization.stage=1"}, hash});
+  data.push_back({"moe, tag router, zero-1", {dp, "zero_optimization.stage=1"}, tag});
+  if (world == 4) {
+    data.push_back({"moe, tag router, ep 2 x pp 2", {"parallel.pipeline=2", acc4, ep2}, tag});
+    data.push_back({"moe, ep 4", {dp, "parallel.expert=4"}, moe});
+    data.push_back(
+        {"moe, tp 2 x pp 2, zero_bubble, bias balancing, sequences split",
+         {"parallel.tensor=2", "parallel.pipeline=2", acc4, "parallel.schedule=zero_bubble"},
+         moe_bias});
+    data.push_back(
+        {"moe, tag router, tp 2 x dp 2, zero-3, full recompute, sequences split",
+         {"parallel.tensor=2", "zero_optimization.stage=3", "activation_checkpointing.policy=full"},
+         tag});
+    data.push_back({"moe, ep 4, capacity 1.25, zero-1",
+                    {dp, "parallel.expert=4", "zero_optimization.stage=1"},
+                    moe_drop});
+    data.push_back({"moe, ep 2 x dp 2, capacity 1.25, zero-2",
+                    {dp, ep2, "zero_optimization.stage=2"},
+                    moe_drop});
+    data.push_back({"moe, ep 2 x dp 2, zero-3", {dp, ep2, "zero_optimization.stage=3"}, moe});
+    data.push_back({"moe, ep 2 x tp 2", {"parallel.tensor=2", ep2}, moe});
+    data.push_back({"moe, ep 2 x tp 2, capacity 1.25, zero-2",
+                    {"parallel.tensor=2", ep2, "zero_optimization.stage=2"},
+                    moe_drop});
+    data.push_back({"moe, ep 2 x pp 2", {"parallel.pipeline=2", acc4, ep2}, moe});
+    data.push_back({"moe, ep 2 x pp 2, capacity 1.25, 1f1b, full recompute",
+                    {"parallel.pipeline=2", acc4, ep2, "activation_checkpointing.policy=full"},
+                    moe_drop});
+  }
   return data;
 }
 
@@ -247,8 +353,12 @@ void expect_like_one_process(const Layout& layout) {
   }
 }
 
+// LOOM_TEST_LAYOUTS=TEXT runs only the layouts whose name contains TEXT.
 TEST(Layouts, TrainExactlyLikeOneProcess) {
-  for (const Layout& layout : layouts(runtime().world_size())) expect_like_one_process(layout);
+  const char* only = std::getenv("LOOM_TEST_LAYOUTS");
+  for (const Layout& layout : layouts(runtime().world_size()))
+    if (only == nullptr || layout.name.find(only) != std::string::npos)
+      expect_like_one_process(layout);
 }
 
 // Eight ranks: every kind of model parallelism with data parallelism.
@@ -304,9 +414,133 @@ TEST(Checkpointing, PoliciesTrainBitwiseLikeNoneAtEveryZeroStage) {
   }
 }
 
-// Checkpoints hold whole tensors, so one saved under any tensor-parallel
-// size loads under any other: parameters and AdamW moments come back
-// bitwise. tp N -> one process -> tp N, and at 4 ranks tp 4 -> tp 2 -> tp 4.
+// The all-to-all dispatcher alone: every rank's rows for each expert (some
+// blocks empty) arrive at the expert's rank, expert by expert and within an
+// expert rank by rank; combine brings each row back to its place. Row
+// values name (rank, expert, row, column), so any misplaced row shows.
+TEST(ExpertParallel, DispatchSendsEveryRowToItsExpertAndCombineBringsItBack) {
+  auto world = runtime().world(CommOptions{});
+  const int P = world->size(), me = world->rank(), L = 2, E = P * L;
+  const int64_t C = 3;
+  if (P == 1) GTEST_SKIP() << "needs 2 ranks";
+  ep::AllToAllDispatcher d(world);
+  auto count = [&](int r, int e) { return int64_t{(r * 5 + e * 3) % 4}; };  // 0 to 3 rows
+  auto value = [](int r, int e, int64_t i, int64_t c) {
+    return static_cast<float>(r * 1000 + e * 100 + i * 10 + c);
+  };
+  std::vector<int64_t> mine(static_cast<size_t>(E));
+  std::vector<float> rows;
+  for (int e = 0; e < E; ++e) {
+    mine[static_cast<size_t>(e)] = count(me, e);
+    for (int64_t i = 0; i < count(me, e); ++i)
+      for (int64_t c = 0; c < C; ++c) rows.push_back(value(me, e, i, c));
+  }
+  const ExpertPlan p = d.plan(mine, E);
+  std::vector<float> want;
+  for (int le = 0; le < L; ++le) {
+    const int e = me * L + le;
+    int64_t n = 0;
+    for (int s = 0; s < P; ++s)
+      for (int64_t i = 0; i < count(s, e); ++i, ++n)
+        for (int64_t c = 0; c < C; ++c) want.push_back(value(s, e, i, c));
+    EXPECT_EQ(p.offsets[static_cast<size_t>(le) + 1] - p.offsets[static_cast<size_t>(le)], n)
+        << "local expert " << le;
+  }
+  std::vector<float> got(static_cast<size_t>(p.rows() * C), -1.0f);
+  d.dispatch(p, rows.data(), C, got.data());
+  EXPECT_EQ(got, want);
+  for (float& x : got) x += 0.5f;  // what the experts did
+  std::vector<float> back(rows.size(), -1.0f);
+  d.combine(p, got.data(), C, back.data());
+  for (float& x : rows) x += 0.5f;
+  EXPECT_EQ(back, rows);
+  const ep::AllToAllStats st = d.take_stats();
+  EXPECT_EQ(st.calls, 2);
+  world->barrier()->wait();
+}
+
+// Under expert parallelism each rank writes the experts it holds under
+// their global names (transformer.h.1.mlp.experts.3.c_fc.weight), so a
+// checkpoint loads bitwise in one process and at any other expert-parallel
+// size (and at another ZeRO stage), a resumed run continues bitwise, and the
+// whole format (gathered from the expert ranks) loads alike.
+TEST(ExpertParallel, CheckpointsHoldEveryExpertAndLoadAtAnyEpBitwise) {
+  const int n = runtime().world_size();
+  const std::string root =
+      (std::filesystem::temp_directory_path() / "loom-test-ep-checkpoints").string();
+  auto world = runtime().world(CommOptions{});
+  if (world->rank() == 0) std::filesystem::remove_all(root);
+  world->barrier()->wait();
+  auto make = [&](int ep, int stage, int steps, const std::string& resume, const std::string& dir,
+                  bool one_process, std::vector<std::string> extra = {}) {
+    std::vector<std::string> o = {"model.moe.num_experts=4",
+                                  "model.moe.every_n_layers=2",
+                                  "parallel.expert=" + std::to_string(ep),
+                                  "zero_optimization.stage=" + std::to_string(stage),
+                                  "train.steps=" + std::to_string(steps),
+                                  "checkpoint.every=3",
+                                  "checkpoint.dir=" + root + "/" + dir};
+    o.insert(o.end(), extra.begin(), extra.end());
+    Config c = parse_config(kBase, "harness", o, one_process ? 1 : n);
+    RunOptions opt;
+    opt.quiet = true;
+    opt.resume = resume;
+    if (!one_process) opt.parallel = make_parallel_context(world, GridShape{n, 1, 1, ep});
+    return std::make_unique<Trainer>(std::move(c), opt, ThreadConfig{});
+  };
+  const std::string step = "/step-00000003";
+  // A: ep n at ZeRO-2, 3 steps, saved.
+  auto a = make(n, 2, 3, "", "a", false);
+  a->run();
+  const auto sa = whole_state(*a);
+  ASSERT_TRUE(sa.count("transformer.h.1.mlp.experts.3.c_fc.weight"));
+  if (world->rank() == 0) {
+    const std::string manifest = read_file(root + "/a" + step + "/manifest.json");
+    for (int e = 0; e < 4; ++e)
+      EXPECT_NE(
+          manifest.find("\"transformer.h.3.mlp.experts." + std::to_string(e) + ".c_proj.weight\""),
+          std::string::npos)
+          << "expert " << e << " in the manifest";
+  }
+  // B: one process from it (every rank alone), then saved by rank 0.
+  auto b = make(1, 0, 3, root + "/a" + step, "b", true);
+  EXPECT_TRUE(whole_state(*b) == sa) << "ep " << n << " -> one process";
+  if (world->rank() == 0) b->save(0.0);
+  world->barrier()->wait();
+  // C: ep n at ZeRO-3 from the one-process checkpoint.
+  auto c = make(n, 3, 3, root + "/b" + step, "c", false);
+  EXPECT_TRUE(whole_state(*c) == sa) << "one process -> ep " << n << ", zero-3";
+  if (n == 4) {
+    // D: ep 2 (x dp 2) at ZeRO-1 from A's ep-4 checkpoint.
+    auto d = make(2, 1, 3, root + "/a" + step, "d", false);
+    EXPECT_TRUE(whole_state(*d) == sa) << "ep 4 -> ep 2 x dp 2";
+  }
+  // E: A resumed for 3 more steps continues as F, never stopped.
+  auto e = make(n, 2, 6, root + "/a" + step, "e", false);
+  auto f = make(n, 2, 6, "", "f", false);
+  const std::vector<StepResult> rf = f->run();
+  const std::vector<StepResult> re = e->run();
+  ASSERT_EQ(re.size(), 3u);
+  for (size_t k = 0; k < 3; ++k) EXPECT_EQ(re[k].loss, rf[k + 3].loss) << "step " << k + 4;
+  EXPECT_TRUE(whole_state(*e) == whole_state(*f)) << "resumed run's final state";
+  // G: the whole format, its experts gathered from their ranks.
+  auto g = make(n, 2, 3, "", "g", false, {"checkpoint.format=whole"});
+  g->run();
+  auto h = make(1, 0, 3, root + "/g" + step, "h", true);
+  EXPECT_TRUE(whole_state(*h) == whole_state(*g)) << "whole format, ep " << n << " -> one process";
+  world->barrier()->wait();
+  if (world->rank() == 0) {
+    std::filesystem::remove_all(root);
+    std::printf(
+        "[ ep checkpoints ] world %d: ep %d -> 1 -> ep %d (zero-3)%s bitwise; resume "
+        "bitwise; whole format\n",
+        n, n, n, n == 4 ? ", ep 4 -> ep 2 x dp 2" : "");
+  }
+}
+
+// A checkpoint saved under any tensor-parallel size loads under any other
+// (its pieces reassembled into the new slices): parameters and AdamW
+// moments come back bitwise. tp N -> one process -> tp N, and at 4 ranks tp 4 -> tp 2 -> tp 4.
 TEST(TensorParallel, CheckpointsLoadUnderAnyTensorParallelSizeBitwise) {
   const int n = runtime().world_size();
   const std::string root =
@@ -368,8 +602,8 @@ TEST(TensorParallel, CheckpointsLoadUnderAnyTensorParallelSizeBitwise) {
   }
 }
 
-// Checkpoints of a pipelined run hold whole tensors too: they load in one
-// process and at another pipeline size with parameters and AdamW moments
+// Checkpoints of a pipelined run (each stage writes its own tensors) load
+// in one process and at another pipeline size with parameters and AdamW moments
 // bitwise, and a pipelined run resumed from one continues bitwise as if
 // never stopped.
 TEST(Pipeline, CheckpointsLoadAnywhereAndResumeBitwise) {
@@ -380,20 +614,7 @@ TEST(Pipeline, CheckpointsLoadAnywhereAndResumeBitwise) {
   if (world->rank() == 0) std::filesystem::remove_all(root);
   world->barrier()->wait();
   using State = std::map<std::string, std::vector<float>>;
-  // Parameters and both moments of every tensor, whole, by name.
-  auto state = [](Trainer& t) {
-    WholeModel w(t.engine(), true);
-    State out;
-    for (const Param& p : w.layout().params())
-      for (auto [kind, prefix] :
-           {std::pair{WholeModel::kParam, ""}, std::pair{WholeModel::kExpAvg, "exp_avg."},
-            std::pair{WholeModel::kExpAvgSq, "exp_avg_sq."}}) {
-        std::vector<float> x(static_cast<size_t>(p.shape.numel()));
-        w.get(p, kind, x.data());
-        out[prefix + p.name] = std::move(x);
-      }
-    return out;
-  };
+  auto state = [](Trainer& t) { return whole_state(t); };
   auto make = [&](int pp, int steps, const std::string& resume, const std::string& dir,
                   bool one_process) {
     const int world_size = one_process ? 1 : n;
@@ -444,6 +665,214 @@ TEST(Pipeline, CheckpointsLoadAnywhereAndResumeBitwise) {
     std::printf("[ pp checkpoints ] world %d: pp %d -> 1 -> %d%s bitwise; resume bitwise\n", n, n,
                 n, n == 4 ? ", 4 -> 2 x dp 2 -> 4" : "");
   }
+}
+
+// /proc/self/status's `key` in bytes.
+size_t status_bytes(const char* key) {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind(key, 0) == 0) return std::stoull(line.substr(std::strlen(key) + 1)) * 1024;
+  return 0;
+}
+// Whether the resident set measures loom's memory: not under AddressSanitizer,
+// whose shadow memory and quarantine of freed blocks move it by megabytes.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kRssMeaningful = false;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kRssMeaningful = false;
+#else
+constexpr bool kRssMeaningful = true;
+#endif
+#else
+constexpr bool kRssMeaningful = true;
+#endif
+
+// Starts a new peak resident set (VmHWM) at the current size; false where
+// the kernel does not offer it.
+bool reset_peak_rss() {
+  std::ofstream f("/proc/self/clear_refs");
+  f << "5";
+  f.flush();
+  return f.good();
+}
+
+// Sharded checkpoints at every ZeRO stage: each rank writes its own shard,
+// and a save or a resume at stage 3 holds no more than the model state plus
+// one unit's buffers (the tracked peak and the resident set's high-water
+// mark both); the checkpoint loads bitwise at stages 0, 1 and 2, in one
+// process, and from a one-process save back at stage 3; async saves write
+// the same bytes as synchronous ones; a resumed run continues bitwise.
+TEST(ShardedCheckpoint, EveryZeroStageSavesAndResumesWithinStatePlusOneUnit) {
+  const int n = runtime().world_size();
+  const std::string root =
+      (std::filesystem::temp_directory_path() / "loom-test-zero-checkpoints").string();
+  auto world = runtime().world(CommOptions{});
+  if (world->rank() == 0) std::filesystem::remove_all(root);
+  world->barrier()->wait();
+  using State = std::map<std::string, std::vector<float>>;
+  // A model large enough for memory to show: units of ~3 MB.
+  auto make = [&](int stage, int steps, const std::string& resume, const std::string& dir,
+                  bool one_process, std::vector<std::string> extra = {}) {
+    std::vector<std::string> o = {
+        "model.n_embd=256", "model.n_layer=2", "zero_optimization.stage=" + std::to_string(stage),
+        "train.steps=" + std::to_string(steps), "checkpoint.dir=" + root + "/" + dir};
+    o.insert(o.end(), extra.begin(), extra.end());
+    Config c = parse_config(kBase, "harness", o, one_process ? 1 : n);
+    RunOptions opt;
+    opt.quiet = true;
+    opt.resume = resume;
+    if (!one_process) opt.parallel = make_parallel_context(world, GridShape{n});
+    return std::make_unique<Trainer>(std::move(c), opt, ThreadConfig{});
+  };
+  auto unit_bytes = [](Trainer& t) {
+    int64_t most = 0;
+    for (const Unit& u : t.model().layout().units()) most = std::max(most, u.size());
+    return static_cast<size_t>(most) * sizeof(float);
+  };
+  auto total = [](const std::array<size_t, kNumMemCategories>& a) {
+    size_t s = 0;
+    for (size_t x : a) s += x;
+    return s;
+  };
+  const bool rss = reset_peak_rss() && kRssMeaningful;
+  constexpr size_t kSlack = 2 << 20;  // allocator and file-system noise
+  const std::string step = "/step-00000003";
+
+  // A: stage 3 on n ranks, 3 steps, saved; the save measured.
+  auto a = make(3, 3, "", "a", false);
+  a->run();
+  const size_t unit = unit_bytes(*a);
+  memory_tracker().reset_peaks();
+  reset_peak_rss();
+  const size_t rss_before = status_bytes("VmRSS:");
+  a->save(0.0);
+  const size_t save_rss = status_bytes("VmHWM:") - rss_before;
+  const MemStats ms = memory_tracker().stats();
+  EXPECT_LE(total(ms.peak) - total(ms.current), unit) << "tracked peak during save";
+  if (rss) {
+    EXPECT_LE(save_rss, unit + kSlack) << "resident set growth during save";
+  }
+  const State sa = whole_state(*a);
+  for (int r = 0; r < n; ++r)
+    EXPECT_TRUE(std::filesystem::exists(root + "/a" + step + "/" + shard_file_name(r)));
+
+  // B: stage 3 resumed on n ranks: the load measured, the state bitwise.
+  memory_tracker().reset_peaks();
+  reset_peak_rss();
+  auto b = make(3, 6, root + "/a" + step, "b", false);
+  const MemStats mb = memory_tracker().stats();
+  const size_t load_rss = status_bytes("VmHWM:") - status_bytes("VmRSS:");
+  EXPECT_LE(total(mb.peak) - total(mb.current), unit) << "tracked peak above state at resume";
+  if (rss) {
+    EXPECT_LE(load_rss, unit + kSlack) << "resident set above state at resume";
+  }
+  EXPECT_TRUE(whole_state(*b) == sa) << "stage 3 -> stage 3";
+  // ... and continues as a run never stopped.
+  auto f = make(3, 6, "", "f", false);
+  const std::vector<StepResult> rf = f->run();
+  const std::vector<StepResult> rb = b->run();
+  ASSERT_EQ(rb.size(), 3u);
+  for (size_t k = 0; k < 3; ++k) EXPECT_EQ(rb[k].loss, rf[k + 3].loss) << "step " << k + 4;
+  EXPECT_TRUE(whole_state(*b) == whole_state(*f)) << "resumed run's final state";
+
+  // Other stages and one process load it bitwise.
+  for (int stage : {0, 1, 2}) {
+    auto c = make(stage, 3, root + "/a" + step, "c", false);
+    EXPECT_TRUE(whole_state(*c) == sa) << "stage 3 -> stage " << stage;
+  }
+  auto one = make(0, 3, root + "/a" + step, "one", true);
+  EXPECT_TRUE(whole_state(*one) == sa) << "stage 3 on " << n << " ranks -> one process";
+  if (world->rank() == 0) one->save(0.0);
+  world->barrier()->wait();
+  auto back = make(3, 3, root + "/one" + step, "back", false);
+  EXPECT_TRUE(whole_state(*back) == sa) << "one process -> stage 3";
+
+  // Async saves (every step, overlapping the next) write the same files.
+  auto sync = make(2, 4, "", "sync", false, {"checkpoint.every=2"});
+  sync->run();
+  auto async = make(2, 4, "", "async", false, {"checkpoint.every=2", "checkpoint.async=true"});
+  async->run();
+  if (world->rank() == 0) {
+    for (const char* s : {"/step-00000002/", "/step-00000004/"})
+      for (int r = 0; r < n; ++r) {
+        EXPECT_EQ(read_file(root + "/sync" + s + shard_file_name(r)),
+                  read_file(root + "/async" + s + shard_file_name(r)))
+            << s << shard_file_name(r);
+      }
+  }
+  world->barrier()->wait();
+  if (world->rank() == 0) {
+    std::filesystem::remove_all(root);
+    std::printf(
+        "[ sharded checkpoints ] world %d, stage 3: save +%.2f MB resident, resume +%.2f MB "
+        "above state (largest unit %.2f MB%s); stages 0-2, one process, back: bitwise; async = "
+        "sync\n",
+        n, save_rss / 1e6, load_rss / 1e6, unit / 1e6, rss ? "" : ", resident set not measured");
+  }
+}
+
+// A step whose gradients hold a NaN (LOOM_TEST_NONFINITE puts one into a
+// parameter's reduced gradient where a rank holds it) is skipped on every
+// rank at once with train.on_nonfinite skip: parameters and moments stay as
+// they were, the schedule does not advance, and every layout then trains
+// like one process doing the same.
+TEST(NonFinite, ASkippedStepIsSkippedEverywhereAndTrainsLikeOneProcess) {
+  const int n = runtime().world_size();
+  auto world = runtime().world(CommOptions{});
+  ::setenv("LOOM_TEST_NONFINITE", "3:transformer.h.1.mlp.c_fc.weight", 1);
+  const std::vector<std::string> base = {"train.steps=6", "train.on_nonfinite=skip",
+                                         "gradient_accumulation_steps=4"};
+  auto make = [&](std::vector<std::string> extra, bool one_process, GridShape shape) {
+    extra.insert(extra.end(), base.begin(), base.end());
+    Config c = parse_config(kBase, "harness", extra, one_process ? 1 : n);
+    RunOptions o;
+    o.quiet = true;
+    if (!one_process) o.parallel = make_parallel_context(world, shape);
+    return std::make_unique<Trainer>(std::move(c), o, ThreadConfig{});
+  };
+  // One process, step by step: the skipped step leaves the state as it was.
+  auto ref = make({}, true, GridShape{});
+  std::vector<StepResult> want;
+  want.push_back(ref->train_step());
+  want.push_back(ref->train_step());
+  const auto before = whole_state(*ref);
+  want.push_back(ref->train_step());
+  EXPECT_EQ(want.back().skipped_steps, 1);
+  EXPECT_TRUE(whole_state(*ref) == before) << "the skipped step changed the state";
+  for (int k = 0; k < 3; ++k) want.push_back(ref->train_step());
+  EXPECT_EQ(want.back().skipped_steps, 1);
+  const auto want_params = whole_params(*ref);
+  struct L {
+    std::string name;
+    std::vector<std::string> set;
+    GridShape shape;
+  };
+  for (const L& l : {L{"dp, zero-2", {"zero_optimization.stage=2"}, GridShape{n}},
+                     L{"tp", {"parallel.tensor=" + std::to_string(n)}, GridShape{n, n}},
+                     L{"pp", {"parallel.pipeline=" + std::to_string(n)}, GridShape{n, 1, n}}}) {
+    auto t = make(l.set, false, l.shape);
+    const std::vector<StepResult> got = t->run();
+    ASSERT_EQ(got.size(), want.size()) << l.name;
+    for (size_t k = 0; k < got.size(); ++k) {
+      EXPECT_EQ(got[k].skipped_steps, k >= 2 ? 1 : 0) << l.name << " step " << k + 1;
+      EXPECT_LE(std::abs(got[k].loss - want[k].loss), 1e-5 * std::abs(want[k].loss))
+          << l.name << " step " << k + 1;
+    }
+    const auto params = whole_params(*t);
+    double worst = 0;
+    for (const auto& [name, w] : want_params)
+      for (size_t i = 0; i < w.size(); ++i)
+        worst = std::max(worst, double(std::abs(params.at(name)[i] - w[i])));
+    EXPECT_LE(worst, 1e-4) << l.name;
+  }
+  ::unsetenv("LOOM_TEST_NONFINITE");
+  if (world->rank() == 0)
+    std::printf(
+        "[ non-finite ] world %d: step 3 skipped on every rank under dp zero-2, tp %d, "
+        "pp %d, as in one process\n",
+        n, n, n);
 }
 
 // Column- and row-parallel linears against the same layers in one process:

@@ -33,7 +33,7 @@ assert cfg["parallel"]["data"] == 2 and cfg["train_micro_batch_size_per_gpu"] ==
 print("ok: metrics with comm", lines[-1]["time"]["comm"], lines[-1]["comm_bytes"])
 PY
 # Tensor parallelism from the CLI: tp 2, its communication in the metrics,
-# then resumed in one process from its checkpoint (whole tensors).
+# then resumed in one process from its checkpoint (resharded on load).
 mpirun --oversubscribe -np 2 "$LOOM" train --config "$WORK/cfg.json" --set parallel.tensor=2 \
   --out "$WORK/tp" > "$WORK/out-tp.txt" 2>&1 || fail "tp training failed: $(cat "$WORK/out-tp.txt")"
 grep -q "loom: tensor parallel over 2 ranks: each holds 2 of 4 heads, 128 of 256 MLP features and 128 of 256 vocabulary rows" \
@@ -52,6 +52,40 @@ for a, b in zip(tp[3:], one):
     assert abs(a["loss"] - b["loss"]) <= 1e-5 * a["loss"], (a["loss"], b["loss"])
 print("ok: tp 2 trains like dp 2 and resumes in one process:", [round(l["loss"], 5) for l in one])
 PY
+# Expert parallelism from the CLI: a MoE model at ep 2 (each rank holds 2 of
+# the 4 experts), its all-to-alls in the metrics, trains like ep 1; its
+# checkpoint resumes in one process.
+moe=(--set 'model.moe={"num_experts": 4, "top_k": 2, "every_n_layers": 2}')
+for ep in 1 2; do
+  mpirun --oversubscribe -np 2 "$LOOM" train --config "$WORK/cfg.json" "${moe[@]}" \
+    --set parallel.expert=$ep --out "$WORK/ep$ep" > "$WORK/out-ep$ep.txt" 2>&1 ||
+    fail "ep $ep training failed: $(cat "$WORK/out-ep$ep.txt")"
+done
+grep -q "experts split over 2 expert-parallel ranks, 2 each" "$WORK/out-ep2.txt" ||
+  fail "no expert-parallel line: $(cat "$WORK/out-ep2.txt")"
+"$LOOM" train --config "$WORK/cfg.json" "${moe[@]}" --out "$WORK/ep-one" \
+  --resume "$WORK/ep2/checkpoints/step-00000003" > "$WORK/out-ep-one.txt" 2>&1 ||
+  fail "one-process resume of an ep checkpoint: $(cat "$WORK/out-ep-one.txt")"
+python3 - "$WORK/ep1/metrics.jsonl" "$WORK/ep2/metrics.jsonl" "$WORK/ep-one/metrics.jsonl" <<'PY' || fail "ep run"
+import json, sys
+ep1, ep2, one = ([json.loads(l) for l in open(p)] for p in sys.argv[1:])
+assert all(l["time"]["all_to_all"] > 0 for l in ep2) and all(l["time"]["all_to_all"] == 0 for l in ep1)
+for a, b in zip(ep1, ep2):
+    assert abs(a["loss"] - b["loss"]) <= 1e-5 * a["loss"], (a["loss"], b["loss"])
+assert [l["step"] for l in one] == [4, 5, 6], one
+for a, b in zip(ep2[3:], one):
+    assert abs(a["loss"] - b["loss"]) <= 1e-5 * a["loss"], (a["loss"], b["loss"])
+print("ok: ep 2 trains like ep 1 and resumes in one process:", [round(l["loss"], 5) for l in one])
+PY
+expect_fail() {
+  local want=$1
+  shift
+  if "$@" > "$WORK/err.txt" 2>&1; then fail "expected an error: $want"; fi
+  grep -q "$want" "$WORK/err.txt" || fail "expected '$want', got: $(cat "$WORK/err.txt")"
+}
+expect_fail "model.moe.num_experts 3 is not divisible by parallel.expert 2" \
+  mpirun --oversubscribe -np 2 "$LOOM" train --config "$WORK/cfg.json" --set parallel.expert=2 \
+  --set 'model.moe={"num_experts": 3, "top_k": 1}' --out "$WORK/ep-bad"
 mpirun --oversubscribe -np 2 "$LOOM" train --config "$WORK/cfg.json" --out "$WORK/b" \
   --resume "$WORK/a/checkpoints/step-00000003" > "$WORK/out2.txt" 2>&1 || fail "resume: $(cat "$WORK/out2.txt")"
 python3 - "$WORK/a/metrics.jsonl" "$WORK/b/metrics.jsonl" <<'PY' || fail "resume under mpirun is not exact"
@@ -61,8 +95,8 @@ b = [json.loads(l) for l in open(sys.argv[2])]
 assert [l["loss"] for l in a[3:]] == [l["loss"] for l in b], (a[3:], b)
 print("ok: exact resume under mpirun")
 PY
-# ZeRO stage 1: optimizer state sharded; checkpoints hold whole moments, so a
-# stage-1 run resumes exactly from its own checkpoint and from a stage-0 one.
+# ZeRO stage 1: optimizer state sharded; a stage-1 run resumes exactly from a
+# stage-0 checkpoint (resharded on load).
 mpirun --oversubscribe -np 2 "$LOOM" train --config "$WORK/cfg.json" --set zero_optimization.stage=1 \
   --out "$WORK/z" > "$WORK/outz.txt" 2>&1 || fail "zero-1 training: $(cat "$WORK/outz.txt")"
 mpirun --oversubscribe -np 2 "$LOOM" train --config "$WORK/cfg.json" --set zero_optimization.stage=1 \
@@ -77,8 +111,8 @@ for x, y in zip(a[3:], z2):
     assert abs(x["loss"] - y["loss"]) <= 1e-5 * x["loss"], (x["loss"], y["loss"])
 print("ok: zero-1 matches stage 0, and resumes from a stage-0 checkpoint")
 PY
-# ZeRO stage 3 (parameters sharded): same losses; its checkpoints hold whole
-# tensors, so one process without ZeRO resumes from them exactly.
+# ZeRO stage 3 (parameters sharded): same losses; each rank saves its own
+# shard, and one process without ZeRO resumes from them exactly.
 mpirun --oversubscribe -np 2 "$LOOM" train --config "$WORK/cfg.json" --set zero_optimization.stage=3 \
   --out "$WORK/z3" > "$WORK/outz3.txt" 2>&1 || fail "zero-3 training: $(cat "$WORK/outz3.txt")"
 grep -q "ZeRO stage 3" "$WORK/outz3.txt" || fail "no ZeRO stage line: $(cat "$WORK/outz3.txt")"
@@ -145,6 +179,45 @@ for rank in (0, 1):
 print("ok: pp 2 trains like one process, bubble", round(pp[-1]["bubble_fraction"], 3),
       "trace", len(slices), "slices; resumes in one process")
 PY
+# A rank killed in the middle of a distributed save (LOOM_TEST_FAULT=
+# PHASE@STEP:RANK), at each phase: the job ends, the previous checkpoint is
+# intact and `latest` names it, and the job resumed from latest trains
+# bitwise like one never interrupted. ZeRO-3, so each rank's file is its own
+# shard; with async saves too.
+for async in false true; do
+  zcfg=(--set zero_optimization.stage=3 --set checkpoint.every=1 --set checkpoint.async=$async)
+  mpirun --oversubscribe -np 2 "$LOOM" train --config "$WORK/cfg.json" "${zcfg[@]}" \
+    --out "$WORK/k-ref" --overwrite > "$WORK/out-kref.txt" 2>&1 || fail "reference: $(cat "$WORK/out-kref.txt")"
+  for fault in partial@3:1 partial@3:0 rename@3 pointer@3; do
+    rm -rf "$WORK/k"
+    rc=0
+    LOOM_TEST_FAULT=$fault mpirun --oversubscribe -np 2 -x LOOM_TEST_FAULT "$LOOM" train \
+      --config "$WORK/cfg.json" "${zcfg[@]}" --out "$WORK/k" > "$WORK/out-k.txt" 2>&1 || rc=$?
+    ((rc != 0)) || fail "$fault (async $async): the injected crash did not end the job"
+    latest=$(cat "$WORK/k/checkpoints/latest")
+    [[ $latest == step-00000002 ]] || fail "$fault (async $async): latest is $latest"
+    "$LOOM" checkpoint verify "$WORK/k/checkpoints" > /dev/null || fail "$fault: step 2 damaged"
+    mpirun --oversubscribe -np 2 "$LOOM" train --config "$WORK/cfg.json" "${zcfg[@]}" --out "$WORK/k" \
+      --resume latest > "$WORK/out-kr.txt" 2>&1 || fail "$fault: resume: $(cat "$WORK/out-kr.txt")"
+    python3 - "$WORK/k-ref/metrics.jsonl" "$WORK/k/metrics.jsonl" <<'PY' || fail "$fault (async $async): resume not exact"
+import json, sys
+ref, got = ([json.loads(l) for l in open(p)] for p in sys.argv[1:])
+assert [l["step"] for l in got] == list(range(1, 7)), got
+assert [l["loss"] for l in got] == [l["loss"] for l in ref], (got, ref)
+PY
+  done
+done
+echo "ok: a rank killed at each phase of a distributed save leaves latest complete; resume bitwise"
+# A non-finite gradient in a parameter that only the second pipeline stage
+# holds: every rank stops with the same message naming it.
+rc=0
+LOOM_TEST_NONFINITE=2:transformer.h.1.mlp.c_fc.weight mpirun --oversubscribe -np 2 \
+  -x LOOM_TEST_NONFINITE "$LOOM" train --config "$WORK/cfg.json" --set parallel.pipeline=2 \
+  --set gradient_accumulation_steps=4 --out "$WORK/nf" > "$WORK/out-nf.txt" 2>&1 || rc=$?
+((rc != 0)) || fail "non-finite gradient under pp 2 did not stop"
+grep -Eq "rank [01]: step 2: non-finite gradient \(norm -?nan\) first in 'transformer.h.1.mlp.c_fc.weight'" \
+  "$WORK/out-nf.txt" || fail "no non-finite message under mpirun: $(cat "$WORK/out-nf.txt")"
+echo "ok: non-finite gradient on stage 1 of pp 2 stops every rank, naming the parameter"
 rc=0
 mpirun --oversubscribe -np 2 "$LOOM" train --config "$WORK/cfg.json" --set parallel.pipeline=2 \
   --set model.n_layer=1 --out "$WORK/pp-bad" > "$WORK/out-ppbad.txt" 2>&1 || rc=$?

@@ -7,10 +7,12 @@
 #include <fstream>
 
 #include "loom/checkpoint/checkpoint.h"
+#include "loom/checkpoint/sharded.h"
 #include "loom/core/error.h"
 #include "loom/infer/generate.h"
 #include "loom/io/fs.h"
 #include "loom/io/safetensors.h"
+#include "loom/io/sha256.h"
 #include "test_util.h"
 
 namespace loom {
@@ -130,7 +132,7 @@ TEST(Checkpoint, DamagedManifestsAndStatesNameTheFileAndField) {
     std::ofstream(manifest, std::ios::binary) << text;
     return error_of([&] { verify_checkpoint(dir); });
   };
-  EXPECT_HAS(verify_with(R"({"files": {}})"), "manifest.json: lists no model.safetensors");
+  EXPECT_HAS(verify_with(R"({"files": {}})"), "manifest.json: lists no trainer_state.json");
   EXPECT_HAS(verify_with(R"({"format": 1})"), "manifest.json: field 'files' is missing");
   EXPECT_HAS(verify_with("{not json"), "manifest.json: not valid JSON");
   nlohmann::json j = nlohmann::json::parse(good);
@@ -241,6 +243,151 @@ TEST(Generate, GreedyIsDeterministicAndSurvivesAFullContext) {
   SampleOptions sampled{20, 1.0, 10, 5};
   EXPECT_EQ(generate(m, {4}, sampled), generate(m, {4}, sampled));
   EXPECT_HAS(error_of([&] { generate(m, {60}, greedy); }), "prompt token 60 is beyond");
+}
+
+// SHA-256 against FIPS 180-2's vectors, in one update or many, and of a
+// file read in pieces.
+TEST(Sha256, MatchesTheStandardsVectorsAndReadsFilesInPieces) {
+  EXPECT_EQ(sha256_hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(sha256_hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  const std::string million(1000000, 'a');
+  EXPECT_EQ(sha256_hex(million),
+            "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+  Sha256 h;
+  for (size_t i = 0; i < million.size(); i += 777)
+    h.update(million.data() + i, std::min<size_t>(777, million.size() - i));
+  EXPECT_EQ(h.hex_digest(), sha256_hex(million));
+  TempDir tmp;
+  const std::string big = million + million + "b";  // more than one read
+  write_file_atomic((tmp.path / "f").string(), big);
+  size_t bytes = 0;
+  EXPECT_EQ(sha256_file((tmp.path / "f").string(), &bytes), sha256_hex(big));
+  EXPECT_EQ(bytes, big.size());
+  EXPECT_HAS(error_of([&] { sha256_file((tmp.path / "none").string(), &bytes); }),
+             "none: cannot open");
+}
+
+// Sharded checkpoints: a tensor written as pieces of one slicing (ranges of
+// each rank's slice cut anywhere, as ZeRO cuts them) reads back into any
+// other slicing and range, straight from matching pieces or through the
+// whole tensor; the manifest's damage is named.
+struct ShardedFixture {
+  TempDir tmp;
+  Shape global{6, 8};
+  std::vector<float> whole;  // the global tensor: element i is i + 0.5
+  // Params that describe each slicing of it.
+  std::vector<Param> params;
+  ShardedFixture() {
+    for (int64_t i = 0; i < global.numel(); ++i) whole.push_back(static_cast<float>(i) + 0.5f);
+  }
+  Param param(ShardSpec s) {
+    Param p;
+    p.name = "transformer.h.0.mlp.c_fc.weight";
+    p.shape = global;
+    p.shard = s;
+    p.local = shard_shape(global, s);
+    p.numel = p.local.numel();
+    return p;
+  }
+  // Writes the slices of `count` ranks split as `make(r)`, each slice cut
+  // into two pieces at `cut` (in the slice), rank r to rank-r's file, and
+  // the manifest; returns the folder.
+  std::string write(const std::function<ShardSpec(int)>& make, int count, int64_t cut) {
+    std::vector<std::vector<float>> locals(static_cast<size_t>(count));
+    params.clear();
+    for (int r = 0; r < count; ++r) params.push_back(param(make(r)));
+    nlohmann::json files = nlohmann::json::object();
+    for (int r = 0; r < count; ++r) {
+      const Param& p = params[static_cast<size_t>(r)];
+      locals[static_cast<size_t>(r)].resize(static_cast<size_t>(p.numel));
+      shard_from_global(global, p.shard, whole.data(), locals[static_cast<size_t>(r)].data());
+      // Two ranks' files hold the two pieces of this slice: [0, cut) and [cut, n).
+      const float* d = locals[static_cast<size_t>(r)].data();
+      std::vector<PieceOut> a = {{p.name, &p, 0, cut, d}};
+      ShardFileInfo info = write_shard_file(tmp.path.string(), 2 * r, a);
+      files[shard_file_name(2 * r)] = {{"bytes", info.bytes}, {"sha256", info.sha256}};
+      std::vector<PieceOut> rest = {{p.name, &p, cut, p.numel, d + cut}};
+      info = write_shard_file(tmp.path.string(), 2 * r + 1, rest);
+      files[shard_file_name(2 * r + 1)] = {{"bytes", info.bytes}, {"sha256", info.sha256}};
+    }
+    nlohmann::json m = {{"format", "loom checkpoint v2"},
+                        {"files", files},
+                        {"tensors", index_shard_files(tmp.path.string(), 2 * count)}};
+    write_file_atomic((tmp.path / "manifest.json").string(), m.dump());
+    return tmp.path.string();
+  }
+  // What a reader gives for elements [b, e) of slicing s.
+  std::vector<float> read(const std::string& dir, ShardSpec s, int64_t b, int64_t e) {
+    const Param p = param(s);
+    std::vector<float> got(static_cast<size_t>(e - b), -1.0f);
+    CheckpointReader(dir).read(p.name, p, b, e, got.data());
+    return got;
+  }
+  std::vector<float> expect(ShardSpec s, int64_t b, int64_t e) {
+    std::vector<float> out;
+    for (int64_t i = b; i < e; ++i)
+      out.push_back(whole[static_cast<size_t>(shard_global_index(global, s, i))]);
+    return out;
+  }
+};
+
+TEST(ShardedCheckpoint, PiecesOfAnySlicingReadIntoAnyOther) {
+  ShardedFixture f;
+  // Saved column-split over 2 ranks, each slice cut at 5 (not a row boundary).
+  const std::string dir = f.write([](int r) { return ShardSpec::split(1, r, 2); }, 2, 5);
+  struct Case {
+    ShardSpec s;
+    int64_t b, e;
+  };
+  for (const Case& c : {Case{ShardSpec::split(1, 1, 2), 0, 24},  // same slicing, whole slice
+                        Case{ShardSpec::split(1, 0, 2), 3, 17},  // same slicing, across pieces
+                        Case{ShardSpec::whole(), 0, 48},         // one process
+                        Case{ShardSpec::whole(), 7, 31},         // a ZeRO range of it
+                        Case{ShardSpec::split(0, 1, 2), 2, 20},  // rows instead of columns
+                        Case{ShardSpec::split(1, 3, 4), 0, 12},  // more ranks
+                        Case{ShardSpec::heads(1, 1, 2, 2), 1, 23}})
+    EXPECT_EQ(f.read(dir, c.s, c.b, c.e), f.expect(c.s, c.b, c.e))
+        << c.s.describe() << " [" << c.b << ", " << c.e << ")";
+  // And the other way: saved whole in pieces, read as a column slice.
+  ShardedFixture g;
+  const std::string dir2 = g.write([](int) { return ShardSpec::whole(); }, 1, 29);
+  EXPECT_EQ(g.read(dir2, ShardSpec::split(1, 1, 2), 0, 24),
+            g.expect(ShardSpec::split(1, 1, 2), 0, 24));
+}
+
+TEST(ShardedCheckpoint, DamagedManifestsNameTheTensorAndTheReason) {
+  ShardedFixture f;
+  const std::string dir = f.write([](int r) { return ShardSpec::split(1, r, 2); }, 2, 5);
+  const std::string mpath = dir + "/manifest.json";
+  const nlohmann::json good = read_json_file(mpath);
+  const std::string t = "transformer.h.0.mlp.c_fc.weight";
+  auto with = [&](const std::function<void(nlohmann::json&)>& damage) {
+    nlohmann::json m = good;
+    damage(m);
+    write_file_atomic(mpath, m.dump());
+    return error_of([&] { f.read(dir, ShardSpec::whole(), 0, 48); });
+  };
+  EXPECT_HAS(with([&](nlohmann::json& m) { m["tensors"][t]["pieces"].erase(3); }),
+             "tensors." + t + ": the pieces hold 29 of its 48 elements");
+  EXPECT_HAS(with([&](nlohmann::json& m) { m["tensors"][t]["pieces"][1]["range"][0] = 4; }),
+             "pieces [0, 5) and [4, 24) overlap");
+  EXPECT_HAS(with([&](nlohmann::json& m) { m["tensors"][t]["pieces"][0]["shard"]["kind"] = "x"; }),
+             "unknown slicing 'x'");
+  EXPECT_HAS(with([&](nlohmann::json& m) { m["tensors"][t]["pieces"][0]["shard"]["index"] = 2; }),
+             "shard.index: expected a whole number in [0, 1], got 2");
+  EXPECT_HAS(with([&](nlohmann::json& m) { m["tensors"][t]["pieces"][0]["range"][1] = 25; }),
+             "range: expected a whole number in [0, 24], got 25");
+  EXPECT_HAS(with([&](nlohmann::json& m) { m["tensors"][t]["pieces"][0]["file"] = "x.bin"; }),
+             "piece in 'x.bin', which 'files' does not list");
+  EXPECT_HAS(with([&](nlohmann::json& m) {
+               m["tensors"][t]["shape"] = {8, 6};
+             }),
+             "has shape [8,6] but the config needs [6,8]");
+  EXPECT_HAS(with([&](nlohmann::json& m) { m["format"] = 2; }), "field 'format' is not a string");
+  EXPECT_HAS(with([&](nlohmann::json& m) {
+               m["tensors"][t]["shape"] = {6, 7};
+             }),
+             "slicing does not fit shape [6,7]");
 }
 
 }  // namespace

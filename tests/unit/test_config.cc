@@ -154,6 +154,157 @@ TEST(Config, ZeroKeysAndTheirErrors) {
 TEST(Config, DataAndPrecisionErrors) {
   EXPECT_HAS(error_of(R"({"train_batch_size": 4})"), "data.train: no token file given");
   EXPECT_HAS(error_of(kBase, {"fp16.enabled=true"}), "fp16/bf16 training is not supported");
+  EXPECT_HAS(error_of(kBase, {"fp16.enabled=true", "bf16.enabled=true"}),
+             "fp16.enabled and bf16.enabled are both true; choose one");
+  EXPECT_HAS(error_of(kBase, {"fp16.loss_scale=-1"}), "fp16.loss_scale");
+  EXPECT_HAS(error_of(kBase, {"fp16.min_loss_scale=65537"}),
+             "fp16.min_loss_scale 65537 is above the initial scale 65536 "
+             "(2^fp16.initial_scale_power)");
+  EXPECT_HAS(error_of(kBase, {"fp16.loss_scale=8", "fp16.min_loss_scale=16"}),
+             "is above the initial scale 8 (fp16.loss_scale)");
+  EXPECT_HAS(error_of(kBase, {"fp16.hysteresis=0"}), "fp16.hysteresis");
+  EXPECT_HAS(error_of(kBase, {"fp16.loss_scale_window=0"}), "fp16.loss_scale_window");
+  EXPECT_HAS(error_of(kBase, {"train.on_nonfinite=ignore"}), "train.on_nonfinite");
+}
+
+TEST(Config, MixtureOfExpertsKeys) {
+  const Config c =
+      parse_config(kBase, "cfg.json",
+                   {"model.moe.num_experts=8", "model.moe.top_k=1", "model.moe.every_n_layers=2",
+                    "model.moe.capacity_factor=1.25", "model.moe.aux_loss_coef=0.02"});
+  EXPECT_EQ(c.model.moe_experts, 8);
+  EXPECT_EQ(c.model.moe_top_k, 1);
+  EXPECT_FALSE(c.model.moe_layer(0));
+  EXPECT_TRUE(c.model.moe_layer(1));
+  EXPECT_EQ(c.resolved["model"]["moe"]["capacity_factor"], 1.25);
+  EXPECT_HAS(error_of(kBase, {"model.moe.num_experts=2", "model.moe.top_k=3"}),
+             "model.moe.top_k 3 is larger than model.moe.num_experts 2");
+  EXPECT_HAS(error_of(kBase, {"model.moe.num_experts=2", "model.moe.every_n_layers=3"}),
+             "model.moe.every_n_layers 3 is more than model.n_layer 2");
+  EXPECT_HAS(error_of(kBase, {"model.moe.top_k=2"}), "model.moe needs num_experts");
+  EXPECT_HAS(error_of(kBase, {"model.moe.num_experts=4", "model.moe.aux_loss_coef=-1"}),
+             "model.moe.aux_loss_coef");
+  EXPECT_HAS(error_of(kBase, {"model.moe.num_experts=4", "model.moe.routr=hash"}),
+             "did you mean 'model.moe.router'");
+  // Routers.
+  const Config h =
+      parse_config(kBase, "cfg.json", {"model.moe.num_experts=4", "model.moe.router=hash"});
+  EXPECT_EQ(h.model.moe_router, 1);
+  EXPECT_EQ(h.model.moe_aux_loss_coef, 0.0);
+  EXPECT_FALSE(h.resolved["model"]["moe"].contains("aux_loss_coef"));
+  const Config t = parse_config(
+      kBase, "cfg.json",
+      {"model.moe.num_experts=4", "model.moe.router=tag", "model.moe.tag_tokens=[5, 9]"});
+  EXPECT_EQ(t.model.moe_tag_tokens, (std::vector<int32_t>{5, 9}));
+  EXPECT_EQ(t.resolved["model"]["moe"]["tag_tokens"], nlohmann::json({5, 9}));
+  EXPECT_HAS(error_of(kBase, {"model.moe.num_experts=4", "model.moe.router=tag"}),
+             "model.moe.router is tag but model.moe.tag_tokens is not set");
+  EXPECT_HAS(error_of(kBase, {"model.moe.num_experts=4", "model.moe.tag_tokens=[5]"}),
+             "model.moe.tag_tokens is set but model.moe.router is learned");
+  EXPECT_HAS(error_of(kBase, {"model.moe.num_experts=4", "model.moe.router=tag",
+                              "model.moe.tag_tokens=[5, 1000000]"}),
+             "model.moe.tag_tokens: 1000000 is outside the vocabulary");
+  EXPECT_HAS(error_of(kBase, {"model.moe.num_experts=4", "model.moe.router=tag",
+                              "model.moe.tag_tokens=[5, 1.5]"}),
+             "model.moe.tag_tokens: 1.5 is not an integer");
+  EXPECT_HAS(error_of(kBase, {"model.moe.num_experts=4", "model.moe.router=tag",
+                              "model.moe.tag_tokens=[5, 9, 5]"}),
+             "model.moe.tag_tokens: 5 is listed twice");
+  EXPECT_HAS(
+      error_of(kBase,
+               {"model.moe.num_experts=4", "parallel.tensor=2", "parallel.sequence_parallel=true"},
+               2),
+      "parallel.sequence_parallel with mixture-of-experts layers is not supported yet");
+  EXPECT_HAS(error_of(kBase, {"model.moe.num_experts=4", "model.moe.router=hash",
+                              "model.moe.aux_loss_coef=0.01"}),
+             "model.moe.aux_loss_coef is set but model.moe.router is hash");
+  EXPECT_HAS(error_of(kBase, {"model.moe.num_experts=4", "model.moe.router=hash",
+                              "model.moe.balancing=bias"}),
+             "bias balancing steers the learned router");
+  EXPECT_HAS(error_of(kBase, {"model.moe.num_experts=4", "model.moe.router=random"}),
+             "model.moe.router: unknown value \"random\" (expected one of learned, hash, tag)");
+  // Expert parallelism.
+  EXPECT_HAS(error_of(kBase, {"parallel.expert=2"}, 2),
+             "parallel.expert is 2 but the model has no mixture-of-experts layers");
+  EXPECT_HAS(error_of(kBase, {"model.moe.num_experts=4", "parallel.expert=2"}),
+             "parallel.expert 2 does not divide the data-parallel size 1");
+  EXPECT_HAS(
+      error_of(kBase, {"model.moe.num_experts=4", "parallel.expert=4", "parallel.tensor=2"}, 4),
+      "parallel.expert 4 does not divide the data-parallel size 2");
+  EXPECT_HAS(
+      error_of(kBase, {"model.moe.num_experts=3", "model.moe.top_k=1", "parallel.expert=2"}, 2),
+      "model.moe.num_experts 3 is not divisible by parallel.expert 2");
+  EXPECT_EQ(parse_config(kBase, "cfg.json", {"model.moe.num_experts=4", "parallel.expert=2"}, 4)
+                .parallel.expert,
+            2);
+}
+
+// DeepSpeed's fp16 section as users bring it parses (with enabled false
+// until 16-bit training lands), its keys recorded in the resolved config.
+TEST(Config, DeepSpeedLossScalingKeys) {
+  Config c = parse_config(
+      kBase, "cfg.json",
+      {"fp16.enabled=false", "fp16.loss_scale_window=100", "fp16.initial_scale_power=12",
+       "fp16.hysteresis=3", "fp16.consecutive_hysteresis=true", "fp16.min_loss_scale=0.5"});
+  EXPECT_EQ(c.loss_scaling.loss_scale_window, 100);
+  EXPECT_EQ(c.loss_scaling.initial_scale_power, 12);
+  EXPECT_EQ(c.loss_scaling.hysteresis, 3);
+  EXPECT_TRUE(c.loss_scaling.consecutive_hysteresis);
+  EXPECT_EQ(c.loss_scaling.min_loss_scale, 0.5);
+  EXPECT_EQ(c.resolved["fp16"]["loss_scale_window"], 100);
+  const Config d = parse_config(kBase, "cfg.json", {});
+  EXPECT_EQ(d.loss_scaling.loss_scale, 0);
+  EXPECT_EQ(d.loss_scaling.initial_scale_power, 16);
+  EXPECT_EQ(d.loss_scaling.loss_scale_window, 1000);
+  EXPECT_EQ(d.loss_scaling.hysteresis, 2);
+  EXPECT_FALSE(d.loss_scaling.consecutive_hysteresis);
+  EXPECT_EQ(d.loss_scaling.min_loss_scale, 1);
+}
+
+// The scale against a sequence worked out by hand from the rules (window 3,
+// hysteresis 2, start 2^4 = 16, floor 2).
+TEST(LossScaler, FollowsHysteresisAndWindowByHand) {
+  LossScaleConfig c;
+  c.initial_scale_power = 4;
+  c.loss_scale_window = 3;
+  c.hysteresis = 2;
+  c.min_loss_scale = 2;
+  LossScaler s(c);
+  EXPECT_EQ(s.scale(), 16);
+  // iter: overflow? -> scale after
+  //  0 clean: (0 - -1) % 3 = 1        16
+  //  1 clean: 2 % 3                   16
+  //  2 clean: 3 % 3 = 0 -> double     32 (tolerance refilled to 2)
+  //  3 overflow: tolerance 2 -> 1     32
+  //  4 overflow: tolerance used: halve 16
+  //  5 overflow: tolerance still 1: halve 8
+  //  6 clean: (6 - 5) % 3 = 1         8
+  //  7 clean: 2                       8
+  //  8 clean: 3 % 3 = 0 -> double     16 (tolerance refilled to 2)
+  //  9 overflow: 2 -> 1               16
+  // 10 overflow: halve                8
+  // 11 overflow: halve                4
+  // 12 overflow: halve                2 (the floor)
+  // 13 overflow at the floor: refused (update returns false), stays 2
+  const bool overflow[] = {false, false, false, true, true, true, false,
+                           false, false, true,  true, true, true, true};
+  const double want[] = {16, 16, 32, 32, 16, 8, 8, 8, 16, 16, 8, 4, 2, 2};
+  for (int i = 0; i < 14; ++i) {
+    const bool ok = s.update(overflow[i]);
+    EXPECT_EQ(ok, i != 13) << "iteration " << i;
+    EXPECT_EQ(s.scale(), want[i]) << "iteration " << i;
+  }
+  // consecutive_hysteresis: every clean step refills the tolerance, so
+  // overflows separated by a clean step never halve.
+  c.consecutive_hysteresis = true;
+  LossScaler t(c);
+  for (int i = 0; i < 6; ++i) t.update(i % 2 == 0);
+  EXPECT_EQ(t.scale(), 16);
+  // A static scale never moves.
+  c.loss_scale = 128;
+  LossScaler u(c);
+  for (int i = 0; i < 10; ++i) EXPECT_TRUE(u.update(i % 3 == 0));
+  EXPECT_EQ(u.scale(), 128);
 }
 
 TEST(LrSchedule, MatchesDeepSpeedFormulas) {

@@ -124,21 +124,108 @@ TEST(Gpt, Float32AgreesWithFloat64) {
 }
 
 TEST(Gpt, KvCacheDecodingMatchesTheFullForward) {
-  GptStage<float> m(tiny(0.1f));  // dropout is off outside training
-  m.init(4);
-  const int64_t T = 8;
-  auto in = tokens(T, 50, 6);
-  auto acts = m.make_activations(1, T);
-  m.forward(acts, in.data(), nullptr, nullptr, StepContext{1, 0, 0, false});
-  KvCache<float> cache = m.make_kv_cache();
-  const int64_t Vp = m.config().padded_vocab();
-  for (int64_t t = 0; t < T; ++t) {
-    const float* logits = m.decode_step(cache, in[t]);
-    for (int64_t v = 0; v < 50; ++v)
-      ASSERT_NEAR(logits[v], acts.logits[t * Vp + v], 1e-5) << "position " << t << " token " << v;
+  // Dense, and with a mixture of experts in block 1 (no dropping: decoding
+  // routes each token alone).
+  GptConfig moe = tiny(0.1f);
+  moe.moe_experts = 4, moe.moe_top_k = 2, moe.moe_every = 2;
+  for (const GptConfig& c : {tiny(0.1f), moe}) {
+    GptStage<float> m(c);  // dropout is off outside training
+    m.init(4);
+    const int64_t T = 8;
+    auto in = tokens(T, 50, 6);
+    auto acts = m.make_activations(1, T);
+    m.forward(acts, in.data(), nullptr, nullptr, StepContext{1, 0, 0, false});
+    KvCache<float> cache = m.make_kv_cache();
+    const int64_t Vp = m.config().padded_vocab();
+    for (int64_t t = 0; t < T; ++t) {
+      const float* logits = m.decode_step(cache, in[t]);
+      for (int64_t v = 0; v < 50; ++v)
+        ASSERT_NEAR(logits[v], acts.logits[t * Vp + v], 1e-5) << "position " << t << " token " << v;
+    }
+    EXPECT_EQ(cache.len, T);
+    EXPECT_THROW(m.decode_step(cache, 1), Error);  // full
   }
-  EXPECT_EQ(cache.len, T);
-  EXPECT_THROW(m.decode_step(cache, 1), Error);  // full
+}
+
+// A mixture-of-experts model's whole backward against finite differences
+// (dropout on, capacity dropping, both balancing losses).
+TEST(Gpt, MoeBackwardMatchesFiniteDifferences) {
+  GptConfig c = tiny(0.1f);
+  c.moe_experts = 4, c.moe_top_k = 2, c.moe_every = 1, c.moe_capacity_factor = 1.0;
+  c.moe_aux_loss_coef = 0.1, c.moe_z_loss_coef = 0.01;
+  GptStage<double> m(c);
+  m.init(3);
+  const int64_t B = 2, T = 8;
+  auto in = tokens(B * T, 50, 1), tg = tokens(B * T, 50, 2);
+  auto acts = m.make_activations(B, T);
+  const StepContext ctx{5, 3, 0, true};
+  m.zero_grads();
+  m.forward(acts, in.data(), nullptr, tg.data(), ctx);
+  m.backward(acts, 1.0);
+  m.take_moe_stats();  // each objective below reads its own forward's
+  // The objective backward differentiates: the loss plus the weighted
+  // balancing losses of every MoE layer, recomputed from the layer inputs.
+  const Param& p = m.layout().find("transformer.h.1.mlp.router.weight");
+  const Param& q = m.layout().find("transformer.h.0.mlp.experts.2.c_fc.weight");
+  for (const Param* x : {&p, &q})
+    for (int64_t i = 0; i < x->numel; i += 7) {
+      double* v = m.param(*x) + i;
+      const double keep = *v, eps = 1e-5;
+      auto objective = [&] {
+        const double loss = m.forward(acts, in.data(), nullptr, tg.data(), ctx);
+        double extra = 0;
+        for (const auto& [layer, st] : m.take_moe_stats())
+          extra += c.moe_aux_loss_coef * st.aux + c.moe_z_loss_coef * st.z;
+        return loss + extra;
+      };
+      *v = keep + eps;
+      const double up = objective();
+      *v = keep - eps;
+      const double down = objective();
+      *v = keep;
+      const double want = (up - down) / (2 * eps);
+      EXPECT_NEAR(m.grads()[x->offset + i], want, 1e-6 + 1e-4 * std::abs(want))
+          << x->name << " " << i;
+    }
+}
+
+// Hash and tag routers: fixed gates, so the loss's gradient reaches the
+// experts through the dispatched rows alone; no router parameter exists.
+TEST(Gpt, FixedRoutersBackwardMatchesFiniteDifferences) {
+  for (int router : {1, 2}) {
+    GptConfig c = tiny(0.1f);
+    c.moe_experts = 4, c.moe_top_k = 2, c.moe_every = 1, c.moe_capacity_factor = 1.0;
+    c.moe_aux_loss_coef = 0, c.moe_router = router, c.moe_tag_tokens = {3, 9};
+    GptStage<double> m(c);
+    EXPECT_EQ(m.layout().find_or_null("transformer.h.0.mlp.router.weight"), nullptr);
+    m.init(3);
+    const int64_t B = 2, T = 8;
+    auto in = tokens(B * T, 50, 1), tg = tokens(B * T, 50, 2);
+    in[2] = 9, in[11] = 3;  // a tag in each sample
+    auto acts = m.make_activations(B, T);
+    const StepContext ctx{5, 3, 0, true};
+    m.zero_grads();
+    m.forward(acts, in.data(), nullptr, tg.data(), ctx);
+    m.backward(acts, 1.0);
+    const auto stats = m.take_moe_stats();
+    ASSERT_FALSE(stats.empty());
+    EXPECT_GT(stats.front().second.dropped, 0) << "capacity 1.0 drops some";
+    const Param& q = m.layout().find("transformer.h.1.mlp.experts.1.c_proj.weight");
+    const Param& w = m.layout().find("transformer.h.0.attn.c_attn.weight");
+    for (const Param* x : {&q, &w})
+      for (int64_t i = 0; i < x->numel; i += 11) {
+        double* v = m.param(*x) + i;
+        const double keep = *v, eps = 1e-5;
+        *v = keep + eps;
+        const double up = m.forward(acts, in.data(), nullptr, tg.data(), ctx);
+        *v = keep - eps;
+        const double down = m.forward(acts, in.data(), nullptr, tg.data(), ctx);
+        *v = keep;
+        const double want = (up - down) / (2 * eps);
+        EXPECT_NEAR(m.grads()[x->offset + i], want, 1e-6 + 1e-4 * std::abs(want))
+            << (router == 1 ? "hash " : "tag ") << x->name << " " << i;
+      }
+  }
 }
 
 TEST(Gpt, OverfitsAFixedBatch) {

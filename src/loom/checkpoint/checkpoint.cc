@@ -13,6 +13,7 @@
 #include <regex>
 #include <type_traits>
 
+#include "loom/checkpoint/sharded.h"
 #include "loom/core/error.h"
 #include "loom/io/fs.h"
 #include "loom/io/safetensors.h"
@@ -96,20 +97,6 @@ bool holds(const json& v) {
   }
 }
 
-// Fault injection for the crash-safety tests: LOOM_TEST_FAULT=PHASE@STEP
-// kills the process (SIGKILL, as a crash would) when the save of step STEP
-// reaches PHASE: `partial` (model.safetensors half written), `rename` (every
-// file durable in the temporary folder, before it is put in place) or
-// `pointer` (the folder in place, before `latest` moves). Tests only.
-void fault_point(const char* phase, int64_t step) {
-  static const std::string spec = [] {
-    const char* s = std::getenv("LOOM_TEST_FAULT");
-    return std::string(s ? s : "");
-  }();
-  if (spec.empty()) return;
-  if (spec == std::string(phase) + "@" + std::to_string(step)) std::raise(SIGKILL);
-}
-
 // A field of a checkpoint's JSON file, typed, or Error(kData) naming both.
 template <typename T>
 T field(const json& j, const char* key, const std::string& path) {
@@ -135,15 +122,6 @@ int64_t numel(const std::vector<int64_t>& s) {
   return n;
 }
 
-std::string shape_str(const std::vector<int64_t>& s) {
-  return json(s).dump();
-}
-
-// Copies entry `e` (any float dtype) into dst (count elements).
-void copy_entry(const SafetensorsEntry& e, float* dst, int64_t count) {
-  convert(e.data, e.dtype, dst, DType::kF32, static_cast<size_t>(count));
-}
-
 }  // namespace
 
 namespace {
@@ -167,31 +145,6 @@ const float* whole_tensor(const Param& p, const float* local, const AssembleFn& 
   buf.assign(static_cast<size_t>(p.shape.numel()), 0.0f);
   assemble(p, local, buf.data());
   return buf.data();
-}
-
-// Fills this rank's part of p (`local`, p.numel elements) from a file's
-// tensor holding the leading elements of the whole (the vocabulary rows of
-// wte may be fewer, or more when another layout padded them further; the
-// rest of the whole tensor is padding, zero).
-void load_tensor(const SafetensorsEntry& e, const Param& p, float* local) {
-  const int64_t n = std::min<int64_t>(numel(e.shape), p.shape.numel());
-  if (!p.shard.sharded()) {
-    std::fill(local, local + p.numel, 0.0f);
-    copy_entry(e, local, n);
-    return;
-  }
-  std::vector<float> whole(static_cast<size_t>(p.shape.numel()), 0.0f);
-  copy_entry(e, whole.data(), n);
-  shard_from_global(p.shape, p.shard, whole.data(), local);
-}
-
-// A moment tensor's shape in the file must match the parameter's but for
-// the number of vocabulary rows.
-bool moment_shape_fits(const std::vector<int64_t>& file, const Param& p) {
-  if (static_cast<int>(file.size()) != p.shape.rank()) return false;
-  for (int i = 1; i < p.shape.rank(); ++i)
-    if (file[static_cast<size_t>(i)] != p.shape[i]) return false;
-  return p.name == "transformer.wte.weight" || file[0] == p.shape[0];
 }
 
 }  // namespace
@@ -220,13 +173,7 @@ std::string save(const std::string& root, const GptStage<float>& model, const fl
         for (const Param& p : params) contribute(p, base + p.offset);
     return "";
   }
-  char name[32];
-  std::snprintf(name, sizeof name, "step-%08ld", static_cast<long>(state.step));
-  const fs::path final_dir = fs::path(root) / name;
-  const fs::path tmp = fs::path(root) / (std::string(".") + name + ".tmp");
-  fs::create_directories(root);
-  fs::remove_all(tmp);
-  fs::create_directories(tmp);
+  const fs::path tmp = begin_checkpoint(root, state.step);
 
   // Whole Hugging Face tensors written one at a time (a split one assembled
   // just before it is written), wte without its padding rows, and the tied
@@ -243,7 +190,7 @@ std::string save(const std::string& root, const GptStage<float>& model, const fl
   for (const Param& p : params) {
     weights.append(whole_tensor(p, model.param(p), assemble, buf),
                    declared[weights.written()].bytes);
-    if (weights.written() == params.size() / 2) fault_point("partial", state.step);
+    if (weights.written() == params.size() / 2) checkpoint_fault_point("partial", state.step);
   }
   weights.append(whole_tensor(params.front(), model.param(params.front()), assemble, buf),
                  declared.back().bytes);
@@ -260,38 +207,89 @@ std::string save(const std::string& root, const GptStage<float>& model, const fl
         optimizer.append(whole_tensor(p, base + p.offset, assemble, buf),
                          declared[optimizer.written()].bytes);
   optimizer.commit();
+  // The tensor files were hashed as they were written.
+  json manifest = {{"format", "loom checkpoint v1"}, {"files", json::object()}};
+  manifest["files"]["model.safetensors"] = {{"bytes", weights.file_bytes()},
+                                            {"sha256", weights.sha256()}};
+  manifest["files"]["optimizer.safetensors"] = {{"bytes", optimizer.file_bytes()},
+                                                {"sha256", optimizer.sha256()}};
+  return finish_checkpoint(root, state, config, std::move(manifest), keep_last);
+}
+
+}  // namespace
+
+std::string checkpoint_staging_folder(const std::string& root, int64_t step) {
+  char name[40];
+  std::snprintf(name, sizeof name, ".step-%08ld.tmp", static_cast<long>(step));
+  return (fs::path(root) / name).string();
+}
+
+std::string begin_checkpoint(const std::string& root, int64_t step) {
+  try {
+    const fs::path tmp = checkpoint_staging_folder(root, step);
+    fs::create_directories(root);
+    fs::remove_all(tmp);
+    fs::create_directories(tmp);
+    return tmp.string();
+  } catch (const fs::filesystem_error& e) {
+    LOOM_FAIL(kIo, "checkpoint save into {}: {}", root, e.what());
+  }
+}
+
+namespace {
+
+std::string finish(const std::string& root, const TrainerState& state, const json& config,
+                   json manifest, int64_t keep_last) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%08ld", static_cast<long>(state.step));
+  const fs::path final_dir = fs::path(root) / name;
+  const fs::path tmp = checkpoint_staging_folder(root, state.step);
   json st = {{"step", state.step},
              {"lr", state.lr},
              {"loss_scale", state.loss_scale},
              {"seed", state.seed},
              {"tokenizer", state.tokenizer},
+             {"skipped_steps", state.skipped_steps},
              {"data", {{"next_step", state.step}, {"sampler", "philox(seed, step, sample)"}}}};
   write_file_atomic((tmp / "trainer_state.json").string(), st.dump(2) + "\n");
   write_file_atomic((tmp / "config.resolved.json").string(), config.dump(2) + "\n");
-
-  // The tensor files were hashed as they were written; the small JSON files
-  // are read back.
-  json manifest = {
-      {"format", "loom checkpoint v1"}, {"step", state.step}, {"files", json::object()}};
-  manifest["files"]["model.safetensors"] = {{"bytes", weights.file_bytes()},
-                                            {"sha256", weights.sha256()}};
-  manifest["files"]["optimizer.safetensors"] = {{"bytes", optimizer.file_bytes()},
-                                                {"sha256", optimizer.sha256()}};
+  // The small JSON files are read back; the tensor files were hashed by
+  // their writers.
+  manifest["step"] = state.step;
   for (const char* f : {"trainer_state.json", "config.resolved.json"}) {
     std::string bytes = read_file((tmp / f).string());
     manifest["files"][f] = {{"bytes", bytes.size()}, {"sha256", sha256_hex(bytes)}};
   }
   write_file_atomic((tmp / "manifest.json").string(), manifest.dump(2) + "\n");
   fsync_path(tmp);
-  fault_point("rename", state.step);
+  checkpoint_fault_point("rename", state.step);
   install(tmp, final_dir);
-  fault_point("pointer", state.step);
+  checkpoint_fault_point("pointer", state.step);
   write_file_atomic((fs::path(root) / "latest").string(), std::string(name) + "\n");
   if (keep_last > 0) prune(root, final_dir, keep_last);
   return final_dir.string();
 }
 
 }  // namespace
+
+std::string finish_checkpoint(const std::string& root, const TrainerState& state,
+                              const json& config, json manifest, int64_t keep_last) {
+  try {
+    return finish(root, state, config, std::move(manifest), keep_last);
+  } catch (const fs::filesystem_error& e) {
+    LOOM_FAIL(kIo, "checkpoint save into {}: {}", root, e.what());
+  }
+}
+
+void checkpoint_fault_point(const char* phase, int64_t step, int rank) {
+  static const std::string spec = [] {
+    const char* s = std::getenv("LOOM_TEST_FAULT");
+    return std::string(s ? s : "");
+  }();
+  if (spec.empty()) return;
+  const std::string at = std::string(phase) + "@" + std::to_string(step);
+  if (spec == at + ":" + std::to_string(rank) || (rank == 0 && spec == at)) std::raise(SIGKILL);
+}
 
 std::string save_checkpoint(const std::string& root, const GptStage<float>& model,
                             const float* exp_avg, const float* exp_avg_sq,
@@ -317,7 +315,7 @@ std::string resolve_checkpoint(const std::string& dir_or_latest, const std::stri
   return (fs::path(root) / name).string();
 }
 
-void verify_checkpoint(const std::string& dir) {
+void verify_checkpoint(const std::string& dir, int part, int parts) {
   const fs::path d(dir);
   std::error_code ec;
   LOOM_CHECK_KIND(kIo, fs::is_directory(d, ec), "{}: not a checkpoint folder", dir);
@@ -328,8 +326,21 @@ void verify_checkpoint(const std::string& dir) {
   const json files = field<json>(m, "files", mpath);
   LOOM_CHECK_KIND(kData, files.is_object(), "{}: field 'files' is not an object", mpath);
   // What every checkpoint holds; a manifest listing less is damaged.
-  for (const char* f : {"model.safetensors", "trainer_state.json", "config.resolved.json"})
+  const bool sharded = m.is_object() && m.value("format", json()) == "loom checkpoint v2";
+  for (const char* f : {"trainer_state.json", "config.resolved.json"})
     LOOM_CHECK_KIND(kData, files.contains(f), "{}: lists no {} (damaged or not loom's)", mpath, f);
+  if (sharded) {
+    // Every tensor has pieces in listed files (CheckpointReader checks each
+    // piece against its tensor's shape).
+    const json tensors = field<json>(m, "tensors", mpath);
+    LOOM_CHECK_KIND(kData, tensors.is_object() && !tensors.empty(),
+                    "{}: field 'tensors' lists no tensor", mpath);
+    CheckpointReader reader(dir);
+  } else {
+    LOOM_CHECK_KIND(kData, files.contains("model.safetensors"),
+                    "{}: lists no model.safetensors (damaged or not loom's)", mpath);
+  }
+  int i = 0;
   for (const auto& [file, info] : files.items()) {
     LOOM_CHECK_KIND(kData, file.find('/') == std::string::npos && file != "..",
                     "{}: file name '{}' leaves the folder", mpath, file);
@@ -338,16 +349,155 @@ void verify_checkpoint(const std::string& dir) {
     const std::string where = mpath + " files." + file;
     const size_t want = field<size_t>(info, "bytes", where);
     const std::string sha = field<std::string>(info, "sha256", where);
-    std::string bytes = read_file(p.string());
-    LOOM_CHECK_KIND(kData, bytes.size() == want, "{}: {} bytes, manifest says {}", p.string(),
-                    bytes.size(), want);
-    LOOM_CHECK_KIND(kData, sha256_hex(bytes) == sha,
+    const size_t size = fs::file_size(p, ec);
+    LOOM_CHECK_KIND(kData, !ec && size == want, "{}: {} bytes, manifest says {}", p.string(),
+                    ec ? 0 : size, want);
+    // Rank r hashes rank r's file (a same-layout resume reads it anyway);
+    // the small files are shared out in turn.
+    int owner = i++ % parts;
+    int r = 0;
+    if (std::sscanf(file.c_str(), "rank-%d.safetensors", &r) == 1) owner = r % parts;
+    if (owner != part) continue;
+    size_t read = 0;
+    LOOM_CHECK_KIND(kData, sha256_file(p.string(), &read) == sha && read == want,
                     "{}: checksum mismatch (SHA-256 differs from manifest.json)", p.string());
   }
 }
 
 json read_checkpoint_config(const std::string& dir) {
   return read_json_file((fs::path(dir) / "config.resolved.json").string());
+}
+
+GptConfig read_checkpoint_model(const std::string& dir) {
+  const std::string path = (fs::path(dir) / "config.resolved.json").string();
+  const json j = read_json_file(path);
+  const json m = field<json>(j, "model", path + " model");
+  const std::string where = path + " model";
+  GptConfig c;
+  c.n_layer = field<int>(m, "n_layer", where);
+  c.n_embd = field<int>(m, "n_embd", where);
+  c.n_head = field<int>(m, "n_head", where);
+  c.vocab_size = field<int>(m, "vocab_size", where);
+  c.seq_len = field<int>(m, "seq_len", where);
+  LOOM_CHECK_KIND(kData,
+                  c.n_layer > 0 && c.n_embd > 0 && c.n_head > 0 && c.vocab_size > 0 &&
+                      c.seq_len > 0 && c.n_embd % c.n_head == 0,
+                  "{}: not a model shape (n_layer {}, n_embd {}, n_head {}, vocab_size {}, "
+                  "seq_len {})",
+                  where, c.n_layer, c.n_embd, c.n_head, c.vocab_size, c.seq_len);
+  if (m.contains("moe")) {
+    const json moe = field<json>(m, "moe", where);
+    const std::string mw = where + ".moe";
+    c.moe_experts = field<int>(moe, "num_experts", mw);
+    c.moe_top_k = field<int>(moe, "top_k", mw);
+    c.moe_every = field<int>(moe, "every_n_layers", mw);
+    c.moe_capacity_factor = field<double>(moe, "capacity_factor", mw);
+    // Fixed routers (hash, tag) have no balancing losses; checkpoints
+    // saved before routers and bias balancing existed lack those keys.
+    c.moe_aux_loss_coef =
+        moe.contains("aux_loss_coef") ? field<double>(moe, "aux_loss_coef", mw) : 0;
+    c.moe_z_loss_coef = moe.contains("z_loss_coef") ? field<double>(moe, "z_loss_coef", mw) : 0;
+    if (moe.contains("balancing"))
+      c.moe_bias_balancing = field<std::string>(moe, "balancing", mw) == "bias";
+    const std::string router =
+        moe.contains("router") ? field<std::string>(moe, "router", mw) : "learned";
+    LOOM_CHECK_KIND(kData, router == "learned" || router == "hash" || router == "tag",
+                    "{}.router: unknown router \"{}\"", mw, router);
+    c.moe_router = router == "hash" ? 1 : router == "tag" ? 2 : 0;
+    if (c.moe_router == 2)
+      for (int64_t id : field<std::vector<int64_t>>(moe, "tag_tokens", mw)) {
+        LOOM_CHECK_KIND(kData, id >= 0 && id < c.vocab_size,
+                        "{}.tag_tokens: {} is outside the vocabulary of {}", mw, id, c.vocab_size);
+        c.moe_tag_tokens.push_back(static_cast<int32_t>(id));
+      }
+    LOOM_CHECK_KIND(
+        kData,
+        c.moe_experts >= 1 && c.moe_top_k >= 1 && c.moe_top_k <= c.moe_experts && c.moe_every >= 1,
+        "{}: not a mixture of experts (num_experts {}, top_k {}, every_n_layers {})", mw,
+        c.moe_experts, c.moe_top_k, c.moe_every);
+  }
+  return c;
+}
+
+namespace {
+
+int64_t consolidate(const std::string& dir, const std::string& out) {
+  std::error_code ec;
+  LOOM_CHECK_KIND(kIo, !fs::exists(out, ec), "{}: already exists (consolidate writes a new folder)",
+                  out);
+  // The model's layout alone: names, shapes and the whole-model slicing.
+  const GptStage<float> model(read_checkpoint_model(dir), StageSpec{},
+                              StoreOptions{1, false, false});
+  const std::vector<Param>& params = model.layout().params();
+  const CheckpointReader reader(dir);
+  const fs::path dst(out);
+  const fs::path tmp = dst.parent_path() / ("." + dst.filename().string() + ".tmp");
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  int64_t written = 0;
+  Buffer buf;
+  // One file of whole tensors, one at a time: `names` in the file, read
+  // from the checkpoint's `sources`.
+  auto write = [&](const std::string& file, const std::vector<std::string>& names,
+                   const std::vector<const Param*>& sources, const std::vector<std::string>& from,
+                   const std::map<std::string, std::string>& meta) {
+    std::vector<SafetensorsEntry> declared;
+    for (size_t i = 0; i < names.size(); ++i) {
+      const std::vector<int64_t> shape = hf_shape(model, *sources[i]);
+      declared.push_back(SafetensorsEntry{names[i], DType::kF32, shape, nullptr,
+                                          static_cast<size_t>(numel(shape)) * sizeof(float)});
+    }
+    SafetensorsWriter w((tmp / file).string(), declared, meta);
+    for (size_t i = 0; i < names.size(); ++i) {
+      const Param& p = *sources[i];
+      if (buf.bytes() < static_cast<size_t>(p.numel) * sizeof(float))
+        buf = Buffer(static_cast<size_t>(p.numel) * sizeof(float), MemCategory::kWorkspace);
+      reader.read(from[i], p, 0, p.numel, buf.as<float>());
+      w.append(buf.data(), declared[i].bytes);  // wte's leading (unpadded) rows
+      ++written;
+    }
+    w.commit();
+    return json{{"bytes", w.file_bytes()}, {"sha256", w.sha256()}};
+  };
+  json manifest = {{"format", "loom checkpoint v1"}, {"files", json::object()}};
+  std::vector<std::string> names, from;
+  std::vector<const Param*> sources;
+  for (const Param& p : params)
+    names.push_back(p.name), from.push_back(p.name), sources.push_back(&p);
+  // The tied LM head under its own name too, as Hugging Face's state dict has it.
+  names.push_back("lm_head.weight"), from.push_back(params.front().name);
+  sources.push_back(&params.front());
+  manifest["files"]["model.safetensors"] =
+      write("model.safetensors", names, sources, from, {{"format", "pt"}});
+  names.clear(), from.clear(), sources.clear();
+  if (reader.has("exp_avg." + params.front().name))
+    for (const char* kind : {"exp_avg.", "exp_avg_sq."})
+      for (const Param& p : params)
+        names.push_back(kind + p.name), from.push_back(kind + p.name), sources.push_back(&p);
+  manifest["files"]["optimizer.safetensors"] =
+      write("optimizer.safetensors", names, sources, from, {});
+  for (const char* f : {"trainer_state.json", "config.resolved.json"}) {
+    const std::string bytes = read_file((fs::path(dir) / f).string());
+    write_file_atomic((tmp / f).string(), bytes);
+    manifest["files"][f] = {{"bytes", bytes.size()}, {"sha256", sha256_hex(bytes)}};
+  }
+  manifest["step"] = read_trainer_state(dir).step;
+  write_file_atomic((tmp / "manifest.json").string(), manifest.dump(2) + "\n");
+  fsync_path(tmp);
+  fs::rename(tmp, dst);
+  fsync_path(dst.parent_path().empty() ? fs::path(".") : dst.parent_path());
+  return written;
+}
+
+}  // namespace
+
+int64_t consolidate_checkpoint(const std::string& dir, const std::string& out) {
+  verify_checkpoint(dir);
+  try {
+    return consolidate(dir, out);
+  } catch (const fs::filesystem_error& e) {
+    LOOM_FAIL(kIo, "checkpoint consolidate into {}: {}", out, e.what());
+  }
 }
 
 TrainerState read_trainer_state(const std::string& dir) {
@@ -359,6 +509,10 @@ TrainerState read_trainer_state(const std::string& dir) {
   s.loss_scale = field<double>(j, "loss_scale", path);
   s.seed = field<uint64_t>(j, "seed", path);
   s.tokenizer = field<std::string>(j, "tokenizer", path);
+  // Absent from checkpoints written before steps could be skipped.
+  if (j.contains("skipped_steps")) s.skipped_steps = field<int64_t>(j, "skipped_steps", path);
+  LOOM_CHECK_KIND(kData, s.skipped_steps >= 0 && s.skipped_steps <= s.step,
+                  "{}: field 'skipped_steps' ({}) is not in [0, step]", path, s.skipped_steps);
   LOOM_CHECK_KIND(kData, s.step >= 0, "{}: field 'step' is negative ({})", path, s.step);
   return s;
 }
@@ -366,36 +520,19 @@ TrainerState read_trainer_state(const std::string& dir) {
 TrainerState load_checkpoint(const std::string& dir, GptStage<float>& model, float* exp_avg,
                              float* exp_avg_sq) {
   verify_checkpoint(dir);
-  const fs::path d(dir);
-  SafetensorsFile weights((d / "model.safetensors").string());
+  const CheckpointReader reader(dir);
   for (const Param& p : model.layout().params()) {
-    const SafetensorsEntry* e = weights.find(p.name);
-    LOOM_CHECK_KIND(kData, e != nullptr, "{}: no tensor '{}'", weights.path(), p.name);
-    std::vector<int64_t> want = hf_shape(model, p);
-    LOOM_CHECK_KIND(kData, e->shape == want, "{}: '{}' has shape {} but the config needs {}",
-                    weights.path(), p.name, shape_str(e->shape), shape_str(want));
-    load_tensor(*e, p, model.param(p));
-  }
-  if (exp_avg != nullptr && exp_avg_sq != nullptr) {
-    SafetensorsFile moments((d / "optimizer.safetensors").string());
-    for (const char* kind : {"exp_avg", "exp_avg_sq"}) {
-      float* base = std::string(kind) == "exp_avg" ? exp_avg : exp_avg_sq;
-      for (const Param& p : model.layout().params()) {
-        std::string name = std::string(kind) + "." + p.name;
-        const SafetensorsEntry* e = moments.find(name);
-        LOOM_CHECK_KIND(kData, e != nullptr, "{}: no tensor '{}'", moments.path(), name);
-        LOOM_CHECK_KIND(kData, moment_shape_fits(e->shape, p), "{}: '{}' has shape {}, expected {}",
-                        moments.path(), name, shape_str(e->shape), p.shape.str());
-        load_tensor(*e, p, base + p.offset);
-      }
+    reader.read(p.name, p, 0, p.numel, model.param(p));
+    if (exp_avg != nullptr && exp_avg_sq != nullptr) {
+      reader.read("exp_avg." + p.name, p, 0, p.numel, exp_avg + p.offset);
+      reader.read("exp_avg_sq." + p.name, p, 0, p.numel, exp_avg_sq + p.offset);
     }
   }
   return read_trainer_state(dir);
 }
 
-void load_hf_weights(const std::string& path, GptStage<float>& model) {
+void check_hf_weights(const std::string& path, const GptConfig& c) {
   SafetensorsFile f(path);
-  const GptConfig& c = model.config();
   // The model's shape as the file describes it, checked key by key.
   const SafetensorsEntry* wte = f.find("transformer.wte.weight");
   const SafetensorsEntry* wpe = f.find("transformer.wpe.weight");
@@ -425,14 +562,12 @@ void load_hf_weights(const std::string& path, GptStage<float>& model) {
   check("model.n_embd", wte->shape[1], c.n_embd);
   check("model.vocab_size", wte->shape[0], c.vocab_size);
   check("model.seq_len", wpe->shape[0], c.seq_len);
-  for (const Param& p : model.layout().params()) {
-    const SafetensorsEntry* e = f.find(p.name);
-    LOOM_CHECK_KIND(kData, e != nullptr, "{}: no tensor '{}'", path, p.name);
-    std::vector<int64_t> want = hf_shape(model, p);
-    LOOM_CHECK_KIND(kData, e->shape == want, "{}: '{}' has shape {} but the config needs {}", path,
-                    p.name, shape_str(e->shape), shape_str(want));
-    load_tensor(*e, p, model.param(p));
-  }
+}
+
+void load_hf_weights(const std::string& path, GptStage<float>& model) {
+  check_hf_weights(path, model.config());
+  const CheckpointReader reader = CheckpointReader::of_file(path);
+  for (const Param& p : model.layout().params()) reader.read(p.name, p, 0, p.numel, model.param(p));
 }
 
 }  // namespace loom

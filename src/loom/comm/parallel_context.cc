@@ -14,10 +14,12 @@ ParallelContext make_parallel_context(std::shared_ptr<ProcessGroup> world, GridS
   ctx.rank = world ? world->rank() : 0;
   ctx.world = world;
   if (!world) return ctx;
-  auto group = [&](const std::string& kind) -> std::shared_ptr<ProcessGroup> {
+  // own: a communicator of its own even when the group is the whole world
+  // (its operations then never queue behind the world's on its worker).
+  auto group = [&](const std::string& kind, bool own = false) -> std::shared_ptr<ProcessGroup> {
     const std::vector<std::vector<int>> all = ctx.grid.all_groups(kind);
     if (all.front().size() == 1) return nullptr;
-    if (static_cast<int>(all.front().size()) == world->size()) return world;
+    if (static_cast<int>(all.front().size()) == world->size() && !own) return world;
     auto mpi = std::dynamic_pointer_cast<MpiProcessGroup>(world);
     LOOM_CHECK_KIND(kUnsupported, mpi != nullptr,
                     "process group backend '{}' cannot split off {} groups", world->name(), kind);
@@ -28,7 +30,9 @@ ParallelContext make_parallel_context(std::shared_ptr<ProcessGroup> world, GridS
   ctx.pp = group("pp");
   ctx.model_parallel = group("mp");
   ctx.embedding = group("embedding");
-  ctx.ep = group("ep");
+  // The MoE all-to-alls block their layer: they must not wait behind
+  // gradient reductions in flight on the data-parallel group's worker.
+  ctx.ep = group("ep", true);
   ctx.ep_dp = group("ep_dp");
   return ctx;
 }

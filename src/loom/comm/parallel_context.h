@@ -27,7 +27,8 @@ struct ParallelContext {
 
 // The context of `world` (null: one process) laid out as `shape`. Collective
 // over `world` when a group must be split off (every rank calls it with the
-// same shape); a group of the whole world reuses `world`.
+// same shape); a group of the whole world reuses `world`, except the
+// expert-parallel group, which always gets a communicator of its own.
 ParallelContext make_parallel_context(std::shared_ptr<ProcessGroup> world, GridShape shape);
 
 }  // namespace loom

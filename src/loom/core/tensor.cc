@@ -12,6 +12,14 @@ Shape::Shape(std::initializer_list<int64_t> dims) {
   }
 }
 
+Shape::Shape(const std::vector<int64_t>& dims) {
+  LOOM_CHECK(dims.size() <= 4, "a shape has at most 4 dims, got {}", dims.size());
+  for (int64_t d : dims) {
+    LOOM_CHECK(d >= 0, "negative dimension {}", d);
+    dims_[rank_++] = d;
+  }
+}
+
 int64_t Shape::numel() const {
   int64_t n = 1;
   for (int i = 0; i < rank_; ++i) n *= dims_[i];

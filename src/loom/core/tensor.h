@@ -8,6 +8,7 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "loom/core/dtype.h"
 #include "loom/core/memory.h"
@@ -20,6 +21,8 @@ class Shape {
  public:
   Shape() = default;
   Shape(std::initializer_list<int64_t> dims);
+  explicit Shape(const std::vector<int64_t>& dims);
+  std::vector<int64_t> dims() const { return {dims_.begin(), dims_.begin() + rank_}; }
   int rank() const { return rank_; }
   int64_t operator[](int i) const { return dims_[i]; }
   int64_t numel() const;

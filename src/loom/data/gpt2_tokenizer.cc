@@ -116,6 +116,7 @@ Gpt2Tokenizer::Gpt2Tokenizer(const std::string& dir) {
   LOOM_CHECK_KIND(kData, enc.is_object() && !enc.empty(), "{}: not a JSON object", enc_path);
   std::unordered_map<std::string, uint32_t> encoder;
   decoder_.resize(enc.size());
+  std::vector<bool> seen(enc.size(), false);
   for (const auto& [token, id] : enc.items()) {
     // Ids are whole numbers below the vocabulary's size (anything else
     // would escape as a JSON type error or wrap).
@@ -125,6 +126,13 @@ Gpt2Tokenizer::Gpt2Tokenizer(const std::string& dir) {
         nlohmann::json(token).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
         id.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), decoder_.size());
     const uint32_t i = id.get<uint32_t>();
+    // Each id once (with every id below the size, a permutation): a shared
+    // id would decode one token as another.
+    LOOM_CHECK_KIND(
+        kData, !seen[i], "{}: tokens {} and {} share id {}", enc_path,
+        nlohmann::json(decoder_[i]).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+        nlohmann::json(token).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), i);
+    seen[i] = true;
     decoder_[i] = token;
     encoder[token] = i;
   }

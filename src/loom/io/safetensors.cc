@@ -1,6 +1,8 @@
 #include "loom/io/safetensors.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -107,22 +109,49 @@ void SafetensorsWriter::commit() {
 }
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  bytes_ = read_file(path);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  LOOM_CHECK_KIND(kIo, fd >= 0, "{}: cannot open: {}", path, std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    LOOM_FAIL(kIo, "{}: not a regular file", path);
+  }
+  size_ = static_cast<size_t>(st.st_size);
+  if (size_ > 0) {
+    map_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    const int err = errno;
+    ::close(fd);
+    if (map_ == MAP_FAILED) {
+      map_ = nullptr;
+      LOOM_FAIL(kIo, "{}: mmap failed: {}", path, std::strerror(err));
+    }
+  } else {
+    ::close(fd);
+  }
+  // The mapping is released if the header is rejected below.
+  struct Unmap {
+    SafetensorsFile* f;
+    bool armed = true;
+    ~Unmap() {
+      if (armed && f->map_) ::munmap(f->map_, f->size_), f->map_ = nullptr;
+    }
+  } unmap{this};
+  const std::string_view file(static_cast<const char*>(map_), size_);
   auto fail = [&](const std::string& why) { LOOM_FAIL(kData, "{}: {}", path, why); };
-  if (bytes_.size() < 8) fail(format("truncated safetensors file ({} bytes)", bytes_.size()));
+  if (file.size() < 8) fail(format("truncated safetensors file ({} bytes)", file.size()));
   uint64_t n = 0;
-  std::memcpy(&n, bytes_.data(), 8);
+  std::memcpy(&n, file.data(), 8);
   // As Hugging Face's reader does: a header is small; a huge length is damage.
   constexpr uint64_t kMaxHeader = 100'000'000;
   if (n > kMaxHeader)
     fail(format("header length {} exceeds the 100 MB a safetensors header may have", n));
-  if (n > bytes_.size() - 8)
-    fail(format("header length {} is beyond the file ({} bytes)", n, bytes_.size()));
+  if (n > file.size() - 8)
+    fail(format("header length {} is beyond the file ({} bytes)", n, file.size()));
   json header =
-      json::parse(bytes_.begin() + 8, bytes_.begin() + 8 + static_cast<int64_t>(n), nullptr, false);
+      json::parse(file.begin() + 8, file.begin() + 8 + static_cast<int64_t>(n), nullptr, false);
   if (header.is_discarded() || !header.is_object()) fail("header is not a JSON object");
-  const size_t data_size = bytes_.size() - 8 - n;
-  const char* data = bytes_.data() + 8 + n;
+  const size_t data_size = file.size() - 8 - n;
+  const char* data = file.data() + 8 + n;
   for (const auto& [name, v] : header.items()) {
     if (name == "__metadata__") {
       if (v.is_object())
@@ -187,6 +216,18 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   }
   if (expect != data + data_size)
     fail(format("{} trailing bytes after the last tensor", data + data_size - expect));
+  unmap.armed = false;
+}
+
+void SafetensorsFile::drop(const void* p, size_t n) const {
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t b = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+  const uintptr_t e = (reinterpret_cast<uintptr_t>(p) + n) / page * page;
+  if (e > b) ::madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_) ::munmap(map_, size_);
 }
 
 const SafetensorsEntry* SafetensorsFile::find(const std::string& name) const {

@@ -58,20 +58,30 @@ class SafetensorsWriter {
   int fd_ = -1;
 };
 
-// Reads and validates a whole file: header length within the file, valid
-// JSON, known dtypes, shapes matching byte sizes, offsets inside the data,
-// non-overlapping and covering it. Errors name the file and the tensor.
+// Maps a file (read-only; pages are read when a tensor's bytes are touched,
+// so taking a few tensors of a large file reads only those) and validates its
+// header: length within the file, valid JSON, known dtypes, shapes matching
+// byte sizes, offsets inside the data, non-overlapping and covering it.
+// Errors name the file and the tensor.
 class SafetensorsFile {
  public:
   explicit SafetensorsFile(const std::string& path);
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
   const std::vector<SafetensorsEntry>& entries() const { return entries_; }
   const SafetensorsEntry* find(const std::string& name) const;  // null when absent
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const std::string& path() const { return path_; }
+  // Releases this process's mapping of the whole pages in [p, p + n) (the
+  // file stays cached by the system): a reader done with a tensor keeps
+  // none of it resident.
+  void drop(const void* p, size_t n) const;
 
  private:
   std::string path_;
-  std::string bytes_;
+  void* map_ = nullptr;
+  size_t size_ = 0;
   std::vector<SafetensorsEntry> entries_;
   std::map<std::string, std::string> metadata_;
 };

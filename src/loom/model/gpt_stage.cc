@@ -106,8 +106,10 @@ std::vector<UnitUse> GptStage<T>::backward_unit_schedule(bool deferred) const {
 
 template <typename T>
 size_t GptStage<T>::block_bytes(int64_t B, int64_t Tn, Recompute m) const {
-  if (blocks_.empty()) return 0;
-  return static_cast<size_t>(blocks_[0].layer->record_elems(rows(B, Tn), m)) * sizeof(T);
+  // The largest block's (a mixture of experts records more than an MLP).
+  int64_t most = 0;
+  for (const StageBlock& b : blocks_) most = std::max(most, b.layer->record_elems(rows(B, Tn), m));
+  return static_cast<size_t>(most) * sizeof(T);
 }
 
 template <typename T>
@@ -280,6 +282,8 @@ double GptStage<T>::forward(StageActivations<T>& a, const int32_t* tokens, const
   a.tokens = tokens;
   a.targets = targets;
   ensure_work(B, Tn);
+  for (StageBlock& b : blocks_)
+    if (auto* m = dynamic_cast<MoeLayer<T>*>(b.layer->ffn.get())) m->set_tokens(tokens);
   T* room = room_.as<T>();
   const Dropout drop(ctx, config_.dropout);
   if (embedding_) {
@@ -335,6 +339,13 @@ void GptStage<T>::backward(StageActivations<T>& a, double loss_scale, const T* d
              "stage [{}, {}) needs room for the gradient of its input", first_, last_);
   LOOM_CHECK(!head_ || a.targets != nullptr, "backward needs a forward pass with targets");
   ensure_work(B, Tn);
+  // The balancing losses' gradients carry the main loss's weight; fixed
+  // routers route by this micro-batch's token ids again.
+  for (StageBlock& b : blocks_)
+    if (auto* m = dynamic_cast<MoeLayer<T>*>(b.layer->ffn.get())) {
+      m->set_loss_weight(loss_scale);
+      m->set_tokens(a.tokens);
+    }
   T* d_resid = scratch_.as<T>();
   T* rest = d_resid + rw.count * C;  // the head's d_lnf, then each block's scratch
   const Dropout drop(a.ctx, config_.dropout);
@@ -449,10 +460,12 @@ KvCache<T> GptStage<T>::make_kv_cache() const {
   KvCache<T> c;
   c.k.resize(L * Tn * C), c.v.resize(L * Tn * C);
   c.x.resize(C), c.ln.resize(C), c.stat.resize(2), c.qkv.resize(3 * C), c.att.resize(C);
-  // One row's feed-forward record (the MLP's: its GELU input and output).
-  c.ffn.resize(blocks_.empty() ? 0
-                               : static_cast<size_t>(blocks_[0].layer->ffn->record_elems(
-                                     Rows::whole(1, 1), false)));
+  // One row's feed-forward record (the largest of the blocks': an MLP's or
+  // a mixture of experts').
+  int64_t ffn = 0;
+  for (const StageBlock& b : blocks_)
+    ffn = std::max(ffn, b.layer->ffn->record_elems(Rows::whole(1, 1), false));
+  c.ffn.resize(static_cast<size_t>(ffn));
   c.out.resize(C), c.scores.resize(Tn);
   c.logits.resize(static_cast<size_t>(config_.padded_vocab()));
   return c;
@@ -465,6 +478,12 @@ const T* GptStage<T>::decode_step(KvCache<T>& c, int32_t token) {
   LOOM_CHECK(embedding_ && head_ && serial_layers_,
              "decoding needs a whole single-process model (embedding, head, unsplit layers)");
   LOOM_CHECK(pos < Tn, "KV cache full: position {} of seq_len {}", pos, Tn);
+  // Fixed MoE routers route by the token (the tag router by the sequence so far).
+  c.tokens.resize(static_cast<size_t>(pos));
+  c.tokens.push_back(token);
+  for (StageBlock& b : blocks_)
+    if (auto* m = dynamic_cast<MoeLayer<T>*>(b.layer->ffn.get()))
+      m->set_tokens(c.tokens.data() + pos, pos);
   LOOM_CHECK(token >= 0 && token < config_.vocab_size, "token {} outside the vocabulary {}", token,
              config_.vocab_size);
   const ParamStore<T>& ps = store_;
@@ -516,13 +535,42 @@ double GptStage<T>::model_params() const {
   // The whole model's parameters as a user counts them (vocabulary padding
   // is matmul work, not parameters; the tied head counts once).
   const double C = config_.n_embd, L = config_.n_layer;
-  return L * (12.0 * C * C + 13.0 * C) + config_.vocab_size * C + config_.seq_len * C + 2.0 * C;
+  const double dense =
+      L * (12.0 * C * C + 13.0 * C) + config_.vocab_size * C + config_.seq_len * C + 2.0 * C;
+  // A mixture-of-experts layer holds E MLPs and the router (a learned one
+  // has weights) instead of one MLP.
+  const double router = config_.moe_router == 0 ? C * config_.moe_experts : 0.0;
+  return dense + moe_layers() * ((config_.moe_experts - 1.0) * (8.0 * C * C + 5.0 * C) + router);
+}
+
+template <typename T>
+int GptStage<T>::moe_layers() const {
+  int n = 0;
+  for (int i = 0; i < config_.n_layer; ++i) n += config_.moe_layer(i) ? 1 : 0;
+  return n;
+}
+
+template <typename T>
+double GptStage<T>::active_params() const {
+  // A token runs k of a MoE layer's E experts.
+  const double C = config_.n_embd;
+  return model_params() -
+         moe_layers() * double(config_.moe_experts - config_.moe_top_k) * (8.0 * C * C + 5.0 * C);
 }
 
 template <typename T>
 double GptStage<T>::flops_per_token() const {
   const double C = config_.n_embd, L = config_.n_layer;
-  return 6.0 * model_params() + 12.0 * L * static_cast<double>(config_.seq_len) * C;
+  return 6.0 * active_params() + 12.0 * L * static_cast<double>(config_.seq_len) * C;
+}
+
+template <typename T>
+std::vector<std::pair<int, MoeStats>> GptStage<T>::take_moe_stats() {
+  std::vector<std::pair<int, MoeStats>> out;
+  for (const StageBlock& b : blocks_)
+    if (const auto* m = dynamic_cast<const MoeLayer<T>*>(b.layer->ffn.get()))
+      out.emplace_back(b.layer->layer(), m->take_stats());
+  return out;
 }
 
 template class GptStage<float>;

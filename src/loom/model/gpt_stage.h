@@ -57,6 +57,7 @@ struct KvCache {
   int64_t len = 0;      // positions filled
   std::vector<T> k, v;  // per layer (seq_len, C)
   std::vector<T> x, ln, stat, qkv, att, ffn, out, scores, logits;
+  std::vector<int32_t> tokens;  // decoded so far (fixed MoE routers read them)
 };
 
 template <typename T>
@@ -149,8 +150,17 @@ class GptStage {
 
   // The whole model's parameter count (whatever this stage holds).
   double model_params() const;
-  // Model FLOPs per token for training (6 x params + 12 x layers x T x C)
-  // of the whole model, the numerator of MFU; never counts recomputation.
+  // Blocks whose feed-forward slot is a mixture of experts (whole model).
+  int moe_layers() const;
+  // The parameters one token uses: a mixture of experts' k experts of E.
+  double active_params() const;
+  // This stage's MoE layers' load statistics since the last call, by the
+  // block's global index.
+  std::vector<std::pair<int, MoeStats>> take_moe_stats();
+  // Model FLOPs per token for training (6 x the parameters a token uses +
+  // 12 x layers x T x C) of the whole model, the numerator of MFU; a
+  // mixture of experts counts the k experts a token runs; never counts
+  // recomputation.
   double flops_per_token() const;
 
  private:

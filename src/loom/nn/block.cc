@@ -26,7 +26,7 @@ Block<T>::Block(ParamLayout& layout, const GptConfig& c, int layer, const LayerF
     : ln_1(f.layer_norm(layout, prefix(layer) + ".ln_1", c.n_embd)),
       attn(f.attention(layout, prefix(layer) + ".attn", c, proj_std(c))),
       ln_2(f.layer_norm(layout, prefix(layer) + ".ln_2", c.n_embd)),
-      ffn(f.feed_forward(layout, prefix(layer) + ".mlp", c, proj_std(c))),
+      ffn(f.feed_forward(layout, prefix(layer) + ".mlp", c, proj_std(c), layer)),
       layer_(layer),
       C_(c.n_embd) {}
 

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "loom/core/rng.h"
 #include "loom/kernels/cpu/elementwise.h"
@@ -26,6 +27,20 @@ struct GptConfig {
   int padded_vocab() const {
     return (vocab_size + vocab_multiple - 1) / vocab_multiple * vocab_multiple;
   }
+  // Mixture of experts (model.moe): num_experts 0 keeps every block's MLP
+  // dense; otherwise block i's feed-forward slot is a MoE layer when
+  // (i + 1) is a multiple of moe_every (2: blocks 1, 3, 5, ...).
+  int moe_experts = 0;
+  int moe_top_k = 2;
+  int moe_every = 1;
+  double moe_capacity_factor = 0;
+  double moe_aux_loss_coef = 0.01;
+  double moe_z_loss_coef = 0;
+  bool moe_bias_balancing = false;  // model.moe.balancing: bias
+  double moe_bias_update_rate = 1e-3;
+  int moe_router = 0;  // model.moe.router: 0 learned, 1 hash, 2 tag (RouterKind)
+  std::vector<int32_t> moe_tag_tokens;
+  bool moe_layer(int layer) const { return moe_experts > 0 && (layer + 1) % moe_every == 0; }
 };
 
 // GPT-2's initialisation: N(0, 0.02) for matrices and embeddings (the

@@ -13,6 +13,7 @@
 #include "loom/nn/head.h"
 #include "loom/nn/layernorm.h"
 #include "loom/nn/mlp.h"
+#include "loom/nn/moe.h"
 
 namespace loom {
 
@@ -29,9 +30,21 @@ class LayerFactory {
                                                        const GptConfig& c, float proj_std) const {
     return std::make_unique<Attention<T>>(layout, prefix, c, proj_std);
   }
+  // Block `layer`'s: the MLP, or a mixture of experts (c.moe_layer).
   virtual std::unique_ptr<FeedForward<T>> feed_forward(ParamLayout& layout,
                                                        const std::string& prefix,
-                                                       const GptConfig& c, float proj_std) const {
+                                                       const GptConfig& c, float proj_std,
+                                                       int layer) const {
+    if (c.moe_layer(layer)) {
+      MoeConfig m;
+      m.router = RouterConfig{c.moe_experts, c.moe_top_k, c.moe_capacity_factor,
+                              static_cast<RouterKind>(c.moe_router), c.moe_tag_tokens};
+      m.aux_loss_coef = c.moe_aux_loss_coef;
+      m.z_loss_coef = c.moe_z_loss_coef;
+      m.bias_balancing = c.moe_bias_balancing;
+      m.bias_update_rate = c.moe_bias_update_rate;
+      return std::make_unique<MoeLayer<T>>(layout, prefix, c.n_embd, proj_std, m, experts_);
+    }
     return std::make_unique<Mlp<T>>(layout, prefix, c.n_embd, proj_std);
   }
   virtual std::unique_ptr<LayerNorm<T>> layer_norm(ParamLayout& layout, const std::string& prefix,
@@ -46,13 +59,19 @@ class LayerFactory {
   // ranks: this rank's piece and the number of pieces (sequence parallelism);
   // {0, 1}: every rank works on all rows.
   virtual std::pair<int, int> sequence_split() const { return {0, 1}; }
-  // Whether the layers are the single-process ones (KV-cache decoding reads
-  // their weights directly).
-  virtual bool serial() const { return true; }
+  // Whether the layers are the single-process ones with every expert here
+  // (KV-cache decoding reads their weights directly).
+  virtual bool serial() const { return experts_ == nullptr; }
   static const LayerFactory<T>& single_process() {
     static const LayerFactory<T> f;
     return f;
   }
+  // Expert parallelism: the MoE layers' experts split over the
+  // dispatcher's group (null: every expert on every rank).
+  void set_expert_dispatcher(std::shared_ptr<ExpertDispatcher<T>> d) { experts_ = std::move(d); }
+
+ protected:
+  std::shared_ptr<ExpertDispatcher<T>> experts_;
 };
 
 }  // namespace loom

@@ -107,6 +107,15 @@ int ParamLayout::begin_unit(std::string name) {
   return static_cast<int>(units_.size()) - 1;
 }
 
+int ParamLayout::begin_expert_unit(std::string name) {
+  LOOM_CHECK(!units_.empty() && !units_.back().expert(),
+             "expert unit '{}' opened without a dense unit to ride on", name);
+  const int host = static_cast<int>(units_.size()) - 1;
+  const int u = begin_unit(std::move(name));
+  units_.back().host = host;
+  return u;
+}
+
 ParamId ParamLayout::add(std::string name, Shape shape, bool decay, ParamInit init,
                          ShardSpec shard) {
   LOOM_CHECK(!units_.empty(), "parameter '{}' added before any unit", name);

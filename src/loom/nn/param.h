@@ -83,10 +83,18 @@ struct Param {
 // together (the embeddings, one transformer block, the final norm). ZeRO
 // shards, gathers and reduces unit by unit: each unit's size is a multiple of
 // the layout's unit_multiple, so it splits into equal slices.
+//
+// An expert unit (a mixture-of-experts layer's experts, those this rank
+// holds) rides on its block's unit, its `host`: every use of the host uses
+// it too (ZeRO gathers, binds and reduces both), and under expert
+// parallelism its gradients are reduced over the ranks holding the same
+// experts rather than over the whole data-parallel group.
 struct Unit {
-  std::string name;  // "embeddings", "h.3", "ln_f"
+  std::string name;  // "embeddings", "h.3", "ln_f", "h.3.experts"
   int64_t begin = 0, end = 0;
+  int host = -1;  // an expert unit's host unit; -1: a dense unit
   int64_t size() const { return end - begin; }
+  bool expert() const { return host >= 0; }
 };
 
 // The ordered list of parameters and their offsets in the flat buffers.
@@ -97,6 +105,8 @@ class ParamLayout {
   // Opens a unit and returns its index; parameters added until the next
   // begin_unit() belong to it.
   int begin_unit(std::string name);
+  // Opens an expert unit riding on the unit open now (see Unit).
+  int begin_expert_unit(std::string name);
   // Appends a parameter (its slice `shard` of the global `shape`) to the open unit.
   ParamId add(std::string name, Shape shape, bool decay, ParamInit init,
               ShardSpec shard = ShardSpec::whole());

@@ -17,7 +17,7 @@ using nlohmann::json;
 
 namespace {
 
-enum class Kind { kInt, kNumber, kBool, kString, kNumberPair, kPartition };
+enum class Kind { kInt, kNumber, kBool, kString, kNumberPair, kPartition, kIntList };
 
 struct KeySpec {
   std::string path;
@@ -62,6 +62,12 @@ const std::vector<KeySpec>& schema() {
       {"comm.ranks_per_node", Kind::kInt, 0, 1 << 20},
       {"comm.debug", Kind::kBool},
       {"fp16.enabled", Kind::kBool},
+      {"fp16.loss_scale", Kind::kNumber, 0, 1e300},
+      {"fp16.initial_scale_power", Kind::kInt, 0, 64},
+      {"fp16.loss_scale_window", Kind::kInt, 1, kMaxInt},
+      {"fp16.hysteresis", Kind::kInt, 1, 1 << 20},
+      {"fp16.consecutive_hysteresis", Kind::kBool},
+      {"fp16.min_loss_scale", Kind::kNumber, 0, 1e300, {}, true},
       {"bf16.enabled", Kind::kBool},
       {"model.n_layer", Kind::kInt, 1, 4096},
       {"model.n_embd", Kind::kInt, 1, 1 << 20},
@@ -69,6 +75,16 @@ const std::vector<KeySpec>& schema() {
       {"model.vocab_size", Kind::kInt, 1, 1 << 30},
       {"model.seq_len", Kind::kInt, 1, 1 << 20},
       {"model.dropout", Kind::kNumber, 0, 0.999},
+      {"model.moe.num_experts", Kind::kInt, 1, 1 << 16},
+      {"model.moe.top_k", Kind::kInt, 1, 1 << 16},
+      {"model.moe.every_n_layers", Kind::kInt, 1, 4096},
+      {"model.moe.capacity_factor", Kind::kNumber, 0, 1e6},
+      {"model.moe.aux_loss_coef", Kind::kNumber, 0, 1e6},
+      {"model.moe.z_loss_coef", Kind::kNumber, 0, 1e6},
+      {"model.moe.balancing", Kind::kString, 0, 0, {"aux_loss", "bias"}},
+      {"model.moe.bias_update_rate", Kind::kNumber, 0, 1, {}, true},
+      {"model.moe.router", Kind::kString, 0, 0, {"learned", "hash", "tag"}},
+      {"model.moe.tag_tokens", Kind::kIntList, 0, 1 << 30},
       {"parallel.data", Kind::kInt, 1, 1 << 20},
       {"parallel.tensor", Kind::kInt, 1, 1 << 20},
       {"parallel.pipeline", Kind::kInt, 1, 1 << 20},
@@ -104,9 +120,12 @@ const std::vector<KeySpec>& schema() {
       {"train.sample_prompt", Kind::kString},
       {"train.sample_temperature", Kind::kNumber, 0, 100},
       {"train.sample_top_k", Kind::kInt, 0, 1 << 30},
+      {"train.on_nonfinite", Kind::kString, 0, 0, {"stop", "skip"}},
       {"checkpoint.dir", Kind::kString},
       {"checkpoint.every", Kind::kInt, 0, kMaxInt},
       {"checkpoint.keep_last", Kind::kInt, 0, kMaxInt},
+      {"checkpoint.format", Kind::kString, 0, 0, {"sharded", "whole"}},
+      {"checkpoint.async", Kind::kBool},
       {"kernels.gemm", Kind::kString, 0, 0, {"auto", "onednn", "openblas"}},
       {"log.every", Kind::kInt, 1, kMaxInt},
       {"log.peak_gflops", Kind::kNumber, 0, 1e300},
@@ -223,6 +242,14 @@ void check_leaf(const KeySpec& k, const json& v, const std::string& source) {
           fail(source,
                format("{}: {} is not a layer count (a whole number >= 1)", k.path, show(x)));
       break;
+    case Kind::kIntList:
+      if (!v.is_array() || v.empty()) expect("a non-empty list of integers");
+      for (const json& x : v) {
+        if (!x.is_number_integer())
+          fail(source, format("{}: {} is not an integer", k.path, show(x)));
+        range(x.get<double>());
+      }
+      break;
     case Kind::kNumberPair:
       if (!v.is_array() || v.size() != 2 || !v[0].is_number() || !v[1].is_number())
         expect("a list of two numbers");
@@ -324,12 +351,6 @@ void resolve_parallel(Config& c, const json& j, int world_size, const std::strin
   p.pipeline = get_or<int>(j, "parallel.pipeline", 1);
   p.expert = get_or<int>(j, "parallel.expert", 1);
   p.sequence_parallel = get_or<bool>(j, "parallel.sequence_parallel", false);
-  // The grid takes every size; expert layers come with their own issue.
-  if (p.expert != 1)
-    LOOM_FAIL(kUnsupported,
-              "{}: parallel.expert is {}, but this build has no expert parallelism yet; set it "
-              "to 1",
-              source, p.expert);
   if (p.tensor > world_size)
     fail(source,
          format("parallel.tensor {} is larger than the job's {} rank(s)", p.tensor, world_size));
@@ -357,6 +378,22 @@ void resolve_parallel(Config& c, const json& j, int world_size, const std::strin
     fail(source, format("parallel.data is {} but the job has {} rank(s) (= tensor {} x pipeline "
                         "{} x data {})",
                         c.data_parallel, world_size, p.tensor, p.pipeline, world_size / model));
+  // Expert parallelism splits each MoE layer's experts over groups of
+  // data-parallel ranks.
+  if (p.expert > 1) {
+    if (m.moe_experts == 0)
+      fail(source, format("parallel.expert is {} but the model has no mixture-of-experts layers "
+                          "(model.moe.num_experts)",
+                          p.expert));
+    if (c.data_parallel % p.expert != 0)
+      fail(source, format("parallel.expert {} does not divide the data-parallel size {} (expert "
+                          "groups are carved out of the data-parallel ranks)",
+                          p.expert, c.data_parallel));
+    if (m.moe_experts % p.expert != 0)
+      fail(source, format("model.moe.num_experts {} is not divisible by parallel.expert {} (each "
+                          "rank holds num_experts / expert of them)",
+                          m.moe_experts, p.expert));
+  }
 }
 
 // After the batch: the micro-batches per step are the pipeline's.
@@ -499,11 +536,35 @@ json to_json(const Config& c) {
     if (s.type != "WarmupLR") p["total_num_steps"] = s.total_num_steps;
     j["scheduler"] = {{"type", s.type}, {"params", p}};
   }
-  j["fp16"] = {{"enabled", false}};
+  j["fp16"] = {{"enabled", false},
+               {"loss_scale", c.loss_scaling.loss_scale},
+               {"initial_scale_power", c.loss_scaling.initial_scale_power},
+               {"loss_scale_window", c.loss_scaling.loss_scale_window},
+               {"hysteresis", c.loss_scaling.hysteresis},
+               {"consecutive_hysteresis", c.loss_scaling.consecutive_hysteresis},
+               {"min_loss_scale", c.loss_scaling.min_loss_scale}};
   j["bf16"] = {{"enabled", false}};
   j["model"] = {{"n_layer", c.model.n_layer}, {"n_embd", c.model.n_embd},
                 {"n_head", c.model.n_head},   {"vocab_size", c.model.vocab_size},
                 {"seq_len", c.model.seq_len}, {"dropout", c.model.dropout}};
+  if (c.model.moe_experts > 0)
+    j["model"]["moe"] = {{"num_experts", c.model.moe_experts},
+                         {"top_k", c.model.moe_top_k},
+                         {"every_n_layers", c.model.moe_every},
+                         {"capacity_factor", c.model.moe_capacity_factor},
+                         {"aux_loss_coef", c.model.moe_aux_loss_coef},
+                         {"z_loss_coef", c.model.moe_z_loss_coef},
+                         {"balancing", c.model.moe_bias_balancing ? "bias" : "aux_loss"},
+                         {"router", c.model.moe_router == 1   ? "hash"
+                                    : c.model.moe_router == 2 ? "tag"
+                                                              : "learned"},
+                         {"bias_update_rate", c.model.moe_bias_update_rate}};
+  if (c.model.moe_experts > 0 && c.model.moe_router != 0) {
+    // A fixed router takes none of the learned router's keys.
+    json& moe = j["model"]["moe"];
+    for (const char* key : {"aux_loss_coef", "z_loss_coef", "bias_update_rate"}) moe.erase(key);
+    if (c.model.moe_router == 2) moe["tag_tokens"] = c.model.moe_tag_tokens;
+  }
   j["parallel"] = {{"data", c.data_parallel},
                    {"tensor", c.parallel.tensor},
                    {"sequence_parallel", c.parallel.sequence_parallel},
@@ -545,10 +606,13 @@ json to_json(const Config& c) {
                 {"sample_tokens", c.train.sample_tokens},
                 {"sample_prompt", c.train.sample_prompt},
                 {"sample_temperature", c.train.sample_temperature},
-                {"sample_top_k", c.train.sample_top_k}};
+                {"sample_top_k", c.train.sample_top_k},
+                {"on_nonfinite", c.train.on_nonfinite}};
   j["checkpoint"] = {{"dir", c.checkpoint.dir},
                      {"every", c.checkpoint.every},
-                     {"keep_last", c.checkpoint.keep_last}};
+                     {"keep_last", c.checkpoint.keep_last},
+                     {"format", c.checkpoint.format},
+                     {"async", c.checkpoint.async}};
   j["zero_optimization"] = {{"stage", c.zero.stage},
                             {"reduce_bucket_size", c.zero.reduce_bucket_size},
                             {"overlap_comm", c.zero.overlap_comm},
@@ -602,6 +666,83 @@ Config parse_config(const std::string& text, const std::string& source,
   m.dropout = get_or<float>(j, "model.dropout", 0.0f);
   if (m.n_embd % m.n_head != 0)
     fail(source, format("model.n_embd {} is not divisible by model.n_head {}", m.n_embd, m.n_head));
+  if (has(j, "model.moe")) {
+    if (!has(j, "model.moe.num_experts"))
+      fail(source, "model.moe needs num_experts (the experts of each mixture-of-experts layer)");
+    m.moe_experts = get_or<int>(j, "model.moe.num_experts", 0);
+    m.moe_top_k = get_or<int>(j, "model.moe.top_k", std::min(2, m.moe_experts));
+    m.moe_every = get_or<int>(j, "model.moe.every_n_layers", 1);
+    m.moe_capacity_factor = get_or<double>(j, "model.moe.capacity_factor", 0.0);
+    m.moe_bias_balancing = get_or<std::string>(j, "model.moe.balancing", "aux_loss") == "bias";
+    const std::string router = get_or<std::string>(j, "model.moe.router", "learned");
+    m.moe_router = router == "hash" ? 1 : router == "tag" ? 2 : 0;
+    if (m.moe_router != 0) {
+      // A fixed router has no probabilities to balance or to keep small.
+      for (const char* key :
+           {"model.moe.aux_loss_coef", "model.moe.z_loss_coef", "model.moe.bias_update_rate"})
+        if (has(j, key))
+          fail(source, format("{} is set but model.moe.router is {}, which has no router "
+                              "probabilities (its choice is fixed by the token ids)",
+                              key, router));
+      if (m.moe_bias_balancing)
+        fail(source, format("model.moe.balancing is bias but model.moe.router is {}; bias "
+                            "balancing steers the learned router",
+                            router));
+    }
+    if (router == "tag") {
+      if (!has(j, "model.moe.tag_tokens"))
+        fail(source,
+             "model.moe.router is tag but model.moe.tag_tokens is not set (the token "
+             "ids that mark each tag, tag i routing to expert i)");
+      for (const json& x : *lookup(j, "model.moe.tag_tokens")) {
+        const int64_t id = x.get<int64_t>();
+        if (id >= m.vocab_size)
+          fail(source, format("model.moe.tag_tokens: {} is outside the vocabulary of {}", id,
+                              m.vocab_size));
+        if (std::find(m.moe_tag_tokens.begin(), m.moe_tag_tokens.end(), id) !=
+            m.moe_tag_tokens.end())
+          fail(source, format("model.moe.tag_tokens: {} is listed twice (each token marks one "
+                              "tag)",
+                              id));
+        m.moe_tag_tokens.push_back(static_cast<int32_t>(id));
+      }
+    } else if (has(j, "model.moe.tag_tokens")) {
+      fail(source, format("model.moe.tag_tokens is set but model.moe.router is {} (set it to tag)",
+                          router));
+    }
+    // Bias balancing replaces the auxiliary loss unless one is asked for too.
+    m.moe_aux_loss_coef = get_or<double>(j, "model.moe.aux_loss_coef",
+                                         m.moe_bias_balancing || m.moe_router != 0 ? 0.0 : 0.01);
+    m.moe_bias_update_rate = get_or<double>(j, "model.moe.bias_update_rate", 1e-3);
+    if (!m.moe_bias_balancing && has(j, "model.moe.bias_update_rate"))
+      fail(source,
+           "model.moe.bias_update_rate is set but model.moe.balancing is aux_loss (set "
+           "it to bias)");
+    m.moe_z_loss_coef = get_or<double>(j, "model.moe.z_loss_coef", 0.0);
+    if (m.moe_top_k > m.moe_experts)
+      fail(source, format("model.moe.top_k {} is larger than model.moe.num_experts {}", m.moe_top_k,
+                          m.moe_experts));
+    if (m.moe_every > m.n_layer)
+      fail(source, format("model.moe.every_n_layers {} is more than model.n_layer {}: no block "
+                          "would be a mixture of experts",
+                          m.moe_every, m.n_layer));
+  }
+  LossScaleConfig& ls = c.loss_scaling;
+  ls.loss_scale = get_or<double>(j, "fp16.loss_scale", 0.0);
+  ls.initial_scale_power = get_or<int>(j, "fp16.initial_scale_power", 16);
+  ls.loss_scale_window = get_or<int64_t>(j, "fp16.loss_scale_window", 1000);
+  ls.hysteresis = get_or<int>(j, "fp16.hysteresis", 2);
+  ls.consecutive_hysteresis = get_or<bool>(j, "fp16.consecutive_hysteresis", false);
+  ls.min_loss_scale = get_or<double>(j, "fp16.min_loss_scale", 1.0);
+  const double initial =
+      ls.loss_scale > 0 ? ls.loss_scale : std::ldexp(1.0, ls.initial_scale_power);
+  if (ls.min_loss_scale > initial)
+    fail(source, format("fp16.min_loss_scale {} is above the initial scale {} ({}); the scale "
+                        "could never start",
+                        ls.min_loss_scale, initial,
+                        ls.loss_scale > 0 ? "fp16.loss_scale" : "2^fp16.initial_scale_power"));
+  if (get_or<bool>(j, "fp16.enabled", false) && get_or<bool>(j, "bf16.enabled", false))
+    fail(source, "fp16.enabled and bf16.enabled are both true; choose one");
   if (get_or<bool>(j, "fp16.enabled", false) || get_or<bool>(j, "bf16.enabled", false))
     LOOM_FAIL(kUnsupported,
               "{}: fp16/bf16 training is not supported by this build yet; "
@@ -620,6 +761,11 @@ Config parse_config(const std::string& text, const std::string& source,
       fail(source, format("parallel.sequence_parallel: a micro-batch of {} x {} = {} tokens does "
                           "not split into parallel.tensor {} pieces",
                           c.micro_batch, c.model.seq_len, tokens, c.parallel.tensor));
+    if (c.model.moe_experts > 0)
+      LOOM_FAIL(kUnsupported,
+                "{}: parallel.sequence_parallel with mixture-of-experts layers is not supported "
+                "yet (a MoE layer routes whole sequences); set it to false",
+                source);
   }
   resolve_pipeline(c, j, source);
   resolve_checkpointing(c, j, source);
@@ -645,6 +791,7 @@ Config parse_config(const std::string& text, const std::string& source,
   t.sample_prompt = get_or<std::string>(j, "train.sample_prompt", "");
   t.sample_temperature = get_or<double>(j, "train.sample_temperature", 0.8);
   t.sample_top_k = get_or<int64_t>(j, "train.sample_top_k", 40);
+  t.on_nonfinite = get_or<std::string>(j, "train.on_nonfinite", "stop");
 
   SchedulerConfig& s = c.scheduler;
   s.type = get_or<std::string>(j, "scheduler.type", "");
@@ -695,6 +842,10 @@ Config parse_config(const std::string& text, const std::string& source,
   c.checkpoint.dir = get_or<std::string>(j, "checkpoint.dir", "");
   c.checkpoint.every = get_or<int64_t>(j, "checkpoint.every", 0);
   c.checkpoint.keep_last = get_or<int64_t>(j, "checkpoint.keep_last", 0);
+  c.checkpoint.format = get_or<std::string>(j, "checkpoint.format", "sharded");
+  c.checkpoint.async = get_or<bool>(j, "checkpoint.async", false);
+  if (c.checkpoint.async && c.checkpoint.format == "whole")
+    fail(source, "checkpoint.async writes sharded checkpoints; checkpoint.format is whole");
   c.log.every = get_or<int64_t>(j, "log.every", 1);
   c.log.peak_gflops = get_or<double>(j, "log.peak_gflops", 0.0);
   c.log.trace = get_or<bool>(j, "log.trace", false);

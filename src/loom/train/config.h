@@ -14,6 +14,7 @@
 #include "loom/model/gpt_stage.h"
 #include "loom/model/recompute.h"
 #include "loom/optim/adamw.h"
+#include "loom/optim/loss_scaler.h"
 #include "loom/optim/lr_schedule.h"
 #include "loom/parallel/zero/zero_config.h"
 
@@ -35,12 +36,19 @@ struct TrainConfig {
   std::string sample_prompt;
   double sample_temperature = 0.8;
   int64_t sample_top_k = 40;
+  // A step whose gradients hold inf or NaN: stop (naming the first such
+  // parameter) or skip its update.
+  std::string on_nonfinite = "stop";
 };
 
 struct CheckpointConfig {
   std::string dir;        // "" : <run folder>/checkpoints
   int64_t every = 0;      // save every this many steps and at the end; 0: never
   int64_t keep_last = 0;  // keep the newest this many; 0: all
+  // sharded: every rank writes what it holds (checkpoint/sharded.h);
+  // whole: one rank writes whole Hugging Face tensors.
+  std::string format = "sharded";
+  bool async = false;  // sharded: write in the background while training goes on
 };
 
 // kernels: which GEMM backend runs the f32 matrix products.
@@ -83,6 +91,9 @@ struct CheckpointingConfig {
 
 struct Config {
   GptConfig model;
+  // fp16's loss scaling keys (DeepSpeed's names and defaults), validated
+  // and recorded; 16-bit training itself is not in this build yet.
+  LossScaleConfig loss_scaling;
   int64_t train_batch_size = 0;
   int64_t micro_batch = 0;  // train_micro_batch_size_per_gpu
   int64_t grad_accum = 0;   // gradient_accumulation_steps

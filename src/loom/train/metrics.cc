@@ -51,6 +51,7 @@ void MetricsLog::write(const StepResult& r) {
             {"lr", r.lr},
             {"grad_norm", r.grad_norm},
             {"loss_scale", 1.0},
+            {"skipped_steps", r.skipped_steps},
             {"tokens_per_s", r.tokens_per_s},
             {"mfu", r.mfu},
             {"mem", m},
@@ -62,6 +63,7 @@ void MetricsLog::write(const StepResult& r) {
               {"optimizer", r.t_optimizer},
               {"comm", r.t_comm},
               {"comm_exposed", r.t_comm_exposed},
+              {"all_to_all", r.t_all_to_all},
               {"bubble", r.t_bubble},
               {"p2p_wait", r.t_p2p_wait}}}};
   j["bubble_fraction"] = r.bubble_fraction;
@@ -69,6 +71,17 @@ void MetricsLog::write(const StepResult& r) {
   j["comm_bytes"] = r.comm_bytes;
   j["gemm_backend"] = r.gemm_backend;
   j["peak_gflops"] = r.peak_gflops;
+  if (!r.moe.empty()) {
+    json moe = json::array();
+    for (const MoeLayerStats& l : r.moe)
+      moe.push_back({{"layer", l.layer},
+                     {"imbalance", l.imbalance},
+                     {"cv", l.cv},
+                     {"dropped", l.dropped},
+                     {"aux_loss", l.aux},
+                     {"z_loss", l.z}});
+    j["moe"] = moe;
+  }
   out_ << j.dump() << "\n";
   out_.flush();
 }
@@ -108,6 +121,18 @@ void Progress::summary(const std::vector<StepResult>& results, double elapsed, d
   if (val) std::printf(" (val %.4f)", *val);
   std::printf(", median %.0f tokens/s, MFU %.1f%% of %.0f GFLOP/s\n", tps[tps.size() / 2],
               100.0 * results.back().mfu, peak_gflops);
+  if (!results.back().moe.empty()) {
+    const MoeLayerStats* worst = &results.back().moe.front();
+    for (const MoeLayerStats& l : results.back().moe)
+      if (l.imbalance > worst->imbalance) worst = &l;
+    std::printf(
+        "loom: mixture of experts at the last step: worst load imbalance %.2f (block %d: "
+        "busiest expert over the mean; cv %.2f, %.1f%% dropped)\n",
+        worst->imbalance, worst->layer, worst->cv, 100.0 * worst->dropped);
+  }
+  if (results.back().skipped_steps > 0)
+    std::printf("loom: %ld steps skipped for non-finite gradients (train.on_nonfinite skip)\n",
+                long(results.back().skipped_steps));
   if (!out_dir.empty()) {
     std::error_code ec;
     const bool trace = std::filesystem::exists(std::filesystem::path(out_dir) / "trace.json", ec);

@@ -12,19 +12,32 @@
 
 namespace loom {
 
+// One mixture-of-experts layer over a step's global batch (every rank's
+// forwards; evaluation excluded).
+struct MoeLayerStats {
+  int layer = 0;          // the block's global index
+  double imbalance = 0;   // the busiest expert's assignments over the mean
+  double cv = 0;          // coefficient of variation of the experts' assignments
+  double dropped = 0;     // share of assignments dropped at capacity
+  double aux = 0, z = 0;  // the balancing losses, mean over micro-batches
+};
+
 struct StepResult {
   int64_t step = 0;  // 1-based
   double loss = 0, lr = 0, grad_norm = 0;
+  int64_t skipped_steps = 0;  // so far in the run (non-finite gradients, train.on_nonfinite skip)
   double t_forward = 0, t_backward = 0, t_recompute = 0, t_optimizer = 0, t_step = 0;  // seconds
   double tokens_per_s = 0, mfu = 0;
   std::optional<double> val_loss;
-  double t_comm = 0, t_comm_exposed = 0, comm_bytes = 0;  // data-parallel communication
+  double t_comm = 0, t_comm_exposed = 0, comm_bytes = 0;  // all communication
+  double t_all_to_all = 0;  // of it, the MoE layers' all-to-alls (expert parallelism)
   // Pipelined: seconds the most idle stage waited in the schedule, that
   // stage's idle share, and seconds this rank blocked on pipeline messages.
   double t_bubble = 0, bubble_fraction = 0, t_p2p_wait = 0;
   std::string gemm_backend;  // kernels.gemm in effect
   double peak_gflops = 0;    // the MFU denominator
   MemStats mem;              // peaks: the maximum over ranks of each category
+  std::vector<MoeLayerStats> moe;
 };
 
 // metrics.jsonl: one JSON object per step.

@@ -47,14 +47,24 @@ pp::ModelCosts measure_model_costs(const GptConfig& model, int64_t B, int64_t Tn
   LOOM_CHECK_KIND(kConfig, model.n_layer >= 2, "measuring layer costs needs 2 layers or more");
   // Three one-block stages: with the embedding, alone, with the head; the
   // differences are the embedding's and the head's.
-  auto measure = [&](int first) {
-    GptStage<float> s(model, StageSpec{first, first + 1});
+  // Measured on the dense model; a mixture-of-experts block, when the model
+  // has them, measured alone on a model whose every block is one.
+  GptConfig dense = model;
+  dense.moe_experts = 0;
+  auto measure = [&](const GptConfig& cfg, int first) {
+    GptStage<float> s(cfg, StageSpec{first, first + 1});
     s.init(1);
     return pp::LayerCost{time_stage(s, B, Tn, reps), static_cast<double>(s.store_bytes(B, Tn)),
                          static_cast<double>(s.num_params()) * 4 * sizeof(float)};
   };
-  const pp::LayerCost with_emb = measure(0), block = measure(1),
-                      with_head = measure(model.n_layer - 1);
+  const pp::LayerCost with_emb = measure(dense, 0), block = measure(dense, 1),
+                      with_head = measure(dense, model.n_layer - 1);
+  pp::LayerCost moe_block = block;
+  if (model.moe_experts > 0) {
+    GptConfig all_moe = model;
+    all_moe.moe_every = 1;
+    moe_block = measure(all_moe, 1);
+  }
   auto minus = [](const pp::LayerCost& a, const pp::LayerCost& b) {
     return pp::LayerCost{std::max(0.0, a.seconds - b.seconds),
                          std::max(0.0, a.act_bytes - b.act_bytes),
@@ -63,7 +73,8 @@ pp::ModelCosts measure_model_costs(const GptConfig& model, int64_t B, int64_t Tn
   pp::ModelCosts c;
   c.embedding = minus(with_emb, block);
   c.head = minus(with_head, block);
-  c.blocks.assign(static_cast<size_t>(model.n_layer), block);
+  for (int l = 0; l < model.n_layer; ++l)
+    c.blocks.push_back(model.moe_layer(l) ? moe_block : block);
   return c;
 }
 

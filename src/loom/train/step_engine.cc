@@ -3,9 +3,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <limits>
 #include <optional>
+#include <string>
 
 #include "loom/core/error.h"
+#include "loom/parallel/expert/all_to_all.h"
 #include "loom/parallel/tensor/factory.h"
 #include "loom/train/pipeline_setup.h"
 
@@ -13,9 +17,24 @@ namespace loom {
 
 namespace {
 
-std::unique_ptr<LayerFactory<float>> layers_for(const tp::Group& g, bool sequence_parallel) {
-  if (g.size() == 1) return nullptr;
-  return std::make_unique<tp::TensorParallelFactory>(g, sequence_parallel);
+// The layers of this rank: tensor-parallel ones over a group of more than
+// one rank, MoE experts split over an expert-parallel group; null: the
+// single-process layers.
+std::unique_ptr<LayerFactory<float>> layers_for(
+    const tp::Group& g, bool sequence_parallel, bool moe_split,
+    const std::shared_ptr<ep::AllToAllDispatcher>& experts) {
+  std::unique_ptr<LayerFactory<float>> f;
+  if (g.size() > 1)
+    f = std::make_unique<tp::TensorParallelFactory>(g, sequence_parallel, moe_split);
+  else if (experts)
+    f = std::make_unique<LayerFactory<float>>();
+  if (f && experts) f->set_expert_dispatcher(experts);
+  return f;
+}
+
+std::shared_ptr<ep::AllToAllDispatcher> experts_for(const Config& c, const ParallelContext& ctx) {
+  if (c.model.moe_experts == 0 || !ctx.ep || ctx.ep->size() == 1) return nullptr;
+  return std::make_shared<ep::AllToAllDispatcher>(ctx.ep);
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -27,7 +46,12 @@ StepEngine::StepEngine(const Config& config, ParallelContext ctx)
     : config_(config),
       ctx_(std::move(ctx)),
       tp_(ctx_.tp),
-      layers_(layers_for(tp_, config.parallel.sequence_parallel)) {
+      experts_(experts_for(config, ctx_)),
+      // Under tensor parallelism the MoE layers split a micro-batch's
+      // sequences over the group when they divide evenly.
+      moe_split_(tp_.size() > 1 && config.model.moe_experts > 0 &&
+                 config.micro_batch % tp_.size() == 0),
+      layers_(layers_for(tp_, config.parallel.sequence_parallel, moe_split_, experts_)) {
   const int tp = ctx_.tp ? ctx_.tp->size() : 1;
   const int p = ctx_.pp ? ctx_.pp->size() : 1;
   LOOM_CHECK_KIND(kConfig, config_.parallel.tensor == tp,
@@ -40,6 +64,11 @@ StepEngine::StepEngine(const Config& config, ParallelContext ctx)
   LOOM_CHECK_KIND(kConfig, config_.data_parallel == ctx_.dp_size(),
                   "the config's data-parallel size {} differs from the job's {}",
                   config_.data_parallel, ctx_.dp_size());
+  const int ep = ctx_.ep ? ctx_.ep->size() : 1;
+  LOOM_CHECK_KIND(kConfig, config_.parallel.expert == ep,
+                  "the config's parallel.expert {} differs from the job's expert-parallel group "
+                  "of {}",
+                  config_.parallel.expert, ep);
   const int64_t B = config_.micro_batch, Tn = config_.model.seq_len, m = config_.grad_accum;
   const pp::ScheduleKind kind = pp::parse_schedule(config_.parallel.schedule);
   const int v = kind == pp::ScheduleKind::kInterleaved ? config_.parallel.virtual_stages : 1;
@@ -67,7 +96,8 @@ StepEngine::StepEngine(const Config& config, ParallelContext ctx)
         storage, layers);
     ch.stage->set_plan(ch.stage->plan(config_.checkpointing.policy, B, Tn, in_flight));
     ch.zero =
-        std::make_unique<ZeroEngine>(ch.stage->store(), ctx_.dp, config_.zero, config_.optimizer);
+        std::make_unique<ZeroEngine>(ch.stage->store(), ctx_.dp, config_.zero, config_.optimizer,
+                                     experts_ ? ExpertGroups{ctx_.ep, ctx_.ep_dp} : ExpertGroups{});
     // Gradient norms count a tensor split over the tensor-parallel group once.
     ch.zero->set_tensor_parallel(ctx_.tp);
     refs.push_back({ch.stage.get(), ch.zero.get()});
@@ -110,6 +140,7 @@ StepStats StepEngine::step(const BatchSource& data, int64_t step, double lr) {
   ZeroEngine& zero = *chunks_[0].zero;
   GptStage<float>& stage = *chunks_[0].stage;
   const int64_t accum = config_.grad_accum;
+  drop_moe_stats();
   zero.zero_grads();
   stage.take_recompute_seconds();
   tp_.take_traffic();  // evaluation's does not count
@@ -139,8 +170,12 @@ StepStats StepEngine::step(const BatchSource& data, int64_t step, double lr) {
   }
   r.loss = loss_sum / static_cast<double>(accum);
   const auto t0 = clock::now();
+  sum_split_moe_grads();
+  inject_nonfinite(step);
   r.grad_norm = zero.clip_grad_norm(config_.gradient_clipping);
-  zero.step(lr, step + 1);
+  r.skipped = !accept_update(step, r.grad_norm, &r.nonfinite);
+  r.moe = moe_stats(!r.skipped);
+  if (!r.skipped) zero.step(lr, step + 1 - skipped_);
   r.t_optimizer = seconds_since(t0);
   r.comm = zero.take_stats();
   // Tensor-parallel collectives block the layers that issue them: all exposed.
@@ -148,7 +183,18 @@ StepStats StepEngine::step(const BatchSource& data, int64_t step, double lr) {
   r.comm.comm_s += t.seconds;
   r.comm.exposed_s += t.seconds;
   r.comm.bytes += t.bytes;
+  take_all_to_all(r);
   return r;
+}
+
+void StepEngine::take_all_to_all(StepStats& r) {
+  if (!experts_) return;
+  const ep::AllToAllStats a = experts_->take_stats();
+  r.t_all_to_all = a.seconds;
+  r.all_to_all_bytes = a.bytes;
+  r.comm.comm_s += a.seconds;
+  r.comm.exposed_s += a.seconds;
+  r.comm.bytes += a.bytes;
 }
 
 double StepEngine::evaluate(const BatchSource& data, int64_t batches) {
@@ -200,6 +246,7 @@ StepStats StepEngine::step_pipelined(const BatchSource& data, int64_t step, doub
   StepStats r;
   const int64_t m = config_.grad_accum, BT = config_.micro_batch * config_.model.seq_len;
   for (Chunk& c : chunks_) c.zero->zero_grads();
+  drop_moe_stats();
   tp_.take_traffic();  // evaluation's does not count
   std::vector<pp::MicroBatch> mbs(static_cast<size_t>(m));
   for (int64_t micro = 0; micro < m; ++micro) {
@@ -211,11 +258,18 @@ StepStats StepEngine::step_pipelined(const BatchSource& data, int64_t step, doub
     mbs[static_cast<size_t>(micro)] = {inputs_.data() + micro * BT, targets_.data() + micro * BT,
                                        ctx};
   }
-  auto on_reduce = [&] { sum_tied_grads(); };
+  auto on_reduce = [&] {
+    sum_tied_grads();
+    sum_split_moe_grads();
+  };
   auto on_step = [&] {
     const auto t0 = clock::now();
+    inject_nonfinite(step);
     r.grad_norm = clip_pipelined();
-    for (Chunk& c : chunks_) c.zero->step(lr, step + 1);
+    r.skipped = !accept_update(step, r.grad_norm, &r.nonfinite);
+    r.moe = moe_stats(!r.skipped);
+    if (!r.skipped)
+      for (Chunk& c : chunks_) c.zero->step(lr, step + 1 - skipped_);
     r.t_optimizer = seconds_since(t0);
   };
   const pp::ExecStats st = executor_->train(mbs, 1.0 / static_cast<double>(m), on_reduce, on_step);
@@ -262,7 +316,83 @@ StepStats StepEngine::step_pipelined(const BatchSource& data, int64_t step, doub
   r.comm.comm_s += t.seconds + st.wait;
   r.comm.exposed_s += t.seconds + st.wait;
   r.comm.bytes += t.bytes + st.p2p.bytes;
+  take_all_to_all(r);
   return r;
+}
+
+void StepEngine::drop_moe_stats() {
+  for (Chunk& c : chunks_) c.stage->take_moe_stats();
+  if (experts_) experts_->take_stats();
+}
+
+std::vector<MoeLayerStats> StepEngine::moe_stats(bool update) {
+  const GptConfig& m = config_.model;
+  if (m.moe_experts == 0) return {};
+  // Per block: E loads, assignments, dropped, aux sum, z sum, forwards;
+  // summed over the ranks (replicas add, stages hold different blocks).
+  const size_t E = static_cast<size_t>(m.moe_experts), width = E + 5;
+  std::vector<double> mine(static_cast<size_t>(m.n_layer) * width, 0.0);
+  for (Chunk& c : chunks_)
+    for (const auto& [layer, st] : c.stage->take_moe_stats()) {
+      double* row = mine.data() + static_cast<size_t>(layer) * width;
+      for (size_t e = 0; e < E; ++e) row[e] += double(st.load[e]);
+      row[E] += double(st.assignments), row[E + 1] += double(st.dropped);
+      row[E + 2] += st.aux, row[E + 3] += st.z, row[E + 4] += double(st.forwards);
+    }
+  std::vector<double> sum = mine;
+  if (ctx_.world) {
+    const std::vector<double> all = all_gather_words(*ctx_.world, mine.data(), mine.size());
+    std::fill(sum.begin(), sum.end(), 0.0);
+    for (size_t i = 0; i < all.size(); ++i) sum[i % mine.size()] += all[i];
+  }
+  if (update && m.moe_bias_balancing)
+    for (Chunk& c : chunks_) {
+      const std::vector<ZeroEngine::StateRange> held = c.zero->held(ZeroEngine::State::kParams);
+      for (int l = c.stage->first(); l < c.stage->last(); ++l) {
+        const Param* b = c.stage->layout().find_or_null("transformer.h." + std::to_string(l) +
+                                                        ".mlp.router.bias");
+        if (b == nullptr) continue;
+        const double* row = sum.data() + static_cast<size_t>(l) * width;
+        double mean = 0;
+        for (size_t e = 0; e < E; ++e) mean += row[e] / double(E);
+        const ZeroEngine::StateRange r = held[static_cast<size_t>(b->unit)];
+        for (int64_t e = std::max(r.begin, b->offset); e < std::min(r.end, b->offset + b->numel);
+             ++e) {
+          const double load = row[static_cast<size_t>(e - b->offset)];
+          const double dir = load < mean ? 1.0 : load > mean ? -1.0 : 0.0;
+          r.data[e - r.begin] += static_cast<float>(m.moe_bias_update_rate * dir);
+        }
+      }
+    }
+  std::vector<MoeLayerStats> out;
+  for (int l = 0; l < m.n_layer; ++l) {
+    if (!m.moe_layer(l)) continue;
+    const double* row = sum.data() + static_cast<size_t>(l) * width;
+    MoeLayerStats s;
+    s.layer = l;
+    double mean = 0, most = 0, var = 0;
+    for (size_t e = 0; e < E; ++e) mean += row[e] / double(E), most = std::max(most, row[e]);
+    for (size_t e = 0; e < E; ++e) var += (row[e] - mean) * (row[e] - mean) / double(E);
+    s.imbalance = mean > 0 ? most / mean : 0;
+    s.cv = mean > 0 ? std::sqrt(var) / mean : 0;
+    s.dropped = row[E] > 0 ? row[E + 1] / row[E] : 0;
+    s.aux = row[E + 4] > 0 ? row[E + 2] / row[E + 4] : 0;
+    s.z = row[E + 4] > 0 ? row[E + 3] / row[E + 4] : 0;
+    out.push_back(s);
+  }
+  return out;
+}
+
+void StepEngine::sum_split_moe_grads() {
+  if (!moe_split_) return;
+  for (Chunk& c : chunks_) {
+    const ParamLayout& layout = c.stage->layout();
+    for (const Unit& u : layout.units())
+      if (u.expert()) c.zero->sum_grads(u.begin, u.end, *ctx_.tp);
+    for (const Param& p : layout.params())
+      if (p.name.ends_with(".mlp.router.weight"))
+        c.zero->sum_grads(p.offset, p.offset + p.numel, *ctx_.tp);
+  }
 }
 
 void StepEngine::sum_tied_grads() {
@@ -321,6 +451,63 @@ double StepEngine::evaluate_pipelined(const BatchSource& data, int64_t batches) 
   float sum_count[2] = {static_cast<float>(losses.back()), static_cast<float>(batches * m)};
   if (ctx_.dp) ctx_.dp->all_reduce(sum_count, sum_count, 2, DType::kF32, ReduceOp::kSum)->wait();
   return sum_count[0] / sum_count[1];
+}
+
+bool StepEngine::accept_update(int64_t step, double norm, std::string* skipped_in) {
+  if (std::isfinite(norm)) return true;
+  const std::string name = first_nonfinite_param();
+  if (config_.train.on_nonfinite == "skip") {
+    ++skipped_;
+    *skipped_in = name;
+    return false;
+  }
+  LOOM_FAIL(
+      kData,
+      "step {}: non-finite gradient (norm {}){}; stopping here (train.on_nonfinite: skip "
+      "would skip such steps and go on)",
+      step + 1, norm,
+      name.empty() ? std::string() : " first in '" + name + "' (in the model's parameter order)");
+}
+
+std::string StepEngine::first_nonfinite_param() {
+  // The whole model's parameter order, by name.
+  const GptStage<float> whole(config_.model, StageSpec{}, StoreOptions{1, false, false});
+  const std::vector<Param>& order = whole.layout().params();
+  float first = static_cast<float>(order.size());  // none
+  for (Chunk& c : chunks_) {
+    const std::vector<ZeroEngine::StateRange> held = c.zero->held(ZeroEngine::State::kGrads);
+    for (const Param& p : c.stage->layout().params()) {
+      const ZeroEngine::StateRange& r = held[static_cast<size_t>(p.unit)];
+      const int64_t lo = std::max(r.begin, p.offset), hi = std::min(r.end, p.offset + p.numel);
+      bool bad = false;
+      for (int64_t i = lo; i < hi && !bad; ++i) bad = !std::isfinite(r.data[i - r.begin]);
+      if (!bad) continue;
+      for (size_t k = 0; k < order.size(); ++k)
+        if (order[k].name == p.name) first = std::min(first, static_cast<float>(k));
+    }
+  }
+  // The smallest index over the world (exact in f32 below 2^24 parameters).
+  float neg = -first;
+  if (ctx_.world) ctx_.world->all_reduce(&neg, &neg, 1, DType::kF32, ReduceOp::kMax)->wait();
+  const size_t k = static_cast<size_t>(-neg);
+  return k < order.size() ? order[k].name : std::string();
+}
+
+void StepEngine::inject_nonfinite(int64_t step) {
+  const char* spec = std::getenv("LOOM_TEST_NONFINITE");
+  if (spec == nullptr) return;
+  const std::string s(spec);
+  const size_t colon = s.find(':');
+  if (colon == std::string::npos || s.substr(0, colon) != std::to_string(step + 1)) return;
+  const std::string name = s.substr(colon + 1);
+  for (Chunk& c : chunks_) {
+    const Param* p = c.stage->layout().find_or_null(name);
+    if (p == nullptr) continue;
+    const ZeroEngine::StateRange r =
+        c.zero->held(ZeroEngine::State::kGrads)[static_cast<size_t>(p->unit)];
+    const int64_t lo = std::max(r.begin, p->offset), hi = std::min(r.end, p->offset + p->numel);
+    if (lo < hi) r.data[lo - r.begin] = std::numeric_limits<float>::quiet_NaN();
+  }
 }
 
 }  // namespace loom

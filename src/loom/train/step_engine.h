@@ -10,23 +10,32 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "loom/comm/parallel_context.h"
 #include "loom/data/batch_source.h"
 #include "loom/model/gpt_stage.h"
+#include "loom/parallel/expert/all_to_all.h"
 #include "loom/parallel/pipeline/executor.h"
 #include "loom/parallel/tensor/regions.h"
 #include "loom/parallel/zero/zero.h"
 #include "loom/train/config.h"
+#include "loom/train/metrics.h"
 
 namespace loom {
 
 struct StepStats {
   double loss = 0;  // mean over the global batch
   double grad_norm = 0;
+  bool skipped = false;   // non-finite gradients, train.on_nonfinite skip: no update
+  std::string nonfinite;  // skipped: the first parameter in model order with one
+  std::vector<MoeLayerStats> moe;
   double t_forward = 0, t_backward = 0, t_recompute = 0, t_optimizer = 0;  // seconds
   CommStats comm;
+  // Expert parallelism: seconds and bytes of the MoE layers' all-to-alls
+  // (also in comm; they block the layers, so all of it is exposed).
+  double t_all_to_all = 0, all_to_all_bytes = 0;
   // Pipelined: over the pipeline's span (the first rank's start to the last
   // rank's last compute), the most idle rank's seconds without compute, the
   // mean idle share over the ranks; and this rank's seconds blocked on
@@ -62,8 +71,15 @@ class StepEngine {
   const std::vector<pp::TraceSlice>& trace() const;
 
   // Runs optimizer step `step` (0-based) at learning rate `lr` over the
-  // global batch `data` yields for it.
+  // global batch `data` yields for it. When a gradient holds a non-finite
+  // value (any rank's: the global norm is not finite), train.on_nonfinite
+  // decides: `stop` throws naming the first such parameter in model order
+  // (the same message on every rank), `skip` leaves parameters and moments
+  // as they were and counts the step (AdamW's bias correction counts
+  // updates made, as DeepSpeed's does).
   StepStats step(const BatchSource& data, int64_t step, double lr);
+  int64_t skipped_steps() const { return skipped_; }
+  void set_skipped_steps(int64_t n) { skipped_ = n; }
   // Mean loss over `batches` global batches of step 0 (the same samples
   // under every layout; every rank runs the same number of forwards).
   double evaluate(const BatchSource& data, int64_t batches);
@@ -88,16 +104,43 @@ class StepEngine {
   double clip_pipelined();
   // The tied wte's gradients summed over the first and last stage.
   void sum_tied_grads();
+  // Under a MoE row split (moe_split_), the routers' and experts' gradients
+  // summed over the tensor-parallel group: each rank's hold its tokens only.
+  void sum_split_moe_grads();
+  // Every MoE layer's load over the step, from every rank (collective over
+  // the world when the model has MoE layers); drop_moe_stats() forgets what
+  // came before (evaluation's forwards, their all-to-alls too).
+  // With bias balancing and `update`, each MoE layer's bias moves by
+  // bias_update_rate towards equal loads (sign of mean - load, per expert),
+  // in whatever part of it this rank holds, before the optimizer step.
+  std::vector<MoeLayerStats> moe_stats(bool update = false);
+  void drop_moe_stats();
+  // The all-to-alls since the last call into r (its comm too).
+  void take_all_to_all(StepStats& r);
+  // After the gradient norm of step `step` (0-based): whether to update.
+  // Throws (train.on_nonfinite stop) or counts a skip when `norm` is not
+  // finite. Collective over the world when it is not.
+  bool accept_update(int64_t step, double norm, std::string* name);
+  // The first parameter, in the whole model's order, whose reduced gradient
+  // holds a non-finite value on any rank (collective over the world); ""
+  // when none does.
+  std::string first_nonfinite_param();
+  // Tests only: LOOM_TEST_NONFINITE=STEP:NAME puts a NaN into parameter
+  // NAME's reduced gradient at step STEP (1-based), where this rank holds it.
+  void inject_nonfinite(int64_t step);
 
   struct Chunk {
     std::unique_ptr<GptStage<float>> stage;
     std::unique_ptr<ZeroEngine> zero;
   };
+  int64_t skipped_ = 0;  // steps whose update was skipped
 
   const Config config_;
   ParallelContext ctx_;
-  tp::Group tp_;                                 // the tensor-parallel group (traffic counted)
-  std::unique_ptr<LayerFactory<float>> layers_;  // tensor-parallel layers; null: one process's
+  tp::Group tp_;                                     // the tensor-parallel group (traffic counted)
+  std::shared_ptr<ep::AllToAllDispatcher> experts_;  // expert parallelism; null: none
+  bool moe_split_ = false;                           // tensor ranks split the MoE layers' sequences
+  std::unique_ptr<LayerFactory<float>> layers_;      // parallel layers; null: one process's
   PartitionReport partition_;
   std::vector<Chunk> chunks_;
   std::unique_ptr<pp::Executor> executor_;  // null without a pipeline

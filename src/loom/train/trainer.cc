@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <iostream>
 #include <sstream>
+#include <tuple>
 
 #include "loom/checkpoint/checkpoint.h"
 #include "loom/core/error.h"
@@ -40,8 +41,10 @@ std::unique_ptr<Tokenizer> tokenizer_for(const std::string& token_path) {
   fs::path meta = fs::path(token_path).parent_path() / "meta.json";
   std::error_code ec;
   if (!fs::exists(meta, ec)) return nullptr;
-  json j = json::parse(read_file(meta.string()), nullptr, false);
-  if (j.is_discarded() || !j.contains("tokenizer") || !j["tokenizer"].is_string()) return nullptr;
+  // Written by prepare-data; damaged, it is an error that names it.
+  const json j = read_json_file(meta.string());
+  LOOM_CHECK_KIND(kData, j.is_object() && j.contains("tokenizer") && j["tokenizer"].is_string(),
+                  "{}: field 'tokenizer' is missing or not a string", meta.string());
   return make_tokenizer(j["tokenizer"].get<std::string>());
 }
 
@@ -102,31 +105,48 @@ Trainer::Trainer(Config config, RunOptions options, ThreadConfig threads)
 }
 
 void Trainer::load_initial_state(uint64_t seed) {
-  const bool loading = !options_.init_from.empty() || !options_.resume.empty();
-  std::string dir;
-  if (!options_.resume.empty()) dir = resolve_checkpoint(options_.resume, checkpoint_root());
-  // Each chunk of the model this rank holds loads its own parameters by name.
-  for (int c = 0; c < engine_->num_chunks(); ++c) {
-    ZeroEngine& zero = engine_->zero(c);
-    GptStage<float>& model = engine_->stage(c);
-    zero.init_params(seed);
-    // Stage 3 loads into full parameters, then keeps this rank's slices.
-    if (loading) zero.gather_full_params();
-    if (!options_.init_from.empty()) load_hf_weights(options_.init_from, model);
-    if (!dir.empty()) {
-      // The file holds whole moments; the engine keeps this rank's slices.
-      const size_t n = static_cast<size_t>(model.num_params());
-      std::vector<float> m(n), v(n);
-      TrainerState st = load_checkpoint(dir, model, m.data(), v.data());
-      zero.load_moments(m.data(), v.data());
-      LOOM_CHECK_KIND(kConfig, st.seed == seed,
-                      "{}: saved with train.seed {} but the config has {}; a resumed run must "
-                      "keep its seed to see the same data",
-                      dir, st.seed, seed);
-      step_ = st.step;
-    }
-    if (loading) zero.release_full_params(true);
+  for (int c = 0; c < engine_->num_chunks(); ++c) engine_->zero(c).init_params(seed);
+  if (!options_.init_from.empty()) {
+    // Each rank reads the parameters it holds (its slices and stages; at
+    // ZeRO stage 3 its shard) of the whole tensors in the file.
+    check_hf_weights(options_.init_from, config_.model);
+    Checkpointer::load(*engine_, CheckpointReader::of_file(options_.init_from), false);
   }
+  if (options_.resume.empty()) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string dir = resolve_checkpoint(options_.resume, checkpoint_root());
+  // The ranks share the hashing: each reads its part of the files whole,
+  // and after that only the pieces of the state it holds.
+  const ParallelContext& ctx = options_.parallel;
+  verify_checkpoint(dir, ctx.rank, ctx.world ? ctx.world->size() : 1);
+  const TrainerState st = read_trainer_state(dir);
+  // The model's shape, key by key (a tensor's shape alone would miss n_head,
+  // or a vocabulary the padding hides).
+  const GptConfig saved = read_checkpoint_model(dir);
+  const GptConfig& m = config_.model;
+  for (auto [key, a, b] : {std::tuple{"model.n_layer", saved.n_layer, m.n_layer},
+                           std::tuple{"model.n_embd", saved.n_embd, m.n_embd},
+                           std::tuple{"model.n_head", saved.n_head, m.n_head},
+                           std::tuple{"model.vocab_size", saved.vocab_size, m.vocab_size},
+                           std::tuple{"model.seq_len", saved.seq_len, m.seq_len},
+                           std::tuple{"model.moe.num_experts", saved.moe_experts, m.moe_experts},
+                           std::tuple{"model.moe.top_k", saved.moe_top_k, m.moe_top_k},
+                           std::tuple{"model.moe.every_n_layers", saved.moe_every, m.moe_every}})
+    LOOM_CHECK_KIND(kConfig, a == b, "{}: saved with {} {} but the config has {}", dir, key, a, b);
+  const char* routers[] = {"learned", "hash", "tag"};
+  LOOM_CHECK_KIND(kConfig,
+                  saved.moe_router == m.moe_router && saved.moe_tag_tokens == m.moe_tag_tokens,
+                  "{}: saved with model.moe.router {}{} but the config has {}{}", dir,
+                  routers[saved.moe_router], saved.moe_router == 2 ? " (its tag_tokens)" : "",
+                  routers[m.moe_router], m.moe_router == 2 ? " (its tag_tokens)" : "");
+  LOOM_CHECK_KIND(kConfig, st.seed == seed,
+                  "{}: saved with train.seed {} but the config has {}; a resumed run must "
+                  "keep its seed to see the same data",
+                  dir, st.seed, seed);
+  Checkpointer::load(*engine_, CheckpointReader(dir), true);
+  step_ = st.step;
+  engine_->set_skipped_steps(st.skipped_steps);
+  resume_s_ = seconds_since(t0);
 }
 
 StepResult Trainer::train_step() {
@@ -136,10 +156,22 @@ StepResult Trainer::train_step() {
   memory_tracker().reset_peaks();
   StepResult r;
   r.step = step_ + 1;
-  r.lr = learning_rate(config_.scheduler, config_.optimizer.lr, step_);
+  // A skipped step does not advance the schedule (as DeepSpeed's scheduler
+  // is not stepped on an overflow); its data is consumed.
+  r.lr = learning_rate(config_.scheduler, config_.optimizer.lr, step_ - engine_->skipped_steps());
   const StepStats s = engine_->step(*train_data_, step_, r.lr);
   r.loss = s.loss;
   r.grad_norm = s.grad_norm;
+  r.skipped_steps = engine_->skipped_steps();
+  r.moe = s.moe;
+  if (s.skipped && writer_ && !options_.quiet) {
+    if (progress_->tty()) std::printf("\r\033[K");
+    std::printf("loom: step %ld skipped: non-finite gradient%s (%ld skipped so far)\n",
+                long(step_ + 1),
+                s.nonfinite.empty() ? "" : (" first in '" + s.nonfinite + "'").c_str(),
+                long(r.skipped_steps));
+    std::fflush(stdout);
+  }
   r.t_forward = s.t_forward;
   r.t_backward = s.t_backward;
   r.t_recompute = s.t_recompute;
@@ -147,6 +179,7 @@ StepResult Trainer::train_step() {
   r.t_comm = s.comm.comm_s;
   r.t_comm_exposed = s.comm.exposed_s;
   r.comm_bytes = s.comm.bytes;
+  r.t_all_to_all = s.t_all_to_all;
   r.t_bubble = s.t_bubble;
   r.bubble_fraction = s.bubble_fraction;
   r.t_p2p_wait = s.t_p2p_wait;
@@ -193,10 +226,50 @@ void Trainer::open_run_folder() {
 }
 
 void Trainer::save(double lr) {
-  if (engine_->pipelined()) {
-    save_pipelined(lr);
+  if (config_.checkpoint.format == "whole") {
+    const auto t0 = std::chrono::steady_clock::now();
+    const bool spread = engine_->pipelined() || config_.parallel.expert > 1;
+    const std::string dir = spread ? save_pipelined(lr) : save_whole(lr);
+    if (!writer_ || options_.quiet) return;
+    size_t bytes = 0;
+    for (const auto& f : fs::directory_iterator(dir)) bytes += f.file_size();
+    if (progress_->tty()) std::printf("\r\033[K");
+    std::printf("loom: checkpoint %s: %.1f MB, whole, from world rank 0 in %.3f s\n", dir.c_str(),
+                bytes / 1e6, seconds_since(t0));
+    std::fflush(stdout);
     return;
   }
+  if (!checkpointer_)
+    checkpointer_ =
+        std::make_unique<Checkpointer>(*engine_, checkpoint_root(), [this](const SaveReport& r) {
+          if (options_.quiet) return;
+          const int ranks = options_.parallel.world ? options_.parallel.world->size() : 1;
+          // On a terminal, over the progress bar (redrawn at the next step).
+          if (progress_->tty()) std::printf("\r\033[K");
+          std::printf("loom: checkpoint %s: %.1f MB from %d rank%s in %.3f s", r.dir.c_str(),
+                      r.bytes / 1e6, ranks, ranks > 1 ? "s" : "", r.seconds);
+          if (r.async) std::printf(" in the background (training paused %.3f s)", r.paused_s);
+          std::printf("\n");
+          std::fflush(stdout);
+        });
+  const TrainerState st = trainer_state(lr);
+  checkpointer_->save(st, config_.resolved);
+}
+
+TrainerState Trainer::trainer_state(double lr) const {
+  return TrainerState{step_,
+                      lr,
+                      1.0,
+                      config_.train.seed,
+                      tokenizer_ ? tokenizer_->name() : "",
+                      engine_->skipped_steps()};
+}
+
+void Trainer::finish_save() {
+  if (checkpointer_) checkpointer_->finish();
+}
+
+std::string Trainer::save_whole(double lr) {
   // Moments laid out like the stage's parameters: a ZeRO shard per rank is
   // gathered first (by every rank, since the gather is collective); at stage
   // 3 the parameters are gathered too. Then the ranks of data-parallel index
@@ -227,22 +300,22 @@ void Trainer::save(double lr) {
   };
   std::string dir;
   if (ctx.dp_rank() == 0) {
-    TrainerState st{step_, lr, 1.0, config_.train.seed, tokenizer_ ? tokenizer_->name() : ""};
+    const TrainerState st = trainer_state(lr);
     dir = save_checkpoint(checkpoint_root(), model(), m.data(), v.data(), st, config_.resolved,
                           config_.checkpoint.keep_last, ctx.tp ? assemble : AssembleFn{}, writer_);
   }
   zero.release_full_params(false);
   // When save returns on any rank, the checkpoint is complete on disk.
   if (ctx.world) ctx.world->barrier()->wait();
-  if (!writer_) return;
-  if (!options_.quiet && !progress_->tty()) std::printf("loom: checkpoint %s\n", dir.c_str());
+  return dir;
 }
 
-void Trainer::save_pipelined(double lr) {
-  // The stages hold different parts of the model: the writer stages the
-  // whole model (parameters and moments, one process's layout) tensor by
-  // tensor from their owners, then writes it as a one-process run would.
-  // Every rank of the replica takes part in each tensor's gather.
+std::string Trainer::save_pipelined(double lr) {
+  // The stages (and the expert-parallel ranks) hold different parts of the
+  // model: the writer stages the whole model (parameters and moments, one
+  // process's layout) tensor by tensor from their owners, then writes it as
+  // a one-process run would. Every rank of the replica takes part in each
+  // tensor's gather.
   WholeModel whole(*engine_, true);
   const ParamLayout& layout = whole.layout();
   std::unique_ptr<GptStage<float>> staging;
@@ -256,8 +329,9 @@ void Trainer::save_pipelined(double lr) {
   }
   const ParallelContext& ctx = options_.parallel;
   for (const Param& p : layout.params()) {
-    // Only the first replica's ranks gather; the others hold the same values.
-    if (ctx.dp_rank() != 0) break;
+    // Only the first replica's ranks gather (with expert parallelism, the
+    // first expert-parallel group); the others hold the same values.
+    if (ctx.coord().ep_dp != 0) break;
     scratch.resize(static_cast<size_t>(p.shape.numel()));
     whole.get(p, WholeModel::kParam, writes ? staging->param(p) : scratch.data());
     whole.get(p, WholeModel::kExpAvg, writes ? m.data() + p.offset : scratch.data());
@@ -265,14 +339,13 @@ void Trainer::save_pipelined(double lr) {
   }
   std::string dir;
   if (writes) {
-    TrainerState st{step_, lr, 1.0, config_.train.seed, tokenizer_ ? tokenizer_->name() : ""};
+    const TrainerState st = trainer_state(lr);
     dir = save_checkpoint(checkpoint_root(), *staging, m.data(), v.data(), st, config_.resolved,
                           config_.checkpoint.keep_last);
   }
   // When save returns on any rank, the checkpoint is complete on disk.
   if (ctx.world) ctx.world->barrier()->wait();
-  if (writes && !options_.quiet && !progress_->tty())
-    std::printf("loom: checkpoint %s\n", dir.c_str());
+  return dir;
 }
 
 void Trainer::keep_trace(int64_t step) {
@@ -347,10 +420,10 @@ std::vector<StepResult> Trainer::run() {
   std::vector<StepResult> results;
   const auto t0 = std::chrono::steady_clock::now();
   if (step_ > 0 && !options_.quiet)
-    std::printf("loom: resumed from %s at step %ld\n", options_.resume.c_str(), long(step_));
+    std::printf("loom: resumed from %s at step %ld (verified and read in %.3f s)\n",
+                options_.resume.c_str(), long(step_), resume_s_);
   const int64_t total = config_.train.steps, every = config_.checkpoint.every;
-  // Every rank takes part in a save (gathers over the data- and
-  // tensor-parallel groups); world rank 0 writes.
+  // Every rank takes part in a save.
   const bool checkpoints = every > 0 && !checkpoint_root().empty();
   const bool tracing = config_.log.trace && engine_->pipelined();
   while (step_ < total) {
@@ -362,19 +435,22 @@ std::vector<StepResult> Trainer::run() {
     metrics_.write(r);
     results.push_back(r);
     progress_->show(r, seconds_since(t0), static_cast<int64_t>(results.size()));
+    if (checkpointer_) checkpointer_->poll();
     if (checkpoints && (r.step % every == 0 || r.step == total)) save(r.lr);
   }
+  finish_save();
   if (tracing) write_trace();
   // The closing sample decodes on rank 0 from full parameters; at stage 3
   // every rank takes part in gathering them.
   const TrainConfig& t = config_.train;
-  // (Decoding reads the single-process layers; under tensor parallelism
-  // `loom generate` samples from a checkpoint instead.)
-  const bool split = options_.parallel.tp || engine_->pipelined();
+  // (Decoding reads the single-process layers and every expert; under
+  // tensor, pipeline or expert parallelism `loom generate` samples from a
+  // checkpoint instead.)
+  const bool split = options_.parallel.tp || engine_->pipelined() || config_.parallel.expert > 1;
   const bool sampling = t.sample_tokens > 0 && tokenizer_ && !results.empty() && !split;
   if (t.sample_tokens > 0 && split && !options_.quiet)
     std::printf(
-        "loom: no closing sample under tensor or pipeline parallelism (loom generate "
+        "loom: no closing sample under tensor, pipeline or expert parallelism (loom generate "
         "--checkpoint samples from a checkpoint)\n");
   if (sampling) engine_->zero().gather_full_params();
   const int ranks = options_.parallel.world ? options_.parallel.world->size() : 1;
@@ -399,6 +475,29 @@ void Trainer::describe_run() const {
       "%.2fM parameters\n",
       m.n_layer, m.n_embd, m.n_head, m.vocab_size, m.padded_vocab(), m.seq_len,
       engine_->stage().model_params() / 1e6);
+  if (m.moe_experts > 0) {
+    std::string blocks;
+    for (int i = 0; i < m.n_layer; ++i)
+      if (m.moe_layer(i)) blocks += (blocks.empty() ? "" : ", ") + std::to_string(i);
+    const double active = engine_->stage().active_params();
+    const char* routers[] = {"learned", "hash", "tag"};
+    const int ep = config_.parallel.expert;
+    std::printf(
+        "loom: mixture of experts in blocks %s: %d experts, top-%d, %s router, capacity factor "
+        "%g%s, aux_loss_coef %g, z_loss_coef %g; %.2fM parameters active per token",
+        blocks.c_str(), m.moe_experts, m.moe_top_k, routers[m.moe_router], m.moe_capacity_factor,
+        m.moe_capacity_factor > 0 ? "" : " (no dropping)", m.moe_aux_loss_coef, m.moe_z_loss_coef,
+        active / 1e6);
+    if (ep > 1)
+      std::printf("; experts split over %d expert-parallel ranks, %d each", ep, m.moe_experts / ep);
+    if (const int tp = config_.parallel.tensor; tp > 1)
+      std::printf(config_.micro_batch % tp == 0
+                      ? "; each of %d tensor-parallel ranks routes its share of the sequences"
+                      : "; every one of %d tensor-parallel ranks routes all sequences (a "
+                        "micro-batch does not split over them)",
+                  tp);
+    std::printf("\n");
+  }
   std::printf("loom: GEMM %s: %.0f GFLOP/s %s\n", gemm_.describe.c_str(), peak_gflops_,
               config_.log.peak_gflops > 0
                   ? "(log.peak_gflops)"

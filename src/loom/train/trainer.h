@@ -13,6 +13,7 @@
 #include "loom/core/threads.h"
 #include "loom/data/batch_source.h"
 #include "loom/data/tokenizer.h"
+#include "loom/train/checkpointer.h"
 #include "loom/train/config.h"
 #include "loom/train/gemm_choice.h"
 #include "loom/train/metrics.h"
@@ -56,13 +57,22 @@ class Trainer {
   std::vector<float> gather_params() { return engine_->gather_params(); }
   int64_t step() const { return step_; }
   // Saves a checkpoint of the current step into the checkpoint folder
-  // (collective: every rank calls it; world rank 0 writes).
+  // (collective: every rank calls it). Sharded: every rank writes its own
+  // file (in the background with checkpoint.async: run() completes it, or
+  // finish_save()); whole: world rank 0 writes.
   void save(double lr);
+  void finish_save();
   double peak_gflops() const { return peak_gflops_; }
 
  private:
   void load_initial_state(uint64_t seed);
-  void save_pipelined(double lr);
+  // What a checkpoint of the current step records besides the tensors.
+  TrainerState trainer_state(double lr) const;
+  // checkpoint.format whole; return the folder (on the writer).
+  std::string save_whole(double lr);
+  // A model spread over stages or expert-parallel ranks: gathered tensor by
+  // tensor (WholeModel).
+  std::string save_pipelined(double lr);
   // log.trace: keeps the step's pipeline instructions; write_trace gathers
   // every rank's on the writer and writes trace.json (collective).
   void keep_trace(int64_t step);
@@ -78,11 +88,13 @@ class Trainer {
   ThreadConfig threads_;
   GemmChoice gemm_;
   std::unique_ptr<StepEngine> engine_;
+  std::unique_ptr<Checkpointer> checkpointer_;
   std::unique_ptr<BatchSource> train_data_, val_data_;
   std::unique_ptr<Tokenizer> tokenizer_;  // null when the data's tokenizer is unknown
   bool writer_ = true;                    // world rank 0: writes outputs, shows progress
   double peak_gflops_ = 0;
   int64_t step_ = 0;
+  double resume_s_ = 0;  // verifying and reading the checkpoint resumed from (this rank)
   MetricsLog metrics_;
   std::vector<double> trace_;  // per slice: step, start, end, op, micro, chunk
   std::unique_ptr<Progress> progress_;

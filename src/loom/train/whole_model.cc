@@ -39,11 +39,22 @@ WholeModel::~WholeModel() {
     if (!was_gathered_[static_cast<size_t>(c)]) engine_.zero(c).release_full_params(false);
 }
 
+int WholeModel::expert_holder(const std::string& name) const {
+  const ParallelContext& ctx = engine_.context();
+  if (!ctx.ep || ctx.ep->size() == 1) return -1;
+  const std::string key = ".mlp.experts.";
+  const size_t at = name.find(key);
+  if (at == std::string::npos) return -1;
+  const int e = std::stoi(name.substr(at + key.size()));
+  return e / (engine_.config().model.moe_experts / ctx.ep->size());
+}
+
 void WholeModel::get(const Param& p, Kind kind, float* out) {
   const ParallelContext& ctx = engine_.context();
   const Owner o = owner_.at(p.name);
   const size_t n = static_cast<size_t>(p.shape.numel());
-  if (ctx.coord().pp == o.stage) {
+  const int holder = expert_holder(p.name);
+  if (ctx.coord().pp == o.stage && (holder < 0 || holder == ctx.ep->rank())) {
     GptStage<float>& s = engine_.stage(o.chunk);
     const Param& mine = s.layout().find(p.name);
     const float* src = kind == kParam    ? s.param(mine)
@@ -63,6 +74,9 @@ void WholeModel::get(const Param& p, Kind kind, float* out) {
       }
     }
   }
+  // An expert from the rank of the expert-parallel group holding it.
+  if (holder >= 0 && ctx.coord().pp == o.stage)
+    ctx.ep->broadcast(out, n, DType::kF32, holder)->wait();
   if (ctx.pp) ctx.pp->broadcast(out, n, DType::kF32, o.stage)->wait();
 }
 

@@ -1,8 +1,8 @@
 // The whole model's tensors, whatever the layout: each parameter (and AdamW
 // moment) of a model spread over ZeRO shards, tensor-parallel slices,
-// pipeline stages and chunks, as its whole tensor on every rank of a
-// replica. Checkpoints of a pipelined run and the layout-equivalence
-// harness read the model through it.
+// pipeline stages and chunks (and experts over expert-parallel ranks), as
+// its whole tensor on every rank of a replica. Checkpoints of a pipelined run and the
+// layout-equivalence harness read the model through it.
 #pragma once
 
 #include <map>
@@ -35,6 +35,9 @@ class WholeModel {
   std::map<std::string, std::vector<float>> params_by_name();
 
  private:
+  // The rank of the expert-parallel group holding parameter `name`: -1 for
+  // a parameter every rank of it holds.
+  int expert_holder(const std::string& name) const;
   struct Owner {
     int stage = 0, chunk = 0;
   };

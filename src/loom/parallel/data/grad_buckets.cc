@@ -7,20 +7,37 @@
 
 namespace loom {
 
-GradBuckets::GradBuckets(const ParamLayout& layout, std::shared_ptr<ProcessGroup> group,
+GradBuckets::GradBuckets(const ParamLayout& layout, std::vector<BucketGroup> groups,
                          int64_t bucket_elements, bool overlap)
-    : group_(std::move(group)), overlap_(overlap) {
+    : overlap_(overlap) {
   LOOM_CHECK_KIND(kConfig, bucket_elements > 0,
                   "zero_optimization.reduce_bucket_size must be > 0, got {}", bucket_elements);
+  LOOM_CHECK(groups.size() == layout.units().size(), "{} bucket groups for {} units", groups.size(),
+             layout.units().size());
+  // Units reduced alike share an entry: one for the dense units, one for the
+  // expert units.
+  std::vector<int> of_unit;
+  for (const BucketGroup& g : groups) {
+    int k = 0;
+    while (k < static_cast<int>(groups_.size()) &&
+           (groups_[static_cast<size_t>(k)].group != g.group ||
+            groups_[static_cast<size_t>(k)].scale != g.scale))
+      ++k;
+    if (k == static_cast<int>(groups_.size())) groups_.push_back(g);
+    of_unit.push_back(k);
+  }
   // Walk parameters from the last to the first; cut a bucket once it holds
-  // at least bucket_elements. Parameters are contiguous in the flat buffer, so
-  // each bucket is one range (alignment padding included, zero on every rank).
+  // at least bucket_elements, or where the group changes. Parameters are
+  // contiguous in the flat buffer, so each bucket is one range (alignment
+  // padding included, zero on every rank).
   const auto& ps = layout.params();
   int64_t end = layout.total();
   for (size_t i = ps.size(); i-- > 0;) {
-    int64_t begin = ps[i].offset;
-    if (end - begin >= bucket_elements || i == 0) {
-      buckets_.push_back({begin, end, nullptr});
+    const int64_t begin = ps[i].offset;
+    const int g = of_unit[static_cast<size_t>(ps[i].unit)];
+    if (end - begin >= bucket_elements || i == 0 ||
+        of_unit[static_cast<size_t>(ps[i - 1].unit)] != g) {
+      buckets_.push_back({begin, end, g, nullptr});
       end = begin;
     }
   }
@@ -42,8 +59,10 @@ void GradBuckets::begin(float* grads) {
 }
 
 void GradBuckets::launch(Bucket& b) {
-  b.work = group_->all_reduce(grads_ + b.begin, grads_ + b.begin,
-                              static_cast<size_t>(b.end - b.begin), DType::kF32, ReduceOp::kAvg);
+  const BucketGroup& g = groups_[static_cast<size_t>(b.group)];
+  if (g.group)
+    b.work = g.group->all_reduce(grads_ + b.begin, grads_ + b.begin,
+                                 static_cast<size_t>(b.end - b.begin), DType::kF32, ReduceOp::kAvg);
 }
 
 void GradBuckets::ready_from(int64_t from) {
@@ -57,9 +76,14 @@ BucketStats GradBuckets::finish() {
   BucketStats s;
   auto t0 = std::chrono::steady_clock::now();
   for (auto& b : buckets_) {
-    b.work->wait();
-    s.comm_s += b.work->seconds();
-    s.bytes += 2.0 * (group_->size() - 1) / group_->size() * double(b.end - b.begin) * 4.0;
+    const BucketGroup& g = groups_[static_cast<size_t>(b.group)];
+    if (b.work) {
+      b.work->wait();
+      s.comm_s += b.work->seconds();
+      s.bytes += 2.0 * (g.group->size() - 1) / g.group->size() * double(b.end - b.begin) * 4.0;
+    }
+    if (g.scale != 1.0f)
+      for (int64_t i = b.begin; i < b.end; ++i) grads_[i] *= g.scale;
   }
   s.exposed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   grads_ = nullptr;

@@ -2,7 +2,9 @@
 // gradient buffer, formed in reverse parameter order (the order backward
 // finishes them), each averaged across the data-parallel group with an
 // asynchronous all-reduce as soon as backward has produced its last gradient,
-// so communication overlaps the rest of backward.
+// so communication overlaps the rest of backward. A bucket holds the
+// parameters of units reduced over one group (expert units under expert
+// parallelism have their own: BucketGroup).
 #pragma once
 
 #include <cstdint>
@@ -20,12 +22,20 @@ struct BucketStats {
   double bytes = 0;      // bytes each rank sends (ring model: 2 (p - 1) / p per element byte)
 };
 
+// Where a unit's gradients are averaged: over `group` (null: this rank
+// alone), then multiplied by `scale`.
+struct BucketGroup {
+  std::shared_ptr<ProcessGroup> group;
+  float scale = 1;
+};
+
 class GradBuckets {
  public:
-  // bucket_elements: DeepSpeed's reduce_bucket_size (elements); overlap:
-  // start each bucket during backward (else all after it).
-  GradBuckets(const ParamLayout& layout, std::shared_ptr<ProcessGroup> group,
-              int64_t bucket_elements, bool overlap);
+  // groups: per unit of the layout. bucket_elements: DeepSpeed's
+  // reduce_bucket_size (elements); overlap: start each bucket during
+  // backward (else all after it).
+  GradBuckets(const ParamLayout& layout, std::vector<BucketGroup> groups, int64_t bucket_elements,
+              bool overlap);
   // Waits for reductions still in flight: they write into the gradients.
   ~GradBuckets();
 
@@ -39,11 +49,12 @@ class GradBuckets {
  private:
   struct Bucket {
     int64_t begin, end;  // elements [begin, end) of the flat buffer
+    int group;           // its entry of groups_
     WorkPtr work;
   };
   void launch(Bucket& b);
 
-  std::shared_ptr<ProcessGroup> group_;
+  std::vector<BucketGroup> groups_;
   bool overlap_;
   std::vector<Bucket> buckets_;  // in launch order: highest offsets first
   size_t next_ = 0;              // first bucket not launched

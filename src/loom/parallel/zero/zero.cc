@@ -52,15 +52,29 @@ StoreOptions ZeroEngine::storage(const ZeroConfig& config, int world) {
 }
 
 ZeroEngine::ZeroEngine(ParamStore<float>& store, std::shared_ptr<ProcessGroup> group,
-                       const ZeroConfig& config, const OptimizerConfig& optimizer)
-    : store_(store), group_(std::move(group)), config_(config) {
+                       const ZeroConfig& config, const OptimizerConfig& optimizer,
+                       ExpertGroups experts)
+    : store_(store), group_(std::move(group)), config_(config), experts_(std::move(experts)) {
   LOOM_CHECK_KIND(kConfig, config_.stage >= 0 && config_.stage <= 3,
                   "zero_optimization.stage must be 0, 1, 2 or 3, got {}", config_.stage);
   LOOM_CHECK_KIND(kConfig, config_.reduce_bucket_size > 0,
                   "zero_optimization.reduce_bucket_size must be > 0, got {}",
                   config_.reduce_bucket_size);
   if (group_) rank_ = group_->rank(), world_ = group_->size();
-  if (config_.stage >= 1) srank_ = rank_, shards_ = world_;
+  auto unit_group = [&](std::shared_ptr<ProcessGroup> g, float scale) {
+    UnitGroup x;
+    x.group = std::move(g);
+    if (x.group) x.rank = x.group->rank(), x.size = x.group->size();
+    if (config_.stage >= 1) x.srank = x.rank, x.shards = x.size;
+    x.scale = scale;
+    return x;
+  };
+  ugroups_.push_back(unit_group(group_, 1.0f));
+  const int ep = experts_.ep_size();
+  LOOM_CHECK(world_ % ep == 0, "an expert-parallel group of {} in a data-parallel group of {}", ep,
+             world_);
+  ugroups_.push_back(ep > 1 ? unit_group(experts_.ep_dp, 1.0f / static_cast<float>(ep))
+                            : ugroups_[0]);
   const StoreOptions want = storage(config_, world_);
   LOOM_CHECK(
       (store_.params() != nullptr) == want.params && (store_.grads() != nullptr) == want.grads,
@@ -68,11 +82,18 @@ ZeroEngine::ZeroEngine(ParamStore<float>& store, std::shared_ptr<ProcessGroup> g
 
   const ParamLayout& layout = store_.layout();
   units_ = layout.units();
+  used_with_.resize(units_.size());
+  for (int u = 0; u < num_units(); ++u) {
+    unit_group_.push_back(units_[u].expert() ? 1 : 0);
+    used_with_[static_cast<size_t>(u)].push_back(u);
+    if (units_[u].expert()) used_with_[static_cast<size_t>(units_[u].host)].push_back(u);
+  }
   std::vector<AdamWSegment> segments;
   for (int u = 0; u < num_units(); ++u) {
-    LOOM_CHECK(units_[u].size() % shards_ == 0, "unit {} of {} elements does not split into {}",
-               units_[u].name, units_[u].size(), shards_);
-    slice_.push_back(units_[u].size() / shards_);
+    LOOM_CHECK(units_[u].size() % ug(u).shards == 0,
+               "unit {} of {} elements does not split into {}", units_[u].name, units_[u].size(),
+               ug(u).shards);
+    slice_.push_back(units_[u].size() / ug(u).shards);
     shard_off_.push_back(shard_elements_);
     // The optimizer's segments for this rank's slice: moments at shard
     // offsets; gradients too from stage 2, parameters too at stage 3.
@@ -99,9 +120,12 @@ ZeroEngine::ZeroEngine(ParamStore<float>& store, std::shared_ptr<ProcessGroup> g
   }
   if (config_.stage >= 3) param_shard_ = Buffer(bytes_of(shard_elements_), MemCategory::kParams);
   if (config_.stage >= 2) grad_shard_ = Buffer(bytes_of(shard_elements_), MemCategory::kGrads);
-  if (config_.stage <= 1 && group_)
-    buckets_ = std::make_unique<GradBuckets>(layout, group_, config_.reduce_bucket_size,
+  if (config_.stage <= 1 && group_) {
+    std::vector<BucketGroup> groups;
+    for (int u = 0; u < num_units(); ++u) groups.push_back({ug(u).group, ug(u).scale});
+    buckets_ = std::make_unique<GradBuckets>(layout, std::move(groups), config_.reduce_bucket_size,
                                              config_.overlap_comm);
+  }
 
   gathered_.resize(units_.size());
   grad_bufs_.resize(units_.size());
@@ -168,7 +192,7 @@ void ZeroEngine::begin_micro_batch(std::vector<UnitUse> schedule, bool last) {
   if (config_.stage >= 3 && !full_ && config_.prefetch_bucket_size > 0)
     for (const UnitUse& use : plan_)
       if (reads_params(use.pass)) {
-        launch_gather(use.unit);
+        for (int w : used_with(use.unit)) launch_gather(w);
         break;
       }
 }
@@ -198,7 +222,9 @@ void ZeroEngine::on_before(int u, Pass pass) {
              "unit {} used out of schedule (use {} of {}); call begin_micro_batch first",
              units_[u].name, pos_, plan_.size());
   if (config_.stage >= 3 && !full_ && reads_params(pass)) fetch(u);
-  if (writes_grads(pass) && config_.stage >= 2 && !grad_bufs_[u].data()) acquire_grads(u);
+  if (writes_grads(pass) && config_.stage >= 2)
+    for (int w : used_with(u))
+      if (!grad_bufs_[w].data()) acquire_grads(w);
 }
 
 void ZeroEngine::on_after(int u, Pass pass) {
@@ -209,7 +235,8 @@ void ZeroEngine::on_after(int u, Pass pass) {
   const bool grads_again = next_same && writes_grads(plan_[pos_ + 1].pass);
   if (writes_grads(pass)) {
     if (config_.stage >= 2) {
-      if (!grads_again) launch_reduce(u);
+      if (!grads_again)
+        for (int w : used_with(u)) launch_reduce(w);
     } else if (buckets_ && reduce_) {
       // The unit's gradients are final once the schedule does not use it again.
       bool later = false;
@@ -217,7 +244,8 @@ void ZeroEngine::on_after(int u, Pass pass) {
       if (!later) buckets_->ready_from(units_[u].begin);
     }
   }
-  if (config_.stage >= 3 && !full_ && reads_params(pass) && !params_again) release_params(u);
+  if (config_.stage >= 3 && !full_ && reads_params(pass) && !params_again)
+    for (int w : used_with(u)) release_params(w);
   ++pos_;
 }
 
@@ -226,10 +254,10 @@ void ZeroEngine::launch_gather(int u) {
   if (g.buf.data()) return;
   g.buf = Buffer(bytes_of(units_[u].size()), MemCategory::kComm);
   const float* mine = shard_params() + shard_off_[u];
-  if (group_) {
+  if (const UnitGroup& ugr = ug(u); ugr.group) {
     g.work =
-        group_->all_gather(mine, g.buf.as<float>(), static_cast<size_t>(slice_[u]), DType::kF32);
-    stats_.bytes += double(world_ - 1) / world_ * double(bytes_of(units_[u].size()));
+        ugr.group->all_gather(mine, g.buf.as<float>(), static_cast<size_t>(slice_[u]), DType::kF32);
+    stats_.bytes += double(ugr.size - 1) / ugr.size * double(bytes_of(units_[u].size()));
   } else {
     std::memcpy(g.buf.data(), mine, bytes_of(slice_[u]));
   }
@@ -238,13 +266,15 @@ void ZeroEngine::launch_gather(int u) {
 }
 
 void ZeroEngine::fetch(int u) {
-  launch_gather(u);
-  Gathered& g = gathered_[u];
-  if (g.work) {
-    wait_timed(g.work);
-    g.work = nullptr;
+  for (int w : used_with(u)) {
+    launch_gather(w);
+    Gathered& g = gathered_[w];
+    if (g.work) {
+      wait_timed(g.work);
+      g.work = nullptr;
+    }
+    store_.bind_params(w, g.buf.as<float>());
   }
-  store_.bind_params(u, g.buf.as<float>());
   if (config_.prefetch_bucket_size <= 0) return;
   // Prefetch along the schedule: at least the next unit, then more while
   // the elements in flight stay within stage3_prefetch_bucket_size.
@@ -254,16 +284,21 @@ void ZeroEngine::fetch(int u) {
   seen[static_cast<size_t>(u)] = true;
   for (size_t j = pos_ + 1; j < plan_.size(); ++j) {
     if (!reads_params(plan_[j].pass)) continue;
-    const int v = plan_[j].unit;
-    if (seen[static_cast<size_t>(v)]) continue;
-    seen[static_cast<size_t>(v)] = true;
-    if (gathered_[v].buf.data()) {
-      if (!persistent_[v]) ahead += units_[v].size();
-      continue;
+    if (seen[static_cast<size_t>(plan_[j].unit)]) continue;
+    seen[static_cast<size_t>(plan_[j].unit)] = true;
+    // A unit and the expert units riding on it count as one.
+    int64_t missing = 0;
+    for (int v : used_with(plan_[j].unit)) {
+      if (!gathered_[v].buf.data())
+        missing += units_[v].size();
+      else if (!persistent_[v])
+        ahead += units_[v].size();
     }
-    if (ahead > 0 && ahead + units_[v].size() > config_.prefetch_bucket_size) break;
-    launch_gather(v);
-    ahead += units_[v].size();
+    if (missing == 0) continue;
+    if (ahead > 0 && ahead + missing > config_.prefetch_bucket_size) break;
+    for (int v : used_with(plan_[j].unit))
+      if (!gathered_[v].buf.data()) launch_gather(v);
+    ahead += missing;
   }
 }
 
@@ -293,11 +328,11 @@ void ZeroEngine::launch_reduce(int u) {
   store_.bind_grads(u, nullptr);
   float* p = buf.as<float>();
   WorkPtr w;
-  if (group_) {
+  if (const UnitGroup& g = ug(u); g.group) {
     // Rank r's averaged slice lands in place, at block r of the buffer.
-    w = group_->reduce_scatter(p, p + srank_ * slice_[u], static_cast<size_t>(slice_[u]),
-                               DType::kF32, ReduceOp::kAvg);
-    stats_.bytes += double(world_ - 1) / world_ * double(bytes_of(units_[u].size()));
+    w = g.group->reduce_scatter(p, p + g.srank * slice_[u], static_cast<size_t>(slice_[u]),
+                                DType::kF32, ReduceOp::kAvg);
+    stats_.bytes += double(g.size - 1) / g.size * double(bytes_of(units_[u].size()));
   }
   reducing_.push_back({u, std::move(buf), std::move(w)});
   reducing_elements_ += units_[u].size();
@@ -309,18 +344,21 @@ void ZeroEngine::drain_one() {
   Reducing& r = reducing_.front();
   if (r.work) wait_timed(r.work);
   const int u = r.unit;
-  const float* src = r.buf.as<float>() + srank_ * slice_[u];
+  const float* src = r.buf.as<float>() + ug(u).srank * slice_[u];
   float* dst = shard_grads() + shard_off_[u];
   // Accumulates over micro-batches (each already scaled by 1 / accumulation).
-  for (int64_t i = 0; i < slice_[u]; ++i) dst[i] += src[i];
+  if (const float scale = ug(u).scale; scale != 1.0f)
+    for (int64_t i = 0; i < slice_[u]; ++i) dst[i] += src[i] * scale;
+  else
+    for (int64_t i = 0; i < slice_[u]; ++i) dst[i] += src[i];
   reducing_elements_ -= units_[u].size();
   reducing_.pop_front();
 }
 
-std::pair<double, double> ZeroEngine::split_sum_squares(int skip) const {
+std::pair<double, double> ZeroEngine::split_sum_squares(int skip) {
   // This rank's gradient elements: the whole layout below stage 2, else its
   // slice of every unit; each part of a parameter inside them counted apart.
-  double split = 0, whole = 0;
+  double split = 0, whole = 0, experts = 0;
   const std::vector<Param>& params = store_.layout().params();
   for (int u = 0; u < num_units(); ++u) {
     if (u == skip) continue;
@@ -330,10 +368,22 @@ std::pair<double, double> ZeroEngine::split_sum_squares(int skip) const {
     for (const Param& p : params) {
       const int64_t b = std::max(lo, p.offset), e = std::min(hi, p.offset + p.numel);
       if (b >= e) continue;
-      (p.shard.sharded() ? split : whole) += cpu::sum_squares(g + (b - lo), e - b);
+      const double ss = cpu::sum_squares(g + (b - lo), e - b);
+      if (units_[u].expert() && experts_.ep_size() > 1)
+        experts += ss;
+      else
+        (p.shard.sharded() ? split : whole) += ss;
     }
   }
-  return {split, whole};
+  if (experts_.ep_size() > 1 && config_.stage < 2) {
+    // Whole on every rank of ep_dp, different across ep: each ep rank's once.
+    const std::vector<double> all = all_gather_words(*experts_.ep, &experts, 1);
+    experts = 0;
+    for (double x : all) experts += x;
+  }
+  // From stage 2 the expert shards split over ep_dp, so the data-parallel
+  // group's sum holds every expert once, as it does every dense unit.
+  return {split, whole + experts};
 }
 
 std::pair<double, double> ZeroEngine::grad_sum_squares(int skip) {
@@ -361,7 +411,7 @@ void ZeroEngine::sum_unit_grads(int u, int64_t n, ProcessGroup& group) {
   int64_t lo = 0, hi = n;
   float* g = store_.grads() ? store_.grads() + units_[u].begin : nullptr;  // element lo
   if (config_.stage >= 2) {
-    lo = srank_ * slice_[u];
+    lo = ug(u).srank * slice_[u];
     hi = std::min(n, lo + slice_[u]);
     g = shard_grads() + shard_off_[u];
   }
@@ -370,12 +420,26 @@ void ZeroEngine::sum_unit_grads(int u, int64_t n, ProcessGroup& group) {
   wait_timed(w);
 }
 
+void ZeroEngine::sum_grads(int64_t begin, int64_t end, ProcessGroup& group) {
+  std::vector<WorkPtr> works;
+  for (const StateRange& r : held(State::kGrads)) {
+    const int64_t lo = std::max(begin, r.begin), hi = std::min(end, r.end);
+    if (lo >= hi) continue;
+    float* g = r.data + (lo - r.begin);
+    works.push_back(
+        group.all_reduce(g, g, static_cast<size_t>(hi - lo), DType::kF32, ReduceOp::kSum));
+    stats_.bytes += 2.0 * (group.size() - 1) / group.size() * double(bytes_of(hi - lo));
+  }
+  wait_all(works, &stats_.exposed_s, &stats_.comm_s);
+}
+
 double ZeroEngine::clip_grad_norm(double max_norm) {
   const bool tp = tp_ && tp_->size() > 1;
-  if (config_.stage < 2 && !tp)
+  const bool ep = experts_.ep_size() > 1;
+  if (config_.stage < 2 && !tp && !ep)
     return loom::clip_grad_norm(store_.grads(), store_.num_params(), max_norm);
   double ss = 0;
-  if (!tp) {
+  if (!tp && !ep) {
     ss = cpu::sum_squares(shard_grads(), shard_elements_);
     if (group_) {
       // The ranks' partial sums, added in rank order, the same on every rank:
@@ -394,9 +458,13 @@ double ZeroEngine::clip_grad_norm(double max_norm) {
     }
     // Slices add over the tensor-parallel group; whole parameters, the same
     // on every rank of it, count once.
-    const std::vector<double> all = all_gather_words(*tp_, &split, 1);
     ss = whole;
-    for (double x : all) ss += x;
+    if (tp) {
+      const std::vector<double> all = all_gather_words(*tp_, &split, 1);
+      for (double x : all) ss += x;
+    } else {
+      ss += split;
+    }
   }
   const double norm = std::sqrt(ss);
   if (max_norm > 0 && norm > max_norm) {
@@ -434,10 +502,12 @@ void ZeroEngine::step(double lr, int64_t step) {
     // Every rank updated its slices; gather the units' full parameters.
     std::vector<WorkPtr> works;
     for (int u = 0; u < num_units(); ++u) {
+      const UnitGroup& g = ug(u);
+      if (!g.group) continue;
       float* unit = store_.params() + units_[u].begin;
-      works.push_back(group_->all_gather(unit + srank_ * slice_[u], unit,
-                                         static_cast<size_t>(slice_[u]), DType::kF32));
-      stats_.bytes += double(world_ - 1) / world_ * double(bytes_of(units_[u].size()));
+      works.push_back(g.group->all_gather(unit + g.srank * slice_[u], unit,
+                                          static_cast<size_t>(slice_[u]), DType::kF32));
+      stats_.bytes += double(g.size - 1) / g.size * double(bytes_of(units_[u].size()));
     }
     wait_all(works, &stats_.exposed_s, &stats_.comm_s);
   }
@@ -466,8 +536,9 @@ void ZeroEngine::gather_full_params() {
   for (int u = 0; u < num_units(); ++u) {
     const float* mine = shard_params() + shard_off_[u];
     float* unit = store_.params() + units_[u].begin;
-    if (group_)
-      works.push_back(group_->all_gather(mine, unit, static_cast<size_t>(slice_[u]), DType::kF32));
+    if (ug(u).group)
+      works.push_back(
+          ug(u).group->all_gather(mine, unit, static_cast<size_t>(slice_[u]), DType::kF32));
     else
       std::memcpy(unit, mine, bytes_of(slice_[u]));
   }
@@ -501,9 +572,9 @@ void ZeroEngine::gather_moments(std::vector<float>& m, std::vector<float>& v) {
     const size_t n = static_cast<size_t>(slice_[u]);
     const float* sm = optimizer_->exp_avg() + shard_off_[u];
     const float* sv = optimizer_->exp_avg_sq() + shard_off_[u];
-    if (group_ && shards_ > 1) {
-      works.push_back(group_->all_gather(sm, m.data() + units_[u].begin, n, DType::kF32));
-      works.push_back(group_->all_gather(sv, v.data() + units_[u].begin, n, DType::kF32));
+    if (const UnitGroup& g = ug(u); g.group && g.shards > 1) {
+      works.push_back(g.group->all_gather(sm, m.data() + units_[u].begin, n, DType::kF32));
+      works.push_back(g.group->all_gather(sv, v.data() + units_[u].begin, n, DType::kF32));
     } else {
       std::memcpy(m.data() + slice_begin(u), sm, bytes_of(slice_[u]));
       std::memcpy(v.data() + slice_begin(u), sv, bytes_of(slice_[u]));
@@ -518,6 +589,59 @@ void ZeroEngine::load_moments(const float* m, const float* v) {
     std::memcpy(optimizer_->exp_avg() + shard_off_[u], m + slice_begin(u), bytes_of(slice_[u]));
     std::memcpy(optimizer_->exp_avg_sq() + shard_off_[u], v + slice_begin(u), bytes_of(slice_[u]));
   }
+  if (nvme_) nvme_->release(0, nvme_->bytes());
+}
+
+std::vector<ZeroEngine::StateRange> ZeroEngine::held(State s) const {
+  std::vector<StateRange> out;
+  if (s == State::kGrads) {
+    // Whole in the model's buffer at stages 0-1, this rank's slices from 2.
+    for (int u = 0; u < num_units(); ++u) {
+      if (config_.stage < 2)
+        out.push_back({units_[u].begin, units_[u].end, store_.grads() + units_[u].begin});
+      else
+        out.push_back({slice_begin(u), slice_begin(u) + slice_[u], shard_grads() + shard_off_[u]});
+    }
+    return out;
+  }
+  const std::vector<StateRange> mine = share(s);
+  for (int u = 0; u < num_units(); ++u) {
+    const bool whole = s == State::kParams ? config_.stage < 3 : ug(u).shards == 1;
+    if (!whole) {
+      out.push_back(mine[static_cast<size_t>(u)]);
+      continue;
+    }
+    float* base = s == State::kParams   ? store_.params() + units_[u].begin
+                  : s == State::kExpAvg ? optimizer_->exp_avg() + shard_off_[u]
+                                        : optimizer_->exp_avg_sq() + shard_off_[u];
+    out.push_back({units_[u].begin, units_[u].end, base});
+  }
+  return out;
+}
+
+std::vector<ZeroEngine::StateRange> ZeroEngine::share(State s) const {
+  LOOM_CHECK(s != State::kGrads, "gradients are not part of a checkpoint");
+  std::vector<StateRange> out;
+  for (int u = 0; u < num_units(); ++u) {
+    int64_t b = slice_begin(u), e = b + slice_[u];
+    if (const UnitGroup& g = ug(u); g.shards == 1) {  // not sharded: an equal part for each rank
+      b = units_[u].begin + units_[u].size() * g.rank / g.size;
+      e = units_[u].begin + units_[u].size() * (g.rank + 1) / g.size;
+    }
+    // Where element b is: the model's buffer or this rank's shard.
+    float* base = nullptr;
+    if (s == State::kParams)
+      base = config_.stage < 3 ? store_.params() + b
+                               : shard_params() + shard_off_[u] + (b - slice_begin(u));
+    else
+      base = (s == State::kExpAvg ? optimizer_->exp_avg() : optimizer_->exp_avg_sq()) +
+             shard_off_[u] + (b - slice_begin(u));
+    out.push_back({b, e, base});
+  }
+  return out;
+}
+
+void ZeroEngine::release_offloaded() {
   if (nvme_) nvme_->release(0, nvme_->bytes());
 }
 

@@ -1,7 +1,9 @@
 // Data parallelism with ZeRO stages 0-3 for one model replica per rank.
 //
 // Sharding is by unit (ParamLayout): every unit's flat range splits into one
-// equal slice per rank, and a rank's shard is its slices of all units, kept
+// equal slice per rank of the group it is reduced over (the data-parallel
+// group; for expert units under expert parallelism, the ranks holding the
+// same experts), and a rank's shard is its slices of all units, kept
 // contiguous. So a unit's full parameters are one all-gather of the ranks'
 // slices, and its gradients one reduce-scatter into them.
 //
@@ -40,6 +42,18 @@ struct CommStats {
   double bytes = 0;      // bytes this rank sent (ring model)
 };
 
+// Expert parallelism (parallel.expert > 1): the expert units (Unit::expert)
+// hold this rank's experts, which the ranks of the expert-parallel group
+// `ep` split between them; `ep_dp` (null: this rank alone) is the
+// data-parallel ranks holding the same experts. Expert gradients are
+// averaged over ep_dp and divided by ep (so they carry every data-parallel
+// rank's tokens at 1 / dp, as dense gradients do), their ZeRO shards split
+// over ep_dp, and gradient norms add the ep ranks' experts.
+struct ExpertGroups {
+  std::shared_ptr<ProcessGroup> ep, ep_dp;
+  int ep_size() const { return ep ? ep->size() : 1; }
+};
+
 class ZeroEngine {
  public:
   // How to build the model for `config` on `world` data-parallel ranks.
@@ -49,7 +63,7 @@ class ZeroEngine {
   // have been built with storage(config, group size). The engine reaches the
   // model only through the store: its unit ranges, buffers and hooks.
   ZeroEngine(ParamStore<float>& store, std::shared_ptr<ProcessGroup> group,
-             const ZeroConfig& config, const OptimizerConfig& optimizer);
+             const ZeroConfig& config, const OptimizerConfig& optimizer, ExpertGroups experts = {});
   ~ZeroEngine();
 
   int stage() const { return config_.stage; }
@@ -85,6 +99,10 @@ class ZeroEngine {
   // members hold the same parameters at the same place of an equal-sized
   // unit (the tied wte of the first and last pipeline stage). Collective.
   void sum_unit_grads(int u, int64_t n, ProcessGroup& group);
+  // Adds the reduced gradients of flat range [begin, end) that this rank
+  // holds over `group`, whose members hold the same layout and the same
+  // slices of it. Collective.
+  void sum_grads(int64_t begin, int64_t end, ProcessGroup& group);
   // AdamW on this rank's shard, then whatever gathering the stage needs.
   void step(double lr, int64_t step);
   // Communication since the last call.
@@ -100,14 +118,43 @@ class ZeroEngine {
   void gather_moments(std::vector<float>& m, std::vector<float>& v);
   // Takes this rank's slices of whole-layout moments.
   void load_moments(const float* m, const float* v);
+  // The model state a checkpoint writes and reads, as flat ranges of the
+  // layout with where this rank keeps their elements.
+  // kGrads: the reduced gradients (held() only).
+  enum class State { kParams, kExpAvg, kExpAvgSq, kGrads };
+  struct StateRange {
+    int64_t begin = 0, end = 0;
+    float* data = nullptr;  // elements [begin, end)
+  };
+  // Every range of `s` this rank holds: whole units where it is not
+  // sharded, this rank's slices where it is. What a resume fills.
+  std::vector<StateRange> held(State s) const;
+  // This rank's share of every unit: its slices when the state is sharded,
+  // else (every rank holds it all) an equal part of each unit, so the
+  // data-parallel ranks share the writing. What a save writes.
+  std::vector<StateRange> share(State s) const;
+  // Drops the offloaded moments' pages after a checkpoint touched them.
+  void release_offloaded();
   // Optimizer bytes resident in memory now (the file mapping with nvme).
   size_t optimizer_resident_bytes() const;
   size_t max_gathered_elements() const { return peak_gathered_; }
 
  private:
+  // The group a unit's gradients are reduced over and its shards split
+  // across: the data-parallel group for dense units, ep_dp for expert units
+  // under expert parallelism.
+  struct UnitGroup {
+    std::shared_ptr<ProcessGroup> group;  // null: this rank alone
+    int rank = 0, size = 1;
+    int srank = 0, shards = 1;  // rank and count of shards (1 when unsharded)
+    float scale = 1;            // applied to the group's average (expert units: 1 / ep)
+  };
   int num_units() const { return static_cast<int>(units_.size()); }
+  const UnitGroup& ug(int u) const { return ugroups_[static_cast<size_t>(unit_group_[u])]; }
   // This rank's slice of unit u: flat offset, shard offset, length.
-  int64_t slice_begin(int u) const { return units_[u].begin + srank_ * slice_[u]; }
+  int64_t slice_begin(int u) const { return units_[u].begin + ug(u).srank * slice_[u]; }
+  // A use of unit u is a use of u and of the expert units riding on it.
+  const std::vector<int>& used_with(int u) const { return used_with_[static_cast<size_t>(u)]; }
   void on_before(int u, Pass pass);
   void on_after(int u, Pass pass);
   void launch_gather(int u);
@@ -119,15 +166,20 @@ class ZeroEngine {
   void wait_timed(const WorkPtr& w);
   float* shard_params() const;
   float* shard_grads() const;
-  // Sums of squares of this rank's gradients: of split parameters, of whole ones.
-  std::pair<double, double> split_sum_squares(int skip = -1) const;
+  // Sums of squares of this rank's gradients: of split parameters, of whole
+  // ones (experts' added over the expert-parallel group when they are not
+  // sharded: collective over it then).
+  std::pair<double, double> split_sum_squares(int skip = -1);
 
   ParamStore<float>& store_;
   std::shared_ptr<ProcessGroup> group_;
   std::shared_ptr<ProcessGroup> tp_;  // null: no tensor parallelism
   ZeroConfig config_;
-  int rank_ = 0, world_ = 1;
-  int srank_ = 0, shards_ = 1;  // rank and count of shards (1 when unsharded)
+  ExpertGroups experts_;
+  int rank_ = 0, world_ = 1;        // in the data-parallel group
+  std::vector<UnitGroup> ugroups_;  // [0] dense, [1] expert units
+  std::vector<int> unit_group_;     // per unit: its ugroups_ entry
+  std::vector<std::vector<int>> used_with_;
   std::vector<Unit> units_;
   std::vector<int64_t> slice_, shard_off_;
   std::vector<std::pair<size_t, size_t>> unit_segments_;  // optimizer segments per unit

@@ -1,0 +1,122 @@
+// The kernels of 16-bit training against the scalar conversions of
+// core/dtype.h and the f32 AdamW: rounding and widening (ties to even, NaN,
+// infinities, f16 subnormals and overflow), the 16-bit sum of squares, and
+// AdamW on f32 masters from 16-bit gradients.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "loom/core/rng.h"
+#include "loom/kernels/cpu/adamw.h"
+#include "loom/kernels/cpu/precision.h"
+
+namespace loom {
+namespace {
+
+// Values across the ranges that matter: normal numbers of many scales,
+// exact ties for both formats, f16 subnormals and overflow, signed zeros,
+// infinities and NaN.
+std::vector<float> awkward_values() {
+  std::vector<float> x = {0.0f,
+                          -0.0f,
+                          1.0f,
+                          -1.0f,
+                          std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::quiet_NaN(),
+                          65504.0f,                           // f16's largest
+                          65520.0f,                           // rounds to infinity in f16
+                          1e-7f,                              // an f16 subnormal
+                          5.9604645e-8f,                      // 2^-24, f16's smallest
+                          std::bit_cast<float>(0x3f808000u),  // a bf16 tie (to even: down)
+                          std::bit_cast<float>(0x3f818000u),  // a bf16 tie (to even: up)
+                          std::bit_cast<float>(0x3f801000u),  // an f16 tie
+                          3.4e38f};
+  const NormalStream rng(7, "awkward");
+  for (int i = 0; i < 4000; ++i)
+    x.push_back(rng.at(static_cast<uint64_t>(i)) * std::ldexp(1.0f, i % 60 - 30));
+  return x;
+}
+
+TEST(Precision, RoundAndWidenMatchTheScalarConversions) {
+  const std::vector<float> x = awkward_values();
+  const int64_t n = static_cast<int64_t>(x.size());
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    std::vector<uint16_t> r(x.size());
+    std::vector<float> w(x.size());
+    cpu::round_to_16(x.data(), r.data(), n, t);
+    cpu::widen_16(r.data(), w.data(), n, t);
+    for (size_t i = 0; i < x.size(); ++i) {
+      const uint16_t want = t == DType::kBF16 ? f32_to_bf16(x[i]) : f32_to_f16(x[i]);
+      ASSERT_EQ(r[i], want) << dtype_name(t) << " " << x[i];
+      const float back = t == DType::kBF16 ? bf16_to_f32(want) : f16_to_f32(want);
+      if (std::isnan(back))
+        EXPECT_TRUE(std::isnan(w[i]));
+      else
+        EXPECT_EQ(std::bit_cast<uint32_t>(w[i]), std::bit_cast<uint32_t>(back));
+    }
+    // Ties to even and overflow, spelled out.
+    if (t == DType::kBF16) {
+      EXPECT_EQ(r[11], 0x3f80);
+      EXPECT_EQ(r[12], 0x3f82);
+    } else {
+      EXPECT_EQ(r[8], 0x7c00);  // 65520: infinity
+      EXPECT_EQ(r[7], 0x7bff);  // 65504
+      EXPECT_EQ(r[10], 0x0001);
+    }
+  }
+}
+
+TEST(Precision, SumOfSquaresEqualsTheWidenedOnesBitwise) {
+  // More than one of the fixed chunks (2^16), so their order shows.
+  const int64_t n = (1 << 17) + 123;
+  std::vector<float> x(static_cast<size_t>(n));
+  const NormalStream rng(3, "x");
+  for (int64_t i = 0; i < n; ++i) x[static_cast<size_t>(i)] = rng.at(static_cast<uint64_t>(i));
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    std::vector<uint16_t> r(x.size());
+    std::vector<float> w(x.size());
+    cpu::round_to_16(x.data(), r.data(), n, t);
+    cpu::widen_16(r.data(), w.data(), n, t);
+    EXPECT_EQ(cpu::sum_squares_16(r.data(), n, t), cpu::sum_squares(w.data(), n)) << dtype_name(t);
+  }
+}
+
+TEST(Precision, AdamWOnMastersIsTheF32UpdateThenRounded) {
+  const int64_t n = 5000;
+  const NormalStream rng(11, "adamw");
+  std::vector<float> master(n), m(n), v(n), g(n);
+  for (int64_t i = 0; i < n; ++i) {
+    master[i] = 0.05f * rng.at(static_cast<uint64_t>(i));
+    m[i] = 1e-3f * rng.at(static_cast<uint64_t>(n + i));
+    v[i] = 1e-6f * std::abs(rng.at(static_cast<uint64_t>(2 * n + i)));
+    g[i] = 1e-2f * rng.at(static_cast<uint64_t>(3 * n + i));
+  }
+  cpu::AdamWParams hp;
+  hp.lr = 3e-4, hp.beta1 = 0.9, hp.beta2 = 0.95, hp.eps = 1e-8, hp.weight_decay = 0.1, hp.step = 7;
+  const float scale = 0.25f;  // clipping and 1 / loss scale
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    std::vector<uint16_t> g16(n), p16(n);
+    cpu::round_to_16(g.data(), g16.data(), n, t);
+    // The reference: the f32 update on the widened, scaled gradients.
+    std::vector<float> want_master = master, want_m = m, want_v = v, gw(n);
+    cpu::widen_16(g16.data(), gw.data(), n, t);
+    for (float& x : gw) x *= scale;
+    cpu::adamw_update(want_master.data(), gw.data(), want_m.data(), want_v.data(), n, hp);
+    std::vector<float> got_master = master, got_m = m, got_v = v;
+    cpu::adamw_update_16(got_master.data(), g16.data(), scale, got_m.data(), got_v.data(),
+                         p16.data(), n, t, hp);
+    EXPECT_EQ(got_master, want_master) << dtype_name(t);
+    EXPECT_EQ(got_m, want_m) << dtype_name(t);
+    EXPECT_EQ(got_v, want_v) << dtype_name(t);
+    std::vector<uint16_t> want_p(n);
+    cpu::round_to_16(want_master.data(), want_p.data(), n, t);
+    EXPECT_EQ(p16, want_p) << dtype_name(t);
+  }
+}
+
+}  // namespace
+}  // namespace loom
