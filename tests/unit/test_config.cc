@@ -153,7 +153,10 @@ TEST(Config, ZeroKeysAndTheirErrors) {
 
 TEST(Config, DataAndPrecisionErrors) {
   EXPECT_HAS(error_of(R"({"train_batch_size": 4})"), "data.train: no token file given");
-  EXPECT_HAS(error_of(kBase, {"fp16.enabled=true"}), "fp16/bf16 training is not supported");
+  EXPECT_EQ(error_of(kBase, {"fp16.enabled=true"}), "(no error)");
+  EXPECT_EQ(error_of(kBase, {"bf16.enabled=true"}), "(no error)");
+  EXPECT_EQ(parse_config(kBase, "test", {"bf16.enabled=true"}).zero.dtype, DType::kBF16);
+  EXPECT_EQ(parse_config(kBase, "test", {"fp16.enabled=true"}).zero.dtype, DType::kF16);
   EXPECT_HAS(error_of(kBase, {"fp16.enabled=true", "bf16.enabled=true"}),
              "fp16.enabled and bf16.enabled are both true; choose one");
   EXPECT_HAS(error_of(kBase, {"fp16.loss_scale=-1"}), "fp16.loss_scale");
@@ -239,13 +242,16 @@ TEST(Config, MixtureOfExpertsKeys) {
             2);
 }
 
-// DeepSpeed's fp16 section as users bring it parses (with enabled false
-// until 16-bit training lands), its keys recorded in the resolved config.
+// DeepSpeed's fp16 section as users bring it parses, its keys recorded in
+// the resolved config.
 TEST(Config, DeepSpeedLossScalingKeys) {
   Config c = parse_config(
       kBase, "cfg.json",
-      {"fp16.enabled=false", "fp16.loss_scale_window=100", "fp16.initial_scale_power=12",
+      {"fp16.enabled=true", "fp16.loss_scale_window=100", "fp16.initial_scale_power=12",
        "fp16.hysteresis=3", "fp16.consecutive_hysteresis=true", "fp16.min_loss_scale=0.5"});
+  EXPECT_EQ(c.precision, DType::kF16);
+  EXPECT_TRUE(c.resolved["fp16"]["enabled"].get<bool>());
+  EXPECT_FALSE(c.resolved["bf16"]["enabled"].get<bool>());
   EXPECT_EQ(c.loss_scaling.loss_scale_window, 100);
   EXPECT_EQ(c.loss_scaling.initial_scale_power, 12);
   EXPECT_EQ(c.loss_scaling.hysteresis, 3);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -251,6 +252,10 @@ std::string finish(const std::string& root, const TrainerState& state, const jso
              {"tokenizer", state.tokenizer},
              {"skipped_steps", state.skipped_steps},
              {"data", {{"next_step", state.step}, {"sampler", "philox(seed, step, sample)"}}}};
+  if (state.scaler_iteration >= 0)
+    st["loss_scaler"] = {{"iteration", state.scaler_iteration},
+                         {"last_overflow", state.scaler_last_overflow},
+                         {"hysteresis_left", state.scaler_hysteresis}};
   write_file_atomic((tmp / "trainer_state.json").string(), st.dump(2) + "\n");
   write_file_atomic((tmp / "config.resolved.json").string(), config.dump(2) + "\n");
   // The small JSON files are read back; the tensor files were hashed by
@@ -514,6 +519,21 @@ TrainerState read_trainer_state(const std::string& dir) {
   LOOM_CHECK_KIND(kData, s.skipped_steps >= 0 && s.skipped_steps <= s.step,
                   "{}: field 'skipped_steps' ({}) is not in [0, step]", path, s.skipped_steps);
   LOOM_CHECK_KIND(kData, s.step >= 0, "{}: field 'step' is negative ({})", path, s.step);
+  if (j.contains("loss_scaler")) {
+    const json& ls = j["loss_scaler"];
+    LOOM_CHECK_KIND(kData, ls.is_object(), "{}: field 'loss_scaler' is not an object", path);
+    s.scaler_iteration = field<int64_t>(ls, "iteration", path);
+    s.scaler_last_overflow = field<int64_t>(ls, "last_overflow", path);
+    s.scaler_hysteresis = field<int>(ls, "hysteresis_left", path);
+    LOOM_CHECK_KIND(kData,
+                    s.scaler_iteration >= 0 && s.scaler_last_overflow >= -1 &&
+                        s.scaler_last_overflow < s.scaler_iteration + 1 && s.scaler_hysteresis >= 0,
+                    "{}: field 'loss_scaler' is inconsistent (iteration {}, last_overflow {}, "
+                    "hysteresis_left {})",
+                    path, s.scaler_iteration, s.scaler_last_overflow, s.scaler_hysteresis);
+    LOOM_CHECK_KIND(kData, s.loss_scale > 0 && std::isfinite(s.loss_scale),
+                    "{}: field 'loss_scale' ({}) must be a positive number", path, s.loss_scale);
+  }
   return s;
 }
 

@@ -31,6 +31,9 @@ struct TrainerState {
   uint64_t seed = 0;
   std::string tokenizer;      // "" when the data had none (synthetic)
   int64_t skipped_steps = 0;  // steps whose update was skipped (non-finite gradients)
+  // fp16's dynamic loss scaler (LossScaler::restore); iteration < 0: none.
+  int64_t scaler_iteration = -1, scaler_last_overflow = -1;
+  int scaler_hysteresis = 0;
 };
 
 // Assembles the whole tensor of a parameter split across ranks (tensor

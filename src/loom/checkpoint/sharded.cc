@@ -299,6 +299,12 @@ const SafetensorsEntry& CheckpointReader::entry(const std::string& name, const P
   return *e;
 }
 
+DType CheckpointReader::stored_dtype(const std::string& name) const {
+  const Tensor& t = tensor(name);
+  LOOM_CHECK_KIND(kData, !t.pieces.empty(), "{}: tensor '{}' has no pieces", where_, name);
+  return entry(name, t.pieces.front()).dtype;
+}
+
 void CheckpointReader::copy_piece(const std::string& name, const Piece& pc, int64_t begin,
                                   int64_t end, float* dst) const {
   const SafetensorsEntry& e = entry(name, pc);

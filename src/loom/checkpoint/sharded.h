@@ -85,6 +85,8 @@ class CheckpointReader {
   // moments): rows beyond the stored ones are vocabulary padding, zero.
   void read(const std::string& tensor, const Param& p, int64_t begin, int64_t end,
             float* dst) const;
+  // The element type `tensor` is stored in (its first piece's).
+  DType stored_dtype(const std::string& tensor) const;
   const std::string& where() const { return where_; }
 
  private:

@@ -5,6 +5,7 @@
 
 #include "loom/core/error.h"
 #include "loom/kernels/cpu/adamw.h"
+#include "loom/kernels/cpu/precision.h"
 
 namespace loom {
 
@@ -60,6 +61,19 @@ void AdamW::step(float* params, const float* grads, double lr, int64_t step, siz
     hp.weight_decay = s.decay ? config_.weight_decay : 0.0;
     cpu::adamw_update(params + s.param_offset, grads + s.grad_offset, m_ + s.state_offset,
                       v_ + s.state_offset, s.length, hp);
+  }
+}
+
+void AdamW::step_16(float* master, uint16_t* params, const uint16_t* grads, DType t,
+                    float grad_scale, double lr, int64_t step, size_t first, size_t last) {
+  cpu::AdamWParams hp{lr, config_.beta1, config_.beta2, config_.eps, 0.0, step};
+  last = std::min(last, segments_.size());
+  for (size_t i = first; i < last; ++i) {
+    const AdamWSegment& s = segments_[i];
+    hp.weight_decay = s.decay ? config_.weight_decay : 0.0;
+    cpu::adamw_update_16(master + s.state_offset, grads + s.grad_offset, grad_scale,
+                         m_ + s.state_offset, v_ + s.state_offset, params + s.param_offset,
+                         s.length, t, hp);
   }
 }
 

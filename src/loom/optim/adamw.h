@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/core/dtype.h"
 #include "loom/core/memory.h"
 #include "loom/nn/param.h"
 
@@ -48,6 +49,11 @@ class AdamW {
   // offsets index.
   void step(float* params, const float* grads, double lr, int64_t step, size_t first = 0,
             size_t last = SIZE_MAX);
+  // The same with 16-bit parameters and gradients (t: kBF16 or kF16): the
+  // f32 master weights (indexed like the moments) are updated from the
+  // gradients times grad_scale, and the parameters set to them rounded.
+  void step_16(float* master, uint16_t* params, const uint16_t* grads, DType t, float grad_scale,
+               double lr, int64_t step, size_t first = 0, size_t last = SIZE_MAX);
   const OptimizerConfig& config() const { return config_; }
   // First and second moments (state_elements each).
   float* exp_avg() const { return m_; }

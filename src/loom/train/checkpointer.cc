@@ -208,12 +208,23 @@ void Checkpointer::load(StepEngine& engine, const CheckpointReader& reader, bool
       if (state != State::kParams && !moments) continue;
       const std::vector<ZeroEngine::StateRange> held = zero.held(state);
       for (const Param& p : stage.layout().params()) {
+        // A 16-bit run continues from its f32 masters; 16-bit weights would
+        // lose what the masters keep (--init-from takes them as a start).
+        if (moments && state == State::kParams && zero.dtype() != DType::kF32)
+          LOOM_CHECK_KIND(kData, reader.stored_dtype(prefix + p.name) == DType::kF32,
+                          "{}: '{}' is stored in {}, not f32: a {} run resumes from f32 master "
+                          "weights, which this checkpoint does not hold (start from its "
+                          "weights with --init-from instead)",
+                          reader.where(), p.name, dtype_name(reader.stored_dtype(prefix + p.name)),
+                          dtype_name(zero.dtype()));
         const ZeroEngine::StateRange& r = held[static_cast<size_t>(p.unit)];
         const int64_t lo = std::max(r.begin, p.offset), hi = std::min(r.end, p.offset + p.numel);
         if (lo < hi)
           reader.read(prefix + p.name, p, lo - p.offset, hi - p.offset, r.data + (lo - r.begin));
       }
     }
+    // 16-bit runs loaded the masters; their parameters are them rounded.
+    zero.sync_params();
     zero.release_offloaded();
   }
 }

@@ -52,7 +52,9 @@ class Checkpointer {
   bool pending() const { return pending_ != nullptr; }
 
   // Fills the parameters this rank holds (and the moments, when `moments`)
-  // of every chunk from `reader`. Not collective.
+  // of every chunk from `reader`. Not collective, but in a 16-bit run at
+  // ZeRO stage 1 or 2, where the loaded masters are rounded into parameters
+  // gathered over the data-parallel group (every rank loads).
   static void load(StepEngine& engine, const CheckpointReader& reader, bool moments);
 
  private:

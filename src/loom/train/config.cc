@@ -536,14 +536,14 @@ json to_json(const Config& c) {
     if (s.type != "WarmupLR") p["total_num_steps"] = s.total_num_steps;
     j["scheduler"] = {{"type", s.type}, {"params", p}};
   }
-  j["fp16"] = {{"enabled", false},
+  j["fp16"] = {{"enabled", c.precision == DType::kF16},
                {"loss_scale", c.loss_scaling.loss_scale},
                {"initial_scale_power", c.loss_scaling.initial_scale_power},
                {"loss_scale_window", c.loss_scaling.loss_scale_window},
                {"hysteresis", c.loss_scaling.hysteresis},
                {"consecutive_hysteresis", c.loss_scaling.consecutive_hysteresis},
                {"min_loss_scale", c.loss_scaling.min_loss_scale}};
-  j["bf16"] = {{"enabled", false}};
+  j["bf16"] = {{"enabled", c.precision == DType::kBF16}};
   j["model"] = {{"n_layer", c.model.n_layer}, {"n_embd", c.model.n_embd},
                 {"n_head", c.model.n_head},   {"vocab_size", c.model.vocab_size},
                 {"seq_len", c.model.seq_len}, {"dropout", c.model.dropout}};
@@ -741,13 +741,10 @@ Config parse_config(const std::string& text, const std::string& source,
                         "could never start",
                         ls.min_loss_scale, initial,
                         ls.loss_scale > 0 ? "fp16.loss_scale" : "2^fp16.initial_scale_power"));
-  if (get_or<bool>(j, "fp16.enabled", false) && get_or<bool>(j, "bf16.enabled", false))
-    fail(source, "fp16.enabled and bf16.enabled are both true; choose one");
-  if (get_or<bool>(j, "fp16.enabled", false) || get_or<bool>(j, "bf16.enabled", false))
-    LOOM_FAIL(kUnsupported,
-              "{}: fp16/bf16 training is not supported by this build yet; "
-              "set fp16.enabled and bf16.enabled to false",
-              source);
+  const bool fp16 = get_or<bool>(j, "fp16.enabled", false);
+  const bool bf16 = get_or<bool>(j, "bf16.enabled", false);
+  if (fp16 && bf16) fail(source, "fp16.enabled and bf16.enabled are both true; choose one");
+  c.precision = fp16 ? DType::kF16 : bf16 ? DType::kBF16 : DType::kF32;
 
   resolve_parallel(c, j, world_size, source);
   resolve_batch(c, j, source);
@@ -828,6 +825,7 @@ Config parse_config(const std::string& text, const std::string& source,
   z.nvme_path = get_or<std::string>(j, "zero_optimization.offload_optimizer.nvme_path", "");
   z.pin_memory = get_or<bool>(j, "zero_optimization.offload_optimizer.pin_memory", false);
   z.buffer_count = get_or<int64_t>(j, "zero_optimization.offload_optimizer.buffer_count", 4);
+  z.dtype = c.precision;
   if (z.offload_device != "none" && z.stage == 0)
     fail(source, format("zero_optimization.offload_optimizer.device {} needs stage 1, 2 or 3 "
                         "(stage is 0)",

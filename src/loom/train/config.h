@@ -91,8 +91,10 @@ struct CheckpointingConfig {
 
 struct Config {
   GptConfig model;
-  // fp16's loss scaling keys (DeepSpeed's names and defaults), validated
-  // and recorded; 16-bit training itself is not in this build yet.
+  // bf16.enabled / fp16.enabled: parameters and gradients in 16 bits with
+  // f32 masters (kF32: neither).
+  DType precision = DType::kF32;
+  // fp16's dynamic loss scaling (DeepSpeed's keys and defaults).
   LossScaleConfig loss_scaling;
   int64_t train_batch_size = 0;
   int64_t micro_batch = 0;  // train_micro_batch_size_per_gpu

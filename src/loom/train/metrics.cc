@@ -50,7 +50,7 @@ void MetricsLog::write(const StepResult& r) {
             {"loss", r.loss},
             {"lr", r.lr},
             {"grad_norm", r.grad_norm},
-            {"loss_scale", 1.0},
+            {"loss_scale", r.loss_scale},
             {"skipped_steps", r.skipped_steps},
             {"tokens_per_s", r.tokens_per_s},
             {"mfu", r.mfu},
@@ -130,9 +130,12 @@ void Progress::summary(const std::vector<StepResult>& results, double elapsed, d
         "busiest expert over the mean; cv %.2f, %.1f%% dropped)\n",
         worst->imbalance, worst->layer, worst->cv, 100.0 * worst->dropped);
   }
-  if (results.back().skipped_steps > 0)
-    std::printf("loom: %ld steps skipped for non-finite gradients (train.on_nonfinite skip)\n",
-                long(results.back().skipped_steps));
+  if (results.back().skipped_steps > 0) {
+    const bool fp16 = results.back().fp16;
+    std::printf("loom: %ld steps skipped for %s\n", long(results.back().skipped_steps),
+                fp16 ? "fp16 overflows (dynamic loss scaling)"
+                     : "non-finite gradients (train.on_nonfinite skip)");
+  }
   if (!out_dir.empty()) {
     std::error_code ec;
     const bool trace = std::filesystem::exists(std::filesystem::path(out_dir) / "trace.json", ec);

@@ -26,6 +26,8 @@ struct StepResult {
   int64_t step = 0;  // 1-based
   double loss = 0, lr = 0, grad_norm = 0;
   int64_t skipped_steps = 0;  // so far in the run (non-finite gradients, train.on_nonfinite skip)
+  double loss_scale = 1;      // fp16: the scale the step's backward ran with
+  bool fp16 = false;          // fp16.enabled: skips are overflows
   double t_forward = 0, t_backward = 0, t_recompute = 0, t_optimizer = 0, t_step = 0;  // seconds
   double tokens_per_s = 0, mfu = 0;
   std::optional<double> val_loss;

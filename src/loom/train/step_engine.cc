@@ -9,6 +9,7 @@
 #include <string>
 
 #include "loom/core/error.h"
+#include "loom/kernels/cpu/precision.h"
 #include "loom/parallel/expert/all_to_all.h"
 #include "loom/parallel/tensor/factory.h"
 #include "loom/train/pipeline_setup.h"
@@ -52,6 +53,8 @@ StepEngine::StepEngine(const Config& config, ParallelContext ctx)
       moe_split_(tp_.size() > 1 && config.model.moe_experts > 0 &&
                  config.micro_batch % tp_.size() == 0),
       layers_(layers_for(tp_, config.parallel.sequence_parallel, moe_split_, experts_)) {
+  if (config_.precision == DType::kF16)
+    scaler_ = std::make_unique<LossScaler>(config_.loss_scaling);
   const int tp = ctx_.tp ? ctx_.tp->size() : 1;
   const int p = ctx_.pp ? ctx_.pp->size() : 1;
   LOOM_CHECK_KIND(kConfig, config_.parallel.tensor == tp,
@@ -137,6 +140,7 @@ StepStats StepEngine::step(const BatchSource& data, int64_t step, double lr) {
   if (executor_) return step_pipelined(data, step, lr);
   using clock = std::chrono::steady_clock;
   StepStats r;
+  r.loss_scale = scaler_ ? scaler_->scale() : 1.0;
   ZeroEngine& zero = *chunks_[0].zero;
   GptStage<float>& stage = *chunks_[0].stage;
   const int64_t accum = config_.grad_accum;
@@ -156,7 +160,7 @@ StepStats StepEngine::step(const BatchSource& data, int64_t step, double lr) {
     loss_sum += stage.forward(acts_, inputs_.data(), nullptr, targets_.data(), ctx);
     r.t_forward += seconds_since(t0);
     t0 = clock::now();
-    stage.backward(acts_, 1.0 / static_cast<double>(accum));
+    stage.backward(acts_, r.loss_scale / static_cast<double>(accum));
     r.t_backward += seconds_since(t0);
     // Waits for what is left of this micro-batch's gradient reduction.
     zero.end_micro_batch();
@@ -172,6 +176,7 @@ StepStats StepEngine::step(const BatchSource& data, int64_t step, double lr) {
   const auto t0 = clock::now();
   sum_split_moe_grads();
   inject_nonfinite(step);
+  if (scaler_) zero.scale_grads(static_cast<float>(1.0 / r.loss_scale));
   r.grad_norm = zero.clip_grad_norm(config_.gradient_clipping);
   r.skipped = !accept_update(step, r.grad_norm, &r.nonfinite);
   r.moe = moe_stats(!r.skipped);
@@ -244,6 +249,7 @@ MemStats StepEngine::peak_memory_over_ranks() {
 StepStats StepEngine::step_pipelined(const BatchSource& data, int64_t step, double lr) {
   using clock = std::chrono::steady_clock;
   StepStats r;
+  r.loss_scale = scaler_ ? scaler_->scale() : 1.0;
   const int64_t m = config_.grad_accum, BT = config_.micro_batch * config_.model.seq_len;
   for (Chunk& c : chunks_) c.zero->zero_grads();
   drop_moe_stats();
@@ -265,6 +271,8 @@ StepStats StepEngine::step_pipelined(const BatchSource& data, int64_t step, doub
   auto on_step = [&] {
     const auto t0 = clock::now();
     inject_nonfinite(step);
+    if (scaler_)
+      for (Chunk& c : chunks_) c.zero->scale_grads(static_cast<float>(1.0 / r.loss_scale));
     r.grad_norm = clip_pipelined();
     r.skipped = !accept_update(step, r.grad_norm, &r.nonfinite);
     r.moe = moe_stats(!r.skipped);
@@ -272,7 +280,8 @@ StepStats StepEngine::step_pipelined(const BatchSource& data, int64_t step, doub
       for (Chunk& c : chunks_) c.zero->step(lr, step + 1 - skipped_);
     r.t_optimizer = seconds_since(t0);
   };
-  const pp::ExecStats st = executor_->train(mbs, 1.0 / static_cast<double>(m), on_reduce, on_step);
+  const pp::ExecStats st =
+      executor_->train(mbs, r.loss_scale / static_cast<double>(m), on_reduce, on_step);
   r.t_forward = st.forward;
   r.t_backward = st.backward;
   r.t_recompute = st.recompute;
@@ -454,6 +463,25 @@ double StepEngine::evaluate_pipelined(const BatchSource& data, int64_t batches) 
 }
 
 bool StepEngine::accept_update(int64_t step, double norm, std::string* skipped_in) {
+  if (scaler_) {
+    // An overflow anywhere makes the global norm non-finite on every rank:
+    // all agree to skip, and the scale moves the same way everywhere.
+    const bool overflow = !std::isfinite(norm);
+    const double scale = scaler_->scale();
+    const bool can_go_on = scaler_->update(overflow);
+    if (!overflow) return true;
+    const std::string name = first_nonfinite_param();
+    if (!can_go_on)
+      LOOM_FAIL(kData,
+                "step {}: fp16 gradients overflow at the minimum loss scale {} "
+                "(fp16.min_loss_scale){}; the values outgrow fp16: lower the learning rate, clip "
+                "gradients (gradient_clipping) or train in bf16",
+                step + 1, scale,
+                name.empty() ? std::string() : ", first in '" + name + "' (in model order)");
+    ++skipped_;
+    *skipped_in = name;
+    return false;
+  }
   if (std::isfinite(norm)) return true;
   const std::string name = first_nonfinite_param();
   if (config_.train.on_nonfinite == "skip") {
@@ -479,8 +507,11 @@ std::string StepEngine::first_nonfinite_param() {
     for (const Param& p : c.stage->layout().params()) {
       const ZeroEngine::StateRange& r = held[static_cast<size_t>(p.unit)];
       const int64_t lo = std::max(r.begin, p.offset), hi = std::min(r.end, p.offset + p.numel);
+      if (lo >= hi) continue;
       bool bad = false;
-      for (int64_t i = lo; i < hi && !bad; ++i) bad = !std::isfinite(r.data[i - r.begin]);
+      if (r.data16)
+        bad = cpu::any_nonfinite_16(r.data16 + (lo - r.begin), hi - lo, c.zero->dtype());
+      for (int64_t i = lo; i < hi && !bad && r.data; ++i) bad = !std::isfinite(r.data[i - r.begin]);
       if (!bad) continue;
       for (size_t k = 0; k < order.size(); ++k)
         if (order[k].name == p.name) first = std::min(first, static_cast<float>(k));
@@ -498,7 +529,10 @@ void StepEngine::inject_nonfinite(int64_t step) {
   if (spec == nullptr) return;
   const std::string s(spec);
   const size_t colon = s.find(':');
-  if (colon == std::string::npos || s.substr(0, colon) != std::to_string(step + 1)) return;
+  if (colon == std::string::npos) return;
+  // STEPS is one step or a comma-separated list.
+  const std::string steps = "," + s.substr(0, colon) + ",";
+  if (steps.find("," + std::to_string(step + 1) + ",") == std::string::npos) return;
   const std::string name = s.substr(colon + 1);
   for (Chunk& c : chunks_) {
     const Param* p = c.stage->layout().find_or_null(name);
@@ -506,7 +540,11 @@ void StepEngine::inject_nonfinite(int64_t step) {
     const ZeroEngine::StateRange r =
         c.zero->held(ZeroEngine::State::kGrads)[static_cast<size_t>(p->unit)];
     const int64_t lo = std::max(r.begin, p->offset), hi = std::min(r.end, p->offset + p->numel);
-    if (lo < hi) r.data[lo - r.begin] = std::numeric_limits<float>::quiet_NaN();
+    if (lo >= hi) continue;
+    if (r.data16)
+      r.data16[lo - r.begin] = c.zero->dtype() == DType::kBF16 ? 0x7fc0 : 0x7e00;  // NaN
+    else
+      r.data[lo - r.begin] = std::numeric_limits<float>::quiet_NaN();
   }
 }
 

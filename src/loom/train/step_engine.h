@@ -16,6 +16,7 @@
 #include "loom/comm/parallel_context.h"
 #include "loom/data/batch_source.h"
 #include "loom/model/gpt_stage.h"
+#include "loom/optim/loss_scaler.h"
 #include "loom/parallel/expert/all_to_all.h"
 #include "loom/parallel/pipeline/executor.h"
 #include "loom/parallel/tensor/regions.h"
@@ -28,7 +29,8 @@ namespace loom {
 struct StepStats {
   double loss = 0;  // mean over the global batch
   double grad_norm = 0;
-  bool skipped = false;   // non-finite gradients, train.on_nonfinite skip: no update
+  bool skipped = false;   // non-finite gradients (skip, or an fp16 overflow): no update
+  double loss_scale = 1;  // fp16: the scale this step's backward ran with
   std::string nonfinite;  // skipped: the first parameter in model order with one
   std::vector<MoeLayerStats> moe;
   double t_forward = 0, t_backward = 0, t_recompute = 0, t_optimizer = 0;  // seconds
@@ -79,6 +81,8 @@ class StepEngine {
   // updates made, as DeepSpeed's does).
   StepStats step(const BatchSource& data, int64_t step, double lr);
   int64_t skipped_steps() const { return skipped_; }
+  // fp16: the dynamic loss scaler (null in f32 and bf16).
+  LossScaler* loss_scaler() { return scaler_.get(); }
   void set_skipped_steps(int64_t n) { skipped_ = n; }
   // Mean loss over `batches` global batches of step 0 (the same samples
   // under every layout; every rank runs the same number of forwards).
@@ -125,8 +129,9 @@ class StepEngine {
   // holds a non-finite value on any rank (collective over the world); ""
   // when none does.
   std::string first_nonfinite_param();
-  // Tests only: LOOM_TEST_NONFINITE=STEP:NAME puts a NaN into parameter
-  // NAME's reduced gradient at step STEP (1-based), where this rank holds it.
+  // Tests only: LOOM_TEST_NONFINITE=STEPS:NAME puts a NaN into parameter
+  // NAME's reduced gradient at each step of STEPS (1-based, comma-separated),
+  // where this rank holds it.
   void inject_nonfinite(int64_t step);
 
   struct Chunk {
@@ -134,6 +139,9 @@ class StepEngine {
     std::unique_ptr<ZeroEngine> zero;
   };
   int64_t skipped_ = 0;  // steps whose update was skipped
+  // fp16: backward runs on the loss times its scale; the gradients are
+  // divided by it before the norm; an overflow skips the step.
+  std::unique_ptr<LossScaler> scaler_;
 
   const Config config_;
   ParallelContext ctx_;

@@ -146,6 +146,10 @@ void Trainer::load_initial_state(uint64_t seed) {
   Checkpointer::load(*engine_, CheckpointReader(dir), true);
   step_ = st.step;
   engine_->set_skipped_steps(st.skipped_steps);
+  // An fp16 run continues with its scaler's state; one resumed from an f32
+  // or bf16 checkpoint starts the scale afresh.
+  if (LossScaler* s = engine_->loss_scaler(); s && st.scaler_iteration >= 0)
+    s->restore(st.loss_scale, st.scaler_iteration, st.scaler_last_overflow, st.scaler_hysteresis);
   resume_s_ = seconds_since(t0);
 }
 
@@ -163,13 +167,18 @@ StepResult Trainer::train_step() {
   r.loss = s.loss;
   r.grad_norm = s.grad_norm;
   r.skipped_steps = engine_->skipped_steps();
+  r.loss_scale = s.loss_scale;
+  r.fp16 = engine_->loss_scaler() != nullptr;
   r.moe = s.moe;
   if (s.skipped && writer_ && !options_.quiet) {
     if (progress_->tty()) std::printf("\r\033[K");
-    std::printf("loom: step %ld skipped: non-finite gradient%s (%ld skipped so far)\n",
-                long(step_ + 1),
-                s.nonfinite.empty() ? "" : (" first in '" + s.nonfinite + "'").c_str(),
-                long(r.skipped_steps));
+    const LossScaler* scaler = engine_->loss_scaler();
+    std::printf(
+        "loom: step %ld skipped: %s%s (%ld skipped so far)%s\n", long(step_ + 1),
+        scaler ? "fp16 overflow" : "non-finite gradient",
+        s.nonfinite.empty() ? "" : (" first in '" + s.nonfinite + "'").c_str(),
+        long(r.skipped_steps),
+        scaler ? format("; loss scale {} -> {}", s.loss_scale, scaler->scale()).c_str() : "");
     std::fflush(stdout);
   }
   r.t_forward = s.t_forward;
@@ -257,12 +266,19 @@ void Trainer::save(double lr) {
 }
 
 TrainerState Trainer::trainer_state(double lr) const {
-  return TrainerState{step_,
-                      lr,
-                      1.0,
-                      config_.train.seed,
-                      tokenizer_ ? tokenizer_->name() : "",
-                      engine_->skipped_steps()};
+  TrainerState st{step_,
+                  lr,
+                  1.0,
+                  config_.train.seed,
+                  tokenizer_ ? tokenizer_->name() : "",
+                  engine_->skipped_steps()};
+  if (const LossScaler* s = engine_->loss_scaler()) {
+    st.loss_scale = s->scale();
+    st.scaler_iteration = s->iteration();
+    st.scaler_last_overflow = s->last_overflow();
+    st.scaler_hysteresis = s->hysteresis_left();
+  }
+  return st;
 }
 
 void Trainer::finish_save() {

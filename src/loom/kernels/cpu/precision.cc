@@ -67,6 +67,33 @@ double sum_squares_16(const uint16_t* x, int64_t n, DType t) {
   return total;
 }
 
+void accumulate_16(const float* x, float scale, uint16_t* acc, int64_t n, DType t) {
+  check_16(t);
+#pragma omp parallel for
+  for (int64_t i = 0; i < n; ++i) acc[i] = narrow(widen(acc[i], t) + x[i] * scale, t);
+}
+
+void accumulate_16(const uint16_t* x, float scale, uint16_t* acc, int64_t n, DType t) {
+  check_16(t);
+#pragma omp parallel for
+  for (int64_t i = 0; i < n; ++i) acc[i] = narrow(widen(acc[i], t) + widen(x[i], t) * scale, t);
+}
+
+void scale_16(uint16_t* x, int64_t n, float s, DType t) {
+  check_16(t);
+#pragma omp parallel for
+  for (int64_t i = 0; i < n; ++i) x[i] = narrow(widen(x[i], t) * s, t);
+}
+
+bool any_nonfinite_16(const uint16_t* x, int64_t n, DType t) {
+  check_16(t);
+  // Both formats: the exponent field all ones.
+  const uint16_t mask = t == DType::kBF16 ? 0x7f80u : 0x7c00u;
+  for (int64_t i = 0; i < n; ++i)
+    if ((x[i] & mask) == mask) return true;
+  return false;
+}
+
 void adamw_update_16(float* master, const uint16_t* grads, float grad_scale, float* m, float* v,
                      uint16_t* params, int64_t n, DType t, const AdamWParams& hp) {
   check_16(t);

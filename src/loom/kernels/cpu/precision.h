@@ -20,6 +20,15 @@ void widen_16(const uint16_t* x, float* out, int64_t n, DType t);
 // The sum of squares of x (t) in double, over the same fixed chunks as
 // sum_squares<float> (equal to it on the widened values, bit for bit).
 double sum_squares_16(const uint16_t* x, int64_t n, DType t);
+// acc (n, t) = acc + x * scale, added in f32 and rounded once: a unit's f32
+// gradients added into 16-bit gradients that accumulate over micro-batches.
+void accumulate_16(const float* x, float scale, uint16_t* acc, int64_t n, DType t);
+// The same with 16-bit addends (a 16-bit reduction's result).
+void accumulate_16(const uint16_t* x, float scale, uint16_t* acc, int64_t n, DType t);
+// x (n, t) *= s, rounded.
+void scale_16(uint16_t* x, int64_t n, float s, DType t);
+// Whether any element of x (n, t) is infinite or NaN.
+bool any_nonfinite_16(const uint16_t* x, int64_t n, DType t);
 // adamw_update on the masters with the gradients widened and multiplied by
 // grad_scale (clipping and 1 / loss scale in one factor), then params (t) =
 // the updated masters rounded. n elements.

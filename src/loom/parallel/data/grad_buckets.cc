@@ -4,6 +4,8 @@
 #include <chrono>
 
 #include "loom/core/error.h"
+#include "loom/kernels/cpu/adamw.h"
+#include "loom/kernels/cpu/precision.h"
 
 namespace loom {
 
@@ -52,8 +54,9 @@ GradBuckets::~GradBuckets() {
   }
 }
 
-void GradBuckets::begin(float* grads) {
-  grads_ = grads;
+void GradBuckets::begin(void* grads, DType t) {
+  grads_ = static_cast<char*>(grads);
+  dtype_ = t;
   next_ = 0;
   for (auto& b : buckets_) b.work = nullptr;
 }
@@ -61,8 +64,8 @@ void GradBuckets::begin(float* grads) {
 void GradBuckets::launch(Bucket& b) {
   const BucketGroup& g = groups_[static_cast<size_t>(b.group)];
   if (g.group)
-    b.work = g.group->all_reduce(grads_ + b.begin, grads_ + b.begin,
-                                 static_cast<size_t>(b.end - b.begin), DType::kF32, ReduceOp::kAvg);
+    b.work = g.group->all_reduce(at(b.begin), at(b.begin), static_cast<size_t>(b.end - b.begin),
+                                 dtype_, ReduceOp::kAvg);
 }
 
 void GradBuckets::ready_from(int64_t from) {
@@ -80,10 +83,14 @@ BucketStats GradBuckets::finish() {
     if (b.work) {
       b.work->wait();
       s.comm_s += b.work->seconds();
-      s.bytes += 2.0 * (g.group->size() - 1) / g.group->size() * double(b.end - b.begin) * 4.0;
+      s.bytes += 2.0 * (g.group->size() - 1) / g.group->size() * double(b.end - b.begin) *
+                 double(dtype_size(dtype_));
     }
-    if (g.scale != 1.0f)
-      for (int64_t i = b.begin; i < b.end; ++i) grads_[i] *= g.scale;
+    if (g.scale == 1.0f) continue;
+    if (dtype_ == DType::kF32)
+      cpu::scale_inplace(reinterpret_cast<float*>(at(b.begin)), b.end - b.begin, g.scale);
+    else
+      cpu::scale_16(reinterpret_cast<uint16_t*>(at(b.begin)), b.end - b.begin, g.scale, dtype_);
   }
   s.exposed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   grads_ = nullptr;

@@ -39,8 +39,10 @@ class GradBuckets {
   // Waits for reductions still in flight: they write into the gradients.
   ~GradBuckets();
 
-  // Before the backward whose gradients are final (the last micro-batch).
-  void begin(float* grads);
+  // Before the backward whose gradients are final (the last micro-batch):
+  // the flat gradients, f32 or 16-bit (reduced in 16 bits, accumulated in
+  // f32 inside the collective).
+  void begin(void* grads, DType t);
   // Backward reports that every gradient at offset >= `from` is final.
   void ready_from(int64_t from);
   // After backward: starts what is left, waits for all, returns the timings.
@@ -58,7 +60,9 @@ class GradBuckets {
   bool overlap_;
   std::vector<Bucket> buckets_;  // in launch order: highest offsets first
   size_t next_ = 0;              // first bucket not launched
-  float* grads_ = nullptr;
+  char* grads_ = nullptr;
+  DType dtype_ = DType::kF32;
+  char* at(int64_t element) const { return grads_ + element * int64_t(dtype_size(dtype_)); }
 };
 
 }  // namespace loom

@@ -8,6 +8,7 @@
 
 #include "loom/core/error.h"
 #include "loom/kernels/cpu/adamw.h"
+#include "loom/kernels/cpu/precision.h"
 
 namespace loom {
 
@@ -46,8 +47,11 @@ StoreOptions ZeroEngine::storage(const ZeroConfig& config, int world) {
   StoreOptions s;
   // 16-element slices keep every rank's slice on a 64-byte boundary.
   s.unit_multiple = config.stage >= 1 ? 16 * static_cast<int64_t>(world) : 1;
-  s.params = config.stage < 3;
-  s.grads = config.stage < 2;
+  // 16-bit mode: the engine holds the parameters and gradients and binds
+  // each unit's f32 copies on use.
+  const bool half = config.dtype != DType::kF32;
+  s.params = config.stage < 3 && !half;
+  s.grads = config.stage < 2 && !half;
   return s;
 }
 
@@ -60,6 +64,9 @@ ZeroEngine::ZeroEngine(ParamStore<float>& store, std::shared_ptr<ProcessGroup> g
   LOOM_CHECK_KIND(kConfig, config_.reduce_bucket_size > 0,
                   "zero_optimization.reduce_bucket_size must be > 0, got {}",
                   config_.reduce_bucket_size);
+  LOOM_CHECK(
+      config_.dtype == DType::kF32 || config_.dtype == DType::kBF16 || config_.dtype == DType::kF16,
+      "unknown storage type");
   if (group_) rank_ = group_->rank(), world_ = group_->size();
   auto unit_group = [&](std::shared_ptr<ProcessGroup> g, float scale) {
     UnitGroup x;
@@ -112,14 +119,24 @@ ZeroEngine::ZeroEngine(ParamStore<float>& store, std::shared_ptr<ProcessGroup> g
 
   if (config_.offload_device == "nvme") {
     check_writable_dir(config_.nvme_path, "zero_optimization.offload_optimizer.nvme_path");
-    nvme_ = std::make_unique<NvmeStore>(config_.nvme_path, 2 * bytes_of(shard_elements_), rank_);
+    // The moments, and in 16-bit mode the masters after them.
+    nvme_ = std::make_unique<NvmeStore>(config_.nvme_path,
+                                        (half() ? 3 : 2) * bytes_of(shard_elements_), rank_);
     optimizer_ = std::make_unique<AdamW>(std::move(segments), shard_elements_, optimizer,
                                          nvme_->data(), nvme_->data() + shard_elements_);
   } else {
     optimizer_ = std::make_unique<AdamW>(std::move(segments), shard_elements_, optimizer);
+    if (half()) master_ = Buffer(bytes_of(shard_elements_), MemCategory::kOptimizer);
   }
-  if (config_.stage >= 3) param_shard_ = Buffer(bytes_of(shard_elements_), MemCategory::kParams);
-  if (config_.stage >= 2) grad_shard_ = Buffer(bytes_of(shard_elements_), MemCategory::kGrads);
+  if (half()) {
+    const int64_t total = layout.total();
+    p16_ = Buffer(pbytes(config_.stage >= 3 ? shard_elements_ : total), MemCategory::kParams);
+    g16_ = Buffer(pbytes(config_.stage >= 2 ? shard_elements_ : total), MemCategory::kGrads);
+    work_.resize(units_.size());
+  } else {
+    if (config_.stage >= 3) param_shard_ = Buffer(bytes_of(shard_elements_), MemCategory::kParams);
+    if (config_.stage >= 2) grad_shard_ = Buffer(bytes_of(shard_elements_), MemCategory::kGrads);
+  }
   if (config_.stage <= 1 && group_) {
     std::vector<BucketGroup> groups;
     for (int u = 0; u < num_units(); ++u) groups.push_back({ug(u).group, ug(u).scale});
@@ -154,12 +171,37 @@ float* ZeroEngine::shard_params() const {
 float* ZeroEngine::shard_grads() const {
   return grad_shard_.as<float>();
 }
+float* ZeroEngine::masters() const {
+  return nvme_ ? nvme_->data() + 2 * shard_elements_ : master_.as<float>();
+}
+size_t ZeroEngine::pbytes(int64_t elements) const {
+  return static_cast<size_t>(elements) * dtype_size(config_.dtype);
+}
 
 void ZeroEngine::wait_timed(const WorkPtr& w) {
   wait_all({w}, &stats_.exposed_s, &stats_.comm_s);
 }
 
 void ZeroEngine::init_params(uint64_t seed) {
+  if (half()) {
+    // The masters hold this rank's slices; the 16-bit parameters are them
+    // rounded (every unit whole below stage 3, drawn unit by unit).
+    for (int u = 0; u < num_units(); ++u)
+      store_.init_range(seed, slice_begin(u), slice_begin(u) + slice_[u],
+                        masters() + shard_off_[u]);
+    if (config_.stage >= 3) {
+      cpu::round_to_16(masters(), params16(), shard_elements_, config_.dtype);
+    } else {
+      for (int u = 0; u < num_units(); ++u) {
+        Buffer whole(bytes_of(units_[u].size()), MemCategory::kWorkspace);
+        store_.init_range(seed, units_[u].begin, units_[u].end, whole.as<float>());
+        cpu::round_to_16(whole.as<float>(), params16() + units_[u].begin, units_[u].size(),
+                         config_.dtype);
+      }
+    }
+    if (nvme_) nvme_->release(0, nvme_->bytes());
+    return;
+  }
   if (config_.stage < 3) {
     store_.init(seed);
     return;
@@ -170,7 +212,10 @@ void ZeroEngine::init_params(uint64_t seed) {
 }
 
 void ZeroEngine::zero_grads() {
-  if (config_.stage < 2)
+  grad_factor_ = 1;
+  if (half())
+    std::memset(grads16(), 0, g16_.bytes());
+  else if (config_.stage < 2)
     store_.zero_grads();
   else
     std::memset(shard_grads(), 0, bytes_of(shard_elements_));
@@ -186,7 +231,12 @@ void ZeroEngine::begin_micro_batch(std::vector<UnitUse> schedule, bool last) {
   // Stages 0-1 keep full gradients and reduce once per step; stages 2-3 hold
   // no full gradients, so every micro-batch's are reduced into the shard.
   reduce_ = backward && (config_.stage >= 2 || last);
-  if (buckets_ && reduce_) buckets_->begin(store_.grads());
+  if (buckets_ && reduce_) {
+    if (half())
+      buckets_->begin(grads16(), config_.dtype);
+    else
+      buckets_->begin(store_.grads(), DType::kF32);
+  }
   // Start gathering the first unit whose parameters the micro-batch reads
   // (a pipeline's weight-gradient pass reads none).
   if (config_.stage >= 3 && !full_ && config_.prefetch_bucket_size > 0)
@@ -221,8 +271,8 @@ void ZeroEngine::on_before(int u, Pass pass) {
   LOOM_CHECK(pos_ < plan_.size() && plan_[pos_].unit == u && plan_[pos_].pass == pass,
              "unit {} used out of schedule (use {} of {}); call begin_micro_batch first",
              units_[u].name, pos_, plan_.size());
-  if (config_.stage >= 3 && !full_ && reads_params(pass)) fetch(u);
-  if (writes_grads(pass) && config_.stage >= 2)
+  if ((config_.stage >= 3 || half()) && !full_ && reads_params(pass)) fetch(u);
+  if (writes_grads(pass) && (config_.stage >= 2 || half()))
     for (int w : used_with(u))
       if (!grad_bufs_[w].data()) acquire_grads(w);
 }
@@ -237,44 +287,80 @@ void ZeroEngine::on_after(int u, Pass pass) {
     if (config_.stage >= 2) {
       if (!grads_again)
         for (int w : used_with(u)) launch_reduce(w);
-    } else if (buckets_ && reduce_) {
+    } else {
+      if (half() && !grads_again)
+        for (int w : used_with(u)) flush_grads(w);
+    }
+    if (config_.stage < 2 && buckets_ && reduce_) {
       // The unit's gradients are final once the schedule does not use it again.
       bool later = false;
       for (size_t j = pos_ + 1; j < plan_.size(); ++j) later = later || plan_[j].unit == u;
       if (!later) buckets_->ready_from(units_[u].begin);
     }
   }
-  if (config_.stage >= 3 && !full_ && reads_params(pass) && !params_again)
-    for (int w : used_with(u)) release_params(w);
+  if ((config_.stage >= 3 || half()) && !full_ && reads_params(pass) && !params_again)
+    for (int w : used_with(u)) release_for_use(w);
   ++pos_;
 }
 
 void ZeroEngine::launch_gather(int u) {
   Gathered& g = gathered_[u];
   if (g.buf.data()) return;
-  g.buf = Buffer(bytes_of(units_[u].size()), MemCategory::kComm);
-  const float* mine = shard_params() + shard_off_[u];
+  // 16-bit mode gathers the 16-bit slices.
+  g.buf = Buffer(pbytes(units_[u].size()), MemCategory::kComm);
+  const void* mine = half() ? static_cast<const void*>(params16() + shard_off_[u])
+                            : static_cast<const void*>(shard_params() + shard_off_[u]);
   if (const UnitGroup& ugr = ug(u); ugr.group) {
     g.work =
-        ugr.group->all_gather(mine, g.buf.as<float>(), static_cast<size_t>(slice_[u]), DType::kF32);
-    stats_.bytes += double(ugr.size - 1) / ugr.size * double(bytes_of(units_[u].size()));
+        ugr.group->all_gather(mine, g.buf.data(), static_cast<size_t>(slice_[u]), config_.dtype);
+    stats_.bytes += double(ugr.size - 1) / ugr.size * double(pbytes(units_[u].size()));
   } else {
-    std::memcpy(g.buf.data(), mine, bytes_of(slice_[u]));
+    std::memcpy(g.buf.data(), mine, pbytes(slice_[u]));
   }
   gathered_elements_ += static_cast<size_t>(units_[u].size());
   peak_gathered_ = std::max(peak_gathered_, gathered_elements_);
 }
 
 void ZeroEngine::fetch(int u) {
-  for (int w : used_with(u)) {
-    launch_gather(w);
-    Gathered& g = gathered_[w];
+  for (int w : used_with(u)) bind_for_use(w);
+  if (config_.stage >= 3) prefetch_after(u);
+}
+
+void ZeroEngine::bind_for_use(int u) {
+  const void* src = nullptr;  // the unit's whole parameters in the storage type
+  if (config_.stage >= 3) {
+    launch_gather(u);
+    Gathered& g = gathered_[u];
     if (g.work) {
       wait_timed(g.work);
       g.work = nullptr;
     }
-    store_.bind_params(w, g.buf.as<float>());
+    src = g.buf.data();
+  } else {
+    src = params16() + units_[u].begin;
   }
+  if (!half()) {
+    store_.bind_params(u, static_cast<float*>(const_cast<void*>(src)));
+    return;
+  }
+  Buffer& w = work_[static_cast<size_t>(u)];
+  if (!w.data()) {
+    w = Buffer(bytes_of(units_[u].size()), MemCategory::kComm);
+    cpu::widen_16(static_cast<const uint16_t*>(src), w.as<float>(), units_[u].size(),
+                  config_.dtype);
+  }
+  store_.bind_params(u, w.as<float>());
+}
+
+void ZeroEngine::release_for_use(int u) {
+  if (half()) {
+    work_[static_cast<size_t>(u)] = Buffer();
+    store_.bind_params(u, nullptr);
+  }
+  if (config_.stage >= 3) release_params(u);
+}
+
+void ZeroEngine::prefetch_after(int u) {
   if (config_.prefetch_bucket_size <= 0) return;
   // Prefetch along the schedule: at least the next unit, then more while
   // the elements in flight stay within stage3_prefetch_bucket_size.
@@ -326,15 +412,23 @@ void ZeroEngine::acquire_grads(int u) {
 void ZeroEngine::launch_reduce(int u) {
   Buffer buf = std::move(grad_bufs_[u]);
   store_.bind_grads(u, nullptr);
-  float* p = buf.as<float>();
   WorkPtr w;
+  bool half16 = false;
   if (const UnitGroup& g = ug(u); g.group) {
+    if (half()) {
+      // Rounded to 16 bits and reduced in 16 bits (accumulated in f32).
+      Buffer h(pbytes(units_[u].size()), MemCategory::kComm);
+      cpu::round_to_16(buf.as<float>(), h.as<uint16_t>(), units_[u].size(), config_.dtype);
+      buf = std::move(h);
+      half16 = true;
+    }
     // Rank r's averaged slice lands in place, at block r of the buffer.
-    w = g.group->reduce_scatter(p, p + g.srank * slice_[u], static_cast<size_t>(slice_[u]),
-                                DType::kF32, ReduceOp::kAvg);
-    stats_.bytes += double(g.size - 1) / g.size * double(bytes_of(units_[u].size()));
+    char* p = buf.as<char>();
+    w = g.group->reduce_scatter(p, p + pbytes(g.srank * slice_[u]), static_cast<size_t>(slice_[u]),
+                                config_.dtype, ReduceOp::kAvg);
+    stats_.bytes += double(g.size - 1) / g.size * double(pbytes(units_[u].size()));
   }
-  reducing_.push_back({u, std::move(buf), std::move(w)});
+  reducing_.push_back({u, std::move(buf), std::move(w), half16});
   reducing_elements_ += units_[u].size();
   if (!config_.overlap_comm)
     while (!reducing_.empty()) drain_one();
@@ -344,6 +438,18 @@ void ZeroEngine::drain_one() {
   Reducing& r = reducing_.front();
   if (r.work) wait_timed(r.work);
   const int u = r.unit;
+  if (half()) {
+    // Added into the 16-bit gradients in f32, rounded once.
+    uint16_t* dst = grads16() + shard_off_[u];
+    const int64_t at = ug(u).srank * slice_[u];
+    if (r.half)
+      cpu::accumulate_16(r.buf.as<uint16_t>() + at, ug(u).scale, dst, slice_[u], config_.dtype);
+    else
+      cpu::accumulate_16(r.buf.as<float>() + at, ug(u).scale, dst, slice_[u], config_.dtype);
+    reducing_elements_ -= units_[u].size();
+    reducing_.pop_front();
+    return;
+  }
   const float* src = r.buf.as<float>() + ug(u).srank * slice_[u];
   float* dst = shard_grads() + shard_off_[u];
   // Accumulates over micro-batches (each already scaled by 1 / accumulation).
@@ -355,6 +461,13 @@ void ZeroEngine::drain_one() {
   reducing_.pop_front();
 }
 
+void ZeroEngine::flush_grads(int u) {
+  Buffer buf = std::move(grad_bufs_[u]);
+  store_.bind_grads(u, nullptr);
+  cpu::accumulate_16(buf.as<float>(), 1.0f, grads16() + units_[u].begin, units_[u].size(),
+                     config_.dtype);
+}
+
 std::pair<double, double> ZeroEngine::split_sum_squares(int skip) {
   // This rank's gradient elements: the whole layout below stage 2, else its
   // slice of every unit; each part of a parameter inside them counted apart.
@@ -364,11 +477,15 @@ std::pair<double, double> ZeroEngine::split_sum_squares(int skip) {
     if (u == skip) continue;
     const int64_t lo = config_.stage >= 2 ? slice_begin(u) : units_[u].begin;
     const int64_t hi = config_.stage >= 2 ? lo + slice_[u] : units_[u].end;
-    const float* g = config_.stage >= 2 ? shard_grads() + shard_off_[u] : store_.grads() + lo;
+    const int64_t at = config_.stage >= 2 ? shard_off_[u] : lo;  // element lo's index
     for (const Param& p : params) {
       const int64_t b = std::max(lo, p.offset), e = std::min(hi, p.offset + p.numel);
       if (b >= e) continue;
-      const double ss = cpu::sum_squares(g + (b - lo), e - b);
+      const double ss =
+          half()
+              ? cpu::sum_squares_16(grads16() + at + (b - lo), e - b, config_.dtype)
+              : cpu::sum_squares(
+                    (config_.stage >= 2 ? shard_grads() : store_.grads()) + at + (b - lo), e - b);
       if (units_[u].expert() && experts_.ep_size() > 1)
         experts += ss;
       else
@@ -383,7 +500,9 @@ std::pair<double, double> ZeroEngine::split_sum_squares(int skip) {
   }
   // From stage 2 the expert shards split over ep_dp, so the data-parallel
   // group's sum holds every expert once, as it does every dense unit.
-  return {split, whole + experts};
+  // 16-bit mode: the gradients are the stored ones times the pending factor.
+  const double f2 = double(grad_factor_) * double(grad_factor_);
+  return {split * f2, (whole + experts) * f2};
 }
 
 std::pair<double, double> ZeroEngine::grad_sum_squares(int skip) {
@@ -399,7 +518,9 @@ std::pair<double, double> ZeroEngine::grad_sum_squares(int skip) {
 }
 
 void ZeroEngine::scale_grads(float scale) {
-  if (config_.stage >= 2)
+  if (half())
+    grad_factor_ *= scale;
+  else if (config_.stage >= 2)
     cpu::scale_inplace(shard_grads(), shard_elements_, scale);
   else
     cpu::scale_inplace(store_.grads(), store_.num_params(), scale);
@@ -409,14 +530,16 @@ void ZeroEngine::sum_unit_grads(int u, int64_t n, ProcessGroup& group) {
   // The part of [0, n) of the unit this rank holds: all of it below stage
   // 2, else its slice.
   int64_t lo = 0, hi = n;
-  float* g = store_.grads() ? store_.grads() + units_[u].begin : nullptr;  // element lo
+  int64_t at = units_[u].begin;  // element lo's index in the gradients
   if (config_.stage >= 2) {
     lo = ug(u).srank * slice_[u];
     hi = std::min(n, lo + slice_[u]);
-    g = shard_grads() + shard_off_[u];
+    at = shard_off_[u];
   }
   if (hi <= lo) return;
-  WorkPtr w = group.all_reduce(g, g, static_cast<size_t>(hi - lo), DType::kF32, ReduceOp::kSum);
+  void* g = half() ? static_cast<void*>(grads16() + at)
+                   : static_cast<void*>((config_.stage >= 2 ? shard_grads() : store_.grads()) + at);
+  WorkPtr w = group.all_reduce(g, g, static_cast<size_t>(hi - lo), config_.dtype, ReduceOp::kSum);
   wait_timed(w);
 }
 
@@ -425,10 +548,11 @@ void ZeroEngine::sum_grads(int64_t begin, int64_t end, ProcessGroup& group) {
   for (const StateRange& r : held(State::kGrads)) {
     const int64_t lo = std::max(begin, r.begin), hi = std::min(end, r.end);
     if (lo >= hi) continue;
-    float* g = r.data + (lo - r.begin);
+    void* g = half() ? static_cast<void*>(r.data16 + (lo - r.begin))
+                     : static_cast<void*>(r.data + (lo - r.begin));
     works.push_back(
-        group.all_reduce(g, g, static_cast<size_t>(hi - lo), DType::kF32, ReduceOp::kSum));
-    stats_.bytes += 2.0 * (group.size() - 1) / group.size() * double(bytes_of(hi - lo));
+        group.all_reduce(g, g, static_cast<size_t>(hi - lo), config_.dtype, ReduceOp::kSum));
+    stats_.bytes += 2.0 * (group.size() - 1) / group.size() * double(pbytes(hi - lo));
   }
   wait_all(works, &stats_.exposed_s, &stats_.comm_s);
 }
@@ -436,12 +560,19 @@ void ZeroEngine::sum_grads(int64_t begin, int64_t end, ProcessGroup& group) {
 double ZeroEngine::clip_grad_norm(double max_norm) {
   const bool tp = tp_ && tp_->size() > 1;
   const bool ep = experts_.ep_size() > 1;
-  if (config_.stage < 2 && !tp && !ep)
+  if (config_.stage < 2 && !tp && !ep && !half())
     return loom::clip_grad_norm(store_.grads(), store_.num_params(), max_norm);
   double ss = 0;
   if (!tp && !ep) {
-    ss = cpu::sum_squares(shard_grads(), shard_elements_);
-    if (group_) {
+    if (half())
+      ss =
+          cpu::sum_squares_16(grads16(), config_.stage >= 2 ? shard_elements_ : store_.num_params(),
+                              config_.dtype) *
+          double(grad_factor_) * double(grad_factor_);
+    else
+      ss = cpu::sum_squares(shard_grads(), shard_elements_);
+    // Below stage 2 every rank holds the same whole gradients.
+    if (group_ && config_.stage >= 2) {
       // The ranks' partial sums, added in rank order, the same on every rank:
       // no f32 rounding or overflow.
       const std::vector<double> all = all_gather_words(*group_, &ss, 1);
@@ -469,7 +600,9 @@ double ZeroEngine::clip_grad_norm(double max_norm) {
   const double norm = std::sqrt(ss);
   if (max_norm > 0 && norm > max_norm) {
     const float scale = static_cast<float>(max_norm / (norm + 1e-6));
-    if (config_.stage >= 2)
+    if (half())
+      grad_factor_ *= scale;
+    else if (config_.stage >= 2)
       cpu::scale_inplace(shard_grads(), shard_elements_, scale);
     else
       cpu::scale_inplace(store_.grads(), store_.num_params(), scale);
@@ -482,45 +615,75 @@ void ZeroEngine::step(double lr, int64_t step) {
   LOOM_CHECK(!full_, "optimizer step while the full parameters are gathered");
   float* params = config_.stage >= 3 ? shard_params() : store_.params();
   const float* grads = config_.stage >= 2 ? shard_grads() : store_.grads();
+  // Segments [first, last): 16-bit mode updates the masters and rounds them
+  // into the 16-bit parameters.
+  auto update = [&](size_t first, size_t last) {
+    if (half())
+      optimizer_->step_16(masters(), params16(), grads16(), config_.dtype, grad_factor_, lr, step,
+                          first, last);
+    else
+      optimizer_->step(params, grads, lr, step, first, last);
+  };
   if (nvme_) {
-    // Unit by unit: only the moments being updated are resident.
+    // Unit by unit: only the moments (and masters) being updated are resident.
+    const int parts = half() ? 3 : 2;
     for (int u = 0; u < num_units(); ++u) {
       const size_t bytes = bytes_of(slice_[u]);
-      memory_tracker().on_alloc(MemCategory::kOptimizer, 2 * bytes);
-      optimizer_->step(params, grads, lr, step, unit_segments_[u].first, unit_segments_[u].second);
+      memory_tracker().on_alloc(MemCategory::kOptimizer, parts * bytes);
+      update(unit_segments_[u].first, unit_segments_[u].second);
       const size_t off = bytes_of(shard_off_[u]);
-      nvme_->release(off, bytes);
-      nvme_->release(bytes_of(shard_elements_) + off, bytes);
-      memory_tracker().on_free(MemCategory::kOptimizer, 2 * bytes);
+      for (int k = 0; k < parts; ++k) nvme_->release(k * bytes_of(shard_elements_) + off, bytes);
+      memory_tracker().on_free(MemCategory::kOptimizer, parts * bytes);
     }
     // Faults map a few neighbouring pages in too (fault-around); drop those.
     nvme_->release(0, nvme_->bytes());
   } else {
-    optimizer_->step(params, grads, lr, step);
+    update(0, SIZE_MAX);
   }
-  if ((config_.stage == 1 || config_.stage == 2) && group_) {
-    // Every rank updated its slices; gather the units' full parameters.
-    std::vector<WorkPtr> works;
-    for (int u = 0; u < num_units(); ++u) {
-      const UnitGroup& g = ug(u);
-      if (!g.group) continue;
-      float* unit = store_.params() + units_[u].begin;
-      works.push_back(g.group->all_gather(unit + g.srank * slice_[u], unit,
-                                          static_cast<size_t>(slice_[u]), DType::kF32));
-      stats_.bytes += double(g.size - 1) / g.size * double(bytes_of(units_[u].size()));
+  gather_updated_params();
+  drop_resident();
+}
+
+void ZeroEngine::gather_updated_params() {
+  if ((config_.stage != 1 && config_.stage != 2) || !group_) return;
+  // Every rank updated its slices; gather the units' full parameters.
+  std::vector<WorkPtr> works;
+  for (int u = 0; u < num_units(); ++u) {
+    const UnitGroup& g = ug(u);
+    if (!g.group) continue;
+    char* unit = half() ? reinterpret_cast<char*>(params16() + units_[u].begin)
+                        : reinterpret_cast<char*>(store_.params() + units_[u].begin);
+    works.push_back(g.group->all_gather(unit + pbytes(g.srank * slice_[u]), unit,
+                                        static_cast<size_t>(slice_[u]), config_.dtype));
+    stats_.bytes += double(g.size - 1) / g.size * double(pbytes(units_[u].size()));
+  }
+  wait_all(works, &stats_.exposed_s, &stats_.comm_s);
+}
+
+void ZeroEngine::drop_resident() {
+  if (config_.stage < 3) return;
+  // Resident units hold the old values; gather them again on next use.
+  for (int u = 0; u < num_units(); ++u)
+    if (persistent_[u] && gathered_[u].buf.data()) {
+      if (gathered_[u].work) gathered_[u].work->wait();
+      store_.bind_params(u, nullptr);
+      gathered_elements_ -= static_cast<size_t>(units_[u].size());
+      gathered_[u] = Gathered{};
     }
-    wait_all(works, &stats_.exposed_s, &stats_.comm_s);
-  }
+}
+
+void ZeroEngine::sync_params() {
+  if (!half()) return;
   if (config_.stage >= 3) {
-    // Resident units hold the old values; gather them again on next use.
+    cpu::round_to_16(masters(), params16(), shard_elements_, config_.dtype);
+  } else {
     for (int u = 0; u < num_units(); ++u)
-      if (persistent_[u] && gathered_[u].buf.data()) {
-        if (gathered_[u].work) gathered_[u].work->wait();
-        store_.bind_params(u, nullptr);
-        gathered_elements_ -= static_cast<size_t>(units_[u].size());
-        gathered_[u] = Gathered{};
-      }
+      cpu::round_to_16(masters() + shard_off_[u], params16() + slice_begin(u), slice_[u],
+                       config_.dtype);
+    gather_updated_params();
   }
+  drop_resident();
+  if (nvme_) nvme_->release(0, nvme_->bytes());
 }
 
 CommStats ZeroEngine::take_stats() {
@@ -530,6 +693,26 @@ CommStats ZeroEngine::take_stats() {
 }
 
 void ZeroEngine::gather_full_params() {
+  if (half()) {
+    // The masters, gathered: what a checkpoint holds (and what sampling at
+    // the end of a run computes with).
+    if (full_) return;
+    store_.allocate_params();
+    std::vector<WorkPtr> works;
+    for (int u = 0; u < num_units(); ++u) {
+      const UnitGroup& g = ug(u);
+      float* unit = store_.params() + units_[u].begin;
+      if (g.group && g.shards > 1)
+        works.push_back(g.group->all_gather(masters() + shard_off_[u], unit,
+                                            static_cast<size_t>(slice_[u]), DType::kF32));
+      else
+        std::memcpy(unit, masters() + shard_off_[u], bytes_of(slice_[u]));
+    }
+    wait_all(works);
+    if (nvme_) nvme_->release(0, nvme_->bytes());
+    full_ = true;
+    return;
+  }
   if (config_.stage < 3 || full_) return;
   store_.allocate_params();
   std::vector<WorkPtr> works;
@@ -547,6 +730,18 @@ void ZeroEngine::gather_full_params() {
 }
 
 void ZeroEngine::release_full_params(bool keep_changes) {
+  if (half()) {
+    if (!full_) return;
+    if (keep_changes) {
+      for (int u = 0; u < num_units(); ++u)
+        std::memcpy(masters() + shard_off_[u], store_.params() + slice_begin(u),
+                    bytes_of(slice_[u]));
+    }
+    store_.release_params();
+    full_ = false;
+    if (keep_changes) sync_params();
+    return;
+  }
   if (config_.stage < 3 || !full_) return;
   if (keep_changes)
     for (int u = 0; u < num_units(); ++u)
@@ -597,21 +792,34 @@ std::vector<ZeroEngine::StateRange> ZeroEngine::held(State s) const {
   if (s == State::kGrads) {
     // Whole in the model's buffer at stages 0-1, this rank's slices from 2.
     for (int u = 0; u < num_units(); ++u) {
-      if (config_.stage < 2)
-        out.push_back({units_[u].begin, units_[u].end, store_.grads() + units_[u].begin});
-      else
-        out.push_back({slice_begin(u), slice_begin(u) + slice_[u], shard_grads() + shard_off_[u]});
+      StateRange r;
+      if (config_.stage < 2) {
+        r = {units_[u].begin, units_[u].end, nullptr};
+        if (half())
+          r.data16 = grads16() + units_[u].begin;
+        else
+          r.data = store_.grads() + units_[u].begin;
+      } else {
+        r = {slice_begin(u), slice_begin(u) + slice_[u], nullptr};
+        if (half())
+          r.data16 = grads16() + shard_off_[u];
+        else
+          r.data = shard_grads() + shard_off_[u];
+      }
+      out.push_back(r);
     }
     return out;
   }
   const std::vector<StateRange> mine = share(s);
   for (int u = 0; u < num_units(); ++u) {
-    const bool whole = s == State::kParams ? config_.stage < 3 : ug(u).shards == 1;
+    // 16-bit mode: the parameters are the masters, held like the moments.
+    const bool whole = s == State::kParams && !half() ? config_.stage < 3 : ug(u).shards == 1;
     if (!whole) {
       out.push_back(mine[static_cast<size_t>(u)]);
       continue;
     }
-    float* base = s == State::kParams   ? store_.params() + units_[u].begin
+    float* base = s == State::kParams
+                      ? (half() ? masters() + shard_off_[u] : store_.params() + units_[u].begin)
                   : s == State::kExpAvg ? optimizer_->exp_avg() + shard_off_[u]
                                         : optimizer_->exp_avg_sq() + shard_off_[u];
     out.push_back({units_[u].begin, units_[u].end, base});
@@ -630,7 +838,9 @@ std::vector<ZeroEngine::StateRange> ZeroEngine::share(State s) const {
     }
     // Where element b is: the model's buffer or this rank's shard.
     float* base = nullptr;
-    if (s == State::kParams)
+    if (s == State::kParams && half())
+      base = masters() + shard_off_[u] + (b - slice_begin(u));
+    else if (s == State::kParams)
       base = config_.stage < 3 ? store_.params() + b
                                : shard_params() + shard_off_[u] + (b - slice_begin(u));
     else
@@ -646,7 +856,7 @@ void ZeroEngine::release_offloaded() {
 }
 
 size_t ZeroEngine::optimizer_resident_bytes() const {
-  return nvme_ ? nvme_->resident_bytes() : 2 * bytes_of(shard_elements_);
+  return nvme_ ? nvme_->resident_bytes() : (half() ? 3 : 2) * bytes_of(shard_elements_);
 }
 
 }  // namespace loom

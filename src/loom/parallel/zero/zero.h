@@ -20,6 +20,21 @@
 //
 // The buffers of stages 2-3 (gathered units, unit gradients being reduced)
 // are counted under the memory category `comm`, apart from model state.
+//
+// 16-bit mode (ZeroConfig::dtype bf16 or f16, from bf16.enabled /
+// fp16.enabled): the engine keeps the parameters and the gradients in 16
+// bits, where the stage says (the whole layout or this rank's slices), and
+// f32 master weights sharded like the moments: 2 + 2 + 12 bytes of model
+// state per parameter. The layers still compute in f32: each use of a unit
+// widens its 16-bit parameters (gathered first at stage 3) into an f32
+// working copy that lives while the unit is in use, and backward writes a
+// unit's gradients into an f32 buffer that, once backward is done with the
+// unit, is added into the 16-bit gradients (stages 0-1) or rounded and
+// reduce-scattered in 16 bits (stages 2-3; the collective accumulates in
+// f32). The all-reduce of stages 0-1 and every parameter all-gather move
+// 16-bit elements. Clipping and the loss scale's inverse become one factor
+// on the gradients that the step applies; the step updates the masters and
+// rounds them into the parameters. Checkpoints read and write the masters.
 #pragma once
 
 #include <cstdint>
@@ -125,6 +140,8 @@ class ZeroEngine {
   struct StateRange {
     int64_t begin = 0, end = 0;
     float* data = nullptr;  // elements [begin, end)
+    // 16-bit mode, kGrads: the 16-bit gradients instead (data is null).
+    uint16_t* data16 = nullptr;
   };
   // Every range of `s` this rank holds: whole units where it is not
   // sharded, this rank's slices where it is. What a resume fills.
@@ -133,6 +150,13 @@ class ZeroEngine {
   // else (every rank holds it all) an equal part of each unit, so the
   // data-parallel ranks share the writing. What a save writes.
   std::vector<StateRange> share(State s) const;
+  // 16-bit mode: sets the 16-bit parameters to the masters rounded, after
+  // the masters were written from outside (a checkpoint loaded through
+  // held(kParams)). Collective over the data-parallel group at stages 1-2.
+  // A no-op in f32.
+  void sync_params();
+  // The storage type of parameters and gradients (kF32 unless 16-bit mode).
+  DType dtype() const { return config_.dtype; }
   // Drops the offloaded moments' pages after a checkpoint touched them.
   void release_offloaded();
   // Optimizer bytes resident in memory now (the file mapping with nvme).
@@ -166,6 +190,23 @@ class ZeroEngine {
   void wait_timed(const WorkPtr& w);
   float* shard_params() const;
   float* shard_grads() const;
+  bool half() const { return config_.dtype != DType::kF32; }
+  // Bytes of n elements of the parameter and gradient storage type.
+  size_t pbytes(int64_t elements) const;
+  uint16_t* params16() const { return p16_.as<uint16_t>(); }
+  uint16_t* grads16() const { return g16_.as<uint16_t>(); }
+  float* masters() const;
+  // Gathers unit u's parameters (stage 3) and, in 16-bit mode, widens them
+  // into its working copy; binds the unit to what the layers read.
+  void bind_for_use(int u);
+  void prefetch_after(int u);
+  void release_for_use(int u);
+  // 16-bit mode, stages 0-1: adds unit u's f32 gradients into the 16-bit ones.
+  void flush_grads(int u);
+  // Stages 1-2: all-gathers every unit's updated slices into the full parameters.
+  void gather_updated_params();
+  // Stage 3: drops the resident gathered copies (stale after an update).
+  void drop_resident();
   // Sums of squares of this rank's gradients: of split parameters, of whole
   // ones (experts' added over the expert-parallel group when they are not
   // sharded: collective over it then).
@@ -186,7 +227,14 @@ class ZeroEngine {
   int64_t shard_elements_ = 0;
   std::unique_ptr<NvmeStore> nvme_;
   std::unique_ptr<AdamW> optimizer_;
-  Buffer param_shard_, grad_shard_;       // stage 3 / stages 2-3
+  Buffer param_shard_, grad_shard_;  // stage 3 / stages 2-3
+  // 16-bit mode: parameters (whole layout, or the shard at stage 3),
+  // gradients (whole, or the shard from stage 2), the masters (the shard,
+  // laid out like the moments; in the nvme file with them when offloaded),
+  // and per unit in use its f32 working copy.
+  Buffer p16_, g16_, master_;
+  std::vector<Buffer> work_;
+  float grad_factor_ = 1;  // 16-bit mode: clipping and 1 / loss scale, applied at the step
   std::unique_ptr<GradBuckets> buckets_;  // stages 0-1 with a group
 
   // The unit uses of the current micro-batch and the position in them.
@@ -205,8 +253,9 @@ class ZeroEngine {
 
   struct Reducing {
     int unit;
-    Buffer buf;
+    Buffer buf;  // f32, or 16-bit when `half` (a 16-bit reduce-scatter)
     WorkPtr work;
+    bool half = false;
   };
   std::vector<Buffer> grad_bufs_;  // stages 2-3: per unit, while backward writes it
   std::deque<Reducing> reducing_;  // launched reduce-scatters, oldest first

@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <string>
 
+#include "loom/core/dtype.h"
+
 namespace loom {
 
 struct ZeroConfig {
@@ -25,6 +27,10 @@ struct ZeroConfig {
   // "nvme" (moments in memory-mapped files under nvme_path).
   std::string offload_device = "none";
   std::string nvme_path;
+  // Not a zero_optimization key: bf16.enabled / fp16.enabled. kBF16 or
+  // kF16 keeps parameters and gradients in 16 bits and f32 master weights
+  // beside the moments (the engine's 16-bit mode, zero.h).
+  DType dtype = DType::kF32;
   bool pin_memory = false;   // accepted; no effect on a CPU build
   int64_t buffer_count = 4;  // accepted; no effect (moments are paged unit by unit)
 };
