@@ -621,9 +621,11 @@ void Trainer::describe_zero() const {
         "state is in host memory already (the same as none)\n");
   if (z.offload_device == "nvme")
     std::printf(
-        "loom: offload_optimizer.device nvme: AdamW moments (%.1f MB per rank) in a "
+        "loom: offload_optimizer.device nvme: AdamW moments%s (%.1f MB per rank) in a "
         "memory-mapped file under %s, paged in and out unit by unit\n",
-        double(engine_->zero().shard_elements()) * 8.0 / 1e6, z.nvme_path.c_str());
+        z.dtype != DType::kF32 ? " and f32 masters" : "",
+        double(engine_->zero().shard_elements()) * (z.dtype != DType::kF32 ? 12.0 : 8.0) / 1e6,
+        z.nvme_path.c_str());
   if (z.offload_device == "nvme" && is_tmpfs(z.nvme_path))
     std::printf(
         "loom: warning: %s is on tmpfs, which is memory: the offloaded optimizer state "
@@ -632,6 +634,23 @@ void Trainer::describe_zero() const {
   if (z.offload_device != "none" && (z.pin_memory || z.buffer_count != 4))
     std::printf(
         "loom: offload_optimizer.pin_memory and buffer_count have no effect in this build\n");
+  if (z.dtype != DType::kF32) {
+    const LossScaleConfig& ls = config_.loss_scaling;
+    std::printf(
+        "loom: precision %s: parameters and gradients in 16 bits (gradients reduced in 16 bits), "
+        "f32 master weights and moments in the optimizer; layers compute in f32 on each unit's "
+        "parameters widened while in use\n",
+        z.dtype == DType::kBF16 ? "bf16" : "fp16");
+    if (z.dtype == DType::kF16) {
+      if (ls.loss_scale > 0)
+        std::printf("loom: fp16 static loss scale %g: an overflow skips the step\n", ls.loss_scale);
+      else
+        std::printf(
+            "loom: fp16 dynamic loss scale from 2^%d: an overflow skips the step; %d overflows "
+            "halve it (down to %g); %ld clean steps double it\n",
+            ls.initial_scale_power, ls.hysteresis, ls.min_loss_scale, long(ls.loss_scale_window));
+    }
+  }
 }
 
 }  // namespace loom
