@@ -1107,7 +1107,7 @@ TEST(Zero, ModelStateBytesFollowTheFormulas) {
       // 16-bit reduction's input to f32 to accumulate it (one unit more at
       // stages 2-3; a bucket at 0-1); gathered and reduced units are half
       // the size. (Measured: 2.0-2.3 units at stages 0-1, 4.25-4.5 at 2,
-      // 5.25-5.5 at 3.)
+      // 5.0 at 3.)
       if (!half && stage == 2) {
         EXPECT_LE(comm, (2.0 + 1.0 / n) * unit_bytes);
       } else if (!half && stage == 3) {

@@ -147,8 +147,9 @@ void Trainer::load_initial_state(uint64_t seed) {
   step_ = st.step;
   engine_->set_skipped_steps(st.skipped_steps);
   // An fp16 run continues with its scaler's state; one resumed from an f32
-  // or bf16 checkpoint starts the scale afresh.
-  if (LossScaler* s = engine_->loss_scaler(); s && st.scaler_iteration >= 0)
+  // or bf16 checkpoint, or with a static fp16.loss_scale now, starts afresh.
+  if (LossScaler* s = engine_->loss_scaler();
+      s && st.scaler_iteration >= 0 && config_.loss_scaling.loss_scale == 0)
     s->restore(st.loss_scale, st.scaler_iteration, st.scaler_last_overflow, st.scaler_hysteresis);
   resume_s_ = seconds_since(t0);
 }

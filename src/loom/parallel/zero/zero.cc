@@ -45,7 +45,8 @@ void wait_all(const std::vector<WorkPtr>& works, double* exposed = nullptr,
 
 StoreOptions ZeroEngine::storage(const ZeroConfig& config, int world) {
   StoreOptions s;
-  // 16-element slices keep every rank's slice on a 64-byte boundary.
+  // 16-element slices keep every rank's slice on a 64-byte boundary (32
+  // bytes in 16-bit mode's parameters and gradients).
   s.unit_multiple = config.stage >= 1 ? 16 * static_cast<int64_t>(world) : 1;
   // 16-bit mode: the engine holds the parameters and gradients and binds
   // each unit's f32 copies on use.
@@ -327,6 +328,11 @@ void ZeroEngine::fetch(int u) {
 }
 
 void ZeroEngine::bind_for_use(int u) {
+  // 16-bit mode: a unit used again in a row keeps its f32 copy.
+  if (half() && work_[static_cast<size_t>(u)].data()) {
+    store_.bind_params(u, work_[static_cast<size_t>(u)].as<float>());
+    return;
+  }
   const void* src = nullptr;  // the unit's whole parameters in the storage type
   if (config_.stage >= 3) {
     launch_gather(u);
@@ -344,10 +350,12 @@ void ZeroEngine::bind_for_use(int u) {
     return;
   }
   Buffer& w = work_[static_cast<size_t>(u)];
-  if (!w.data()) {
-    w = Buffer(bytes_of(units_[u].size()), MemCategory::kComm);
-    cpu::widen_16(static_cast<const uint16_t*>(src), w.as<float>(), units_[u].size(),
-                  config_.dtype);
+  w = Buffer(bytes_of(units_[u].size()), MemCategory::kComm);
+  cpu::widen_16(static_cast<const uint16_t*>(src), w.as<float>(), units_[u].size(), config_.dtype);
+  // The gathered 16-bit copy is not needed beside the f32 one.
+  if (config_.stage >= 3 && !persistent_[u]) {
+    gathered_elements_ -= static_cast<size_t>(units_[u].size());
+    gathered_[u] = Gathered{};
   }
   store_.bind_params(u, w.as<float>());
 }

@@ -125,7 +125,10 @@ class ZeroEngine {
 
   // Stage 3: gathers the full parameters into the model's own buffer
   // (collective); release_full_params(true) copies this rank's slices back
-  // into the shard first (after loading weights). No-ops at stages 0-2.
+  // into the shard first (after loading weights). No-ops at stages 0-2 in
+  // f32. In 16-bit mode, at every stage: the f32 masters gathered (collective
+  // when they are sharded, stages 1-3), and release_full_params(true) takes
+  // this rank's slices back into the masters and calls sync_params().
   void gather_full_params();
   void release_full_params(bool keep_changes);
   bool full_params_gathered() const { return full_; }
