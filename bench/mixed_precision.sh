@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # 16-bit training against f32, three figures (docs/performance.md):
 #   1. step time of configs/bench/gpt-m.json in one process, f32 / bf16 / fp16
-#      measured in alternating rounds, with forward, backward and optimizer
-#      medians from metrics.jsonl;
+#      (and the 16-bit ones with kernels.gemm_inputs: 16bit) measured in
+#      alternating rounds, with forward, backward and optimizer medians from
+#      metrics.jsonl;
 #   2. the demo model on the demo data (configs/demo.json) for STEPS_DEMO
 #      steps in each precision: the loss every 50 steps, the largest relative
 #      difference from f32 over a window of 10 steps, the final validation loss;
@@ -19,13 +20,17 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 precisions="f32 bf16 fp16"
-flag() { [[ $1 == f32 ]] && echo "train.seed=1234" || echo "$1.enabled=true"; }
+# The step-time table also runs each 16-bit type with 16-bit GEMM inputs.
+timed="f32 bf16 fp16 bf16+gemm16 fp16+gemm16"
+flag() { [[ $1 == f32 ]] && echo "train.seed=1234" || echo "${1%+gemm16}.enabled=true"; }
+gemm() { [[ $1 == *+gemm16 ]] && echo "kernels.gemm_inputs=16bit" || echo "kernels.gemm_inputs=f32"; }
 
 echo "# machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores"
 for ((r = 1; r <= rounds; r++)); do
-  for p in $precisions; do
+  for p in $timed; do
     OMP_NUM_THREADS=$(nproc) "$loom" train --config configs/bench/gpt-m.json --set "$(flag "$p")" \
-      --set train.steps="$steps" --out "$work/m-$p-$r" > "$work/m-$p-$r.txt" 2>&1 ||
+      --set "$(gemm "$p")" --set train.steps="$steps" --out "$work/m-$p-$r" \
+      > "$work/m-$p-$r.txt" 2>&1 ||
       { cat "$work/m-$p-$r.txt"; exit 1; }
   done
 done
@@ -45,20 +50,20 @@ OMP_NUM_THREADS=1 mpirun --oversubscribe --bind-to none -np 2 "$loom" train \
   --config configs/deepspeed-fp16.json --set train.steps=30 --out "$work/ds" \
   > "$work/ds.txt" 2>&1 || { cat "$work/ds.txt"; exit 1; }
 
-python3 - "$work" "$rounds" "$precisions" "${SKIP_DEMO:-}" <<'PY'
+python3 - "$work" "$rounds" "$precisions" "${SKIP_DEMO:-}" "$timed" <<'PY'
 import json, statistics as S, sys
-work, rounds, precs, skip_demo = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4]
+work, rounds, precs, skip_demo, timed = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4], sys.argv[5].split()
 load = lambda d: [json.loads(l) for l in open(f"{d}/metrics.jsonl")]
 print("\n## gpt-m step time (one process; first two steps left out)")
 print("| precision | step s (median of rounds) | vs f32 | forward s | backward s | optimizer s | tokens/s |")
 print("|---|---|---|---|---|---|---|")
 med = {}
-for p in precs:
+for p in timed:
     rr = [load(f"{work}/m-{p}-{r}")[2:] for r in range(1, rounds + 1)]
     m = lambda k: S.median(S.median(x["time"][k] for x in run) for run in rr)
     med[p] = {k: m(k) for k in ("step", "forward", "backward", "optimizer")}
     med[p]["tps"] = S.median(S.median(x["tokens_per_s"] for x in run) for run in rr)
-for p in precs:
+for p in timed:
     d = med[p]
     print(f"| {p} | {d['step']:.3f} | {d['step'] / med['f32']['step']:.2f}x | {d['forward']:.3f} | "
           f"{d['backward']:.3f} | {d['optimizer']:.3f} | {d['tps']:.0f} |")

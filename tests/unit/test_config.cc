@@ -155,6 +155,10 @@ TEST(Config, DataAndPrecisionErrors) {
   EXPECT_HAS(error_of(R"({"train_batch_size": 4})"), "data.train: no token file given");
   EXPECT_EQ(error_of(kBase, {"fp16.enabled=true"}), "(no error)");
   EXPECT_EQ(error_of(kBase, {"bf16.enabled=true"}), "(no error)");
+  EXPECT_HAS(error_of(kBase, {"kernels.gemm_inputs=16bit"}),
+             "kernels.gemm_inputs: 16bit rounds GEMM inputs to the run's 16-bit type; it needs "
+             "bf16.enabled or fp16.enabled");
+  EXPECT_EQ(error_of(kBase, {"kernels.gemm_inputs=16bit", "fp16.enabled=true"}), "(no error)");
   EXPECT_EQ(parse_config(kBase, "test", {"bf16.enabled=true"}).zero.dtype, DType::kBF16);
   EXPECT_EQ(parse_config(kBase, "test", {"fp16.enabled=true"}).zero.dtype, DType::kF16);
   EXPECT_HAS(error_of(kBase, {"fp16.enabled=true", "bf16.enabled=true"}),

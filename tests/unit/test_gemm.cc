@@ -153,5 +153,91 @@ TEST(Gemm, ThePeakIsTheBestBackendMeasuredOnceAndCachedPerMachine) {
   unsetenv("XDG_CACHE_HOME");
 }
 
+// 16-bit GEMM inputs (kernels.gemm_inputs: 16bit): every transpose, leading
+// dimensions wider than the matrices, alpha and beta, K across several
+// tiles, against the rounded inputs' products in double. bf16 through
+// oneDNN's matmul, fp16 (and bf16 with OpenBLAS in use the same way) through
+// the tiled path; gemm<float> takes the path while set_gemm_inputs says so.
+TEST(Gemm, SixteenBitInputsAccumulateInF32) {
+  std::mt19937 gen(5);
+  std::uniform_real_distribution<float> u(-1, 1);
+  struct Case {
+    int64_t M, N, K;
+    float alpha, beta;
+  };
+  // K 600: three tiles of the tiled path; then a layer's shapes (forward,
+  // weight gradient accumulating, a scaled attention product).
+  for (const Case& c : {Case{19, 23, 600, 0.75f, 0.5f}, Case{128, 96, 32, 1.0f, 0.0f},
+                        Case{32, 96, 128, 1.0f, 1.0f}, Case{16, 16, 8, 0.125f, 0.0f}})
+    for (DType t : {DType::kBF16, DType::kF16})
+      for (bool ta : {false, true})
+        for (bool tb : {false, true}) {
+          const int64_t M = c.M, N = c.N, K = c.K;
+          const int64_t lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 2, ldc = N + 5;
+          std::vector<float> A((ta ? K : M) * lda), B((tb ? N : K) * ldb), C(M * ldc), C0;
+          for (float& x : A) x = u(gen);
+          for (float& x : B) x = u(gen);
+          for (float& x : C) x = u(gen);
+          C0 = C;
+          const float alpha = c.alpha, beta = c.beta;
+          try {
+            cpu::gemm_16(t, ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, C.data(),
+                         ldc);
+          } catch (const Error& e) {
+            if (e.kind() == ErrorKind::kUnsupported) GTEST_SKIP() << e.what();
+            throw;
+          }
+          auto r = [t](float x) {
+            return double(t == DType::kBF16 ? bf16_to_f32(f32_to_bf16(x))
+                                            : f16_to_f32(f32_to_f16(x)));
+          };
+          double worst = 0;
+          for (int64_t i = 0; i < M; ++i)
+            for (int64_t j = 0; j < N; ++j) {
+              double s = 0;
+              for (int64_t k = 0; k < K; ++k)
+                s += r(ta ? A[k * lda + i] : A[i * lda + k]) *
+                     r(tb ? B[j * ldb + k] : B[k * ldb + j]);
+              const double want = alpha * s + beta * double(C0[i * ldc + j]);
+              worst = std::max(worst, std::abs(C[i * ldc + j] - want));
+            }
+          // Only f32 accumulation rounding remains (unrounded inputs would
+          // be off by ~1e-2 here).
+          EXPECT_LT(worst, 2e-4) << dtype_name(t) << " ta " << ta << " tb " << tb << " " << M
+                                 << " x " << N << " x " << K;
+          // Padding between rows of C is untouched.
+          for (int64_t i = 0; i < M; ++i)
+            for (int64_t j = N; j < ldc; ++j) EXPECT_EQ(C[i * ldc + j], C0[i * ldc + j]);
+        }
+  // From the threads of a parallel region at once (as the attention kernel
+  // calls it), each its own problem: the same results as one at a time.
+  {
+    const int64_t n = 24, problems = 8;
+    std::vector<std::vector<float>> a(problems), b(problems), one(problems), many(problems);
+    for (int64_t p = 0; p < problems; ++p) {
+      a[p].resize(n * n), b[p].resize(n * n), one[p].assign(n * n, 0), many[p].assign(n * n, 0);
+      for (float& x : a[p]) x = u(gen);
+      for (float& x : b[p]) x = u(gen);
+      cpu::gemm_16(DType::kBF16, false, false, n, n, n, 1.0f, a[p].data(), n, b[p].data(), n, 0.0f,
+                   one[p].data(), n);
+    }
+#pragma omp parallel for schedule(static, 1)
+    for (int64_t p = 0; p < problems; ++p)
+      for (int rep = 0; rep < 20; ++rep)
+        cpu::gemm_16(DType::kBF16, false, false, n, n, n, 1.0f, a[p].data(), n, b[p].data(), n,
+                     0.0f, many[p].data(), n);
+    for (int64_t p = 0; p < problems; ++p) EXPECT_EQ(many[p], one[p]) << "problem " << p;
+  }
+  // Through gemm<float> while the inputs are set, and back.
+  std::vector<float> a = {1.00390625f}, b = {1.0f}, c = {0.0f};  // 1 + 2^-8: not a bf16 value
+  cpu::set_gemm_inputs(DType::kBF16);
+  cpu::gemm<float>(false, false, 1, 1, 1, 1.0f, a.data(), 1, b.data(), 1, 0.0f, c.data(), 1);
+  cpu::set_gemm_inputs(DType::kF32);
+  EXPECT_EQ(c[0], 1.0f);
+  cpu::gemm<float>(false, false, 1, 1, 1, 1.0f, a.data(), 1, b.data(), 1, 0.0f, c.data(), 1);
+  EXPECT_EQ(c[0], 1.00390625f);
+  EXPECT_GT(cpu::measure_gemm_gflops(DType::kF16, 64, 2), 0);
+}
+
 }  // namespace
 }  // namespace loom

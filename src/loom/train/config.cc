@@ -127,6 +127,7 @@ const std::vector<KeySpec>& schema() {
       {"checkpoint.format", Kind::kString, 0, 0, {"sharded", "whole"}},
       {"checkpoint.async", Kind::kBool},
       {"kernels.gemm", Kind::kString, 0, 0, {"auto", "onednn", "openblas"}},
+      {"kernels.gemm_inputs", Kind::kString, 0, 0, {"f32", "16bit"}},
       {"log.every", Kind::kInt, 1, kMaxInt},
       {"log.peak_gflops", Kind::kNumber, 0, 1e300},
       {"log.trace", Kind::kBool},
@@ -628,7 +629,7 @@ json to_json(const Config& c) {
                {"ranks_per_node", c.comm.ranks_per_node},
                {"debug", c.comm.debug}};
   j["log"] = {{"every", c.log.every}, {"peak_gflops", c.log.peak_gflops}, {"trace", c.log.trace}};
-  j["kernels"] = {{"gemm", c.kernels.gemm}};
+  j["kernels"] = {{"gemm", c.kernels.gemm}, {"gemm_inputs", c.kernels.gemm_inputs}};
   return j;
 }
 
@@ -848,6 +849,11 @@ Config parse_config(const std::string& text, const std::string& source,
   c.log.peak_gflops = get_or<double>(j, "log.peak_gflops", 0.0);
   c.log.trace = get_or<bool>(j, "log.trace", false);
   c.kernels.gemm = get_or<std::string>(j, "kernels.gemm", "auto");
+  c.kernels.gemm_inputs = get_or<std::string>(j, "kernels.gemm_inputs", "f32");
+  if (c.kernels.gemm_inputs == "16bit" && c.precision == DType::kF32)
+    fail(source,
+         "kernels.gemm_inputs: 16bit rounds GEMM inputs to the run's 16-bit type; it needs "
+         "bf16.enabled or fp16.enabled");
   c.resolved = to_json(c);
   return c;
 }

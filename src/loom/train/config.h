@@ -54,6 +54,9 @@ struct CheckpointConfig {
 // kernels: which GEMM backend runs the f32 matrix products.
 struct KernelsConfig {
   std::string gemm = "auto";  // auto | onednn | openblas
+  // f32 | 16bit: in a bf16/fp16 run, whether GEMMs round their inputs to the
+  // run's 16-bit type (cpu::gemm_16) or multiply the f32 values as given.
+  std::string gemm_inputs = "f32";
 };
 
 struct LogConfig {

@@ -85,6 +85,8 @@ Trainer::Trainer(Config config, RunOptions options, ThreadConfig threads)
                 options_.out_dir);
   }
   gemm_ = configure_gemm(config_.kernels.gemm);
+  // Process-wide, like the backend: set by every run.
+  cpu::set_gemm_inputs(config_.kernels.gemm_inputs == "16bit" ? config_.precision : DType::kF32);
   engine_ = std::make_unique<StepEngine>(config_, options_.parallel);
   load_initial_state(seed);
   // Per rank; MFU divides the job's FLOP/s by it times the ranks. Under
@@ -521,6 +523,13 @@ void Trainer::describe_run() const {
                   : "per rank (the best 2048^3 sgemm of any backend, measured "
                     "once per machine and cached; the MFU denominator)");
   if (!gemm_.warning.empty()) std::printf("loom: warning: %s\n", gemm_.warning.c_str());
+  if (cpu::gemm_inputs() != DType::kF32)
+    std::printf(
+        "loom: GEMM inputs rounded to %s, products accumulated in f32 (%s)\n",
+        std::string(dtype_name(cpu::gemm_inputs())).c_str(),
+        cpu::gemm_inputs() == DType::kBF16 && cpu::gemm_backend_available(cpu::GemmBackend::kOneDnn)
+            ? "oneDNN's bf16 matmul"
+            : "K-tiles rounded, then the backend's sgemm");
   std::printf("loom: grid %s\n", options_.parallel.grid.describe().c_str());
   if (config_.parallel.tensor > 1)
     std::printf(

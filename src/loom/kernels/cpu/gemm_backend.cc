@@ -6,7 +6,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <tuple>
 
 #ifdef LOOM_HAVE_ONEDNN
 #include <oneapi/dnnl/dnnl.h>
@@ -23,7 +25,16 @@ namespace loom::cpu {
 
 namespace {
 std::atomic<GemmBackend> g_backend{GemmBackend::kOpenBlas};
+std::atomic<DType> g_inputs{DType::kF32};
 }  // namespace
+
+DType gemm_inputs() {
+  return g_inputs.load(std::memory_order_relaxed);
+}
+
+void set_gemm_inputs(DType t) {
+  g_inputs.store(t, std::memory_order_relaxed);
+}
 
 const char* gemm_backend_name(GemmBackend b) {
   return b == GemmBackend::kOneDnn ? "onednn" : "openblas";
@@ -211,6 +222,155 @@ void matmul_bf16(const float* A, const float* B, float* C, int64_t M, int64_t N,
   (void)A, (void)B, (void)C, (void)M, (void)N, (void)K;
   LOOM_FAIL(kUnsupported, "bf16 matmul needs oneDNN, which this build lacks");
 #endif
+}
+
+namespace {
+
+// Element (i, j) of op(X), X row-major with leading dimension ld.
+inline float at(const float* X, int64_t ld, bool trans, int64_t i, int64_t j) {
+  return trans ? X[j * ld + i] : X[i * ld + j];
+}
+
+// op(X)'s rows [0, rows) and columns [c0, c1), rounded to t, into dst
+// (rows x (c1 - c0), f32 values or 16-bit words).
+void round_block(const float* X, int64_t ld, bool trans, int64_t rows, int64_t c0, int64_t c1,
+                 DType t, float* dst) {
+  const int64_t w = c1 - c0;
+#pragma omp parallel for
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < w; ++j) {
+      const float x = at(X, ld, trans, i, c0 + j);
+      dst[i * w + j] = t == DType::kBF16 ? bf16_to_f32(f32_to_bf16(x)) : f16_to_f32(f32_to_f16(x));
+    }
+}
+
+// The tiled path: K in tiles of kTile; each tile of op(A) (M x k) and op(B)
+// (k x N) rounded into f32 scratch and multiplied by the backend's sgemm,
+// accumulating into C.
+void gemm_16_tiled(DType t, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                   const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+                   int64_t ldc) {
+  constexpr int64_t kTile = 256;
+  if (K == 0) {
+    gemm_f32(false, false, M, N, 0, alpha, A, 1, B, N, beta, C, ldc);
+    return;
+  }
+  const int64_t kt = std::min(K, kTile);
+  Buffer a(static_cast<size_t>(M * kt) * sizeof(float), MemCategory::kWorkspace);
+  Buffer b(static_cast<size_t>(kt * N) * sizeof(float), MemCategory::kWorkspace);
+  for (int64_t k0 = 0; k0 < K; k0 += kTile) {
+    const int64_t k1 = std::min(K, k0 + kTile), k = k1 - k0;
+    round_block(A, lda, ta, M, k0, k1, t, a.as<float>());
+    // op(B) rows [k0, k1) = op(B)^T's columns: read B^T's block transposed.
+    float* bt = b.as<float>();
+#pragma omp parallel for
+    for (int64_t r = 0; r < k; ++r)
+      for (int64_t j = 0; j < N; ++j) {
+        const float x = at(B, ldb, tb, k0 + r, j);
+        bt[r * N + j] = t == DType::kBF16 ? bf16_to_f32(f32_to_bf16(x)) : f16_to_f32(f32_to_f16(x));
+      }
+    gemm_f32(false, false, M, N, k, alpha, a.as<float>(), k, bt, N, k0 == 0 ? beta : 1.0f, C, ldc);
+  }
+}
+
+#ifdef LOOM_HAVE_ONEDNN
+// oneDNN bf16 matmul primitives by shape and scaling, made once per thread
+// (the attention kernel multiplies blocks from every thread of its parallel
+// region at once, and a primitive with its stream runs one call at a time).
+struct Bf16Matmul {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{engine};
+  dnnl::memory::desc a_md, b_md, c_md;
+  dnnl::matmul prim;
+};
+
+Bf16Matmul& bf16_matmul(int64_t M, int64_t N, int64_t K, int64_t ldc, float alpha, float beta) {
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, float, float>;
+  thread_local std::map<Key, std::unique_ptr<Bf16Matmul>> cache;
+  std::unique_ptr<Bf16Matmul>& m = cache[Key{M, N, K, ldc, alpha, beta}];
+  if (m) return *m;
+  using dt = dnnl::memory::data_type;
+  using tag = dnnl::memory::format_tag;
+  auto made = std::make_unique<Bf16Matmul>();
+  made->a_md = dnnl::memory::desc({M, K}, dt::bf16, tag::ab);
+  made->b_md = dnnl::memory::desc({K, N}, dt::bf16, tag::ab);
+  made->c_md = dnnl::memory::desc({M, N}, dt::f32, dnnl::memory::dims{ldc, 1});
+  dnnl::primitive_attr attr;
+  if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+  if (beta != 0.0f) {
+    dnnl::post_ops ops;
+    ops.append_sum(beta);
+    attr.set_post_ops(ops);
+  }
+  try {
+    made->prim = dnnl::matmul(dnnl::matmul::primitive_desc(
+        dnnl::matmul::desc(made->a_md, made->b_md, made->c_md), attr, made->engine));
+  } catch (const dnnl::error& e) {
+    LOOM_FAIL(kUnsupported, "oneDNN cannot run a bf16 matmul of {} x {} x {} on this CPU ({}): {}",
+              M, N, K, gemm_backend_isa(GemmBackend::kOneDnn), e.what());
+  }
+  m = std::move(made);
+  return *m;
+}
+#endif
+
+}  // namespace
+
+void gemm_16(DType t, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+             const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+             int64_t ldc) {
+  LOOM_CHECK(t == DType::kBF16 || t == DType::kF16, "gemm_16 asked for {}", dtype_name(t));
+  if (M == 0 || N == 0) return;
+#ifdef LOOM_HAVE_ONEDNN
+  if (t == DType::kBF16 && K > 0) {
+    // op(A) and op(B) as contiguous bf16 copies, then one primitive.
+    Buffer a(static_cast<size_t>(M * K) * 2, MemCategory::kWorkspace);
+    Buffer b(static_cast<size_t>(K * N) * 2, MemCategory::kWorkspace);
+    uint16_t* a16 = a.as<uint16_t>();
+    uint16_t* b16 = b.as<uint16_t>();
+#pragma omp parallel for
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t k = 0; k < K; ++k) a16[i * K + k] = f32_to_bf16(at(A, lda, ta, i, k));
+#pragma omp parallel for
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t j = 0; j < N; ++j) b16[k * N + j] = f32_to_bf16(at(B, ldb, tb, k, j));
+    Bf16Matmul& mm = bf16_matmul(M, N, K, ldc, alpha, beta);
+    dnnl::memory am(mm.a_md, mm.engine, a16), bm(mm.b_md, mm.engine, b16),
+        cm(mm.c_md, mm.engine, C);
+    mm.prim.execute(mm.stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+    mm.stream.wait();
+    return;
+  }
+#endif
+  gemm_16_tiled(t, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+double measure_gemm_gflops(DType t, int n, int reps) {
+  const size_t bytes = static_cast<size_t>(n) * n * sizeof(float);
+  Buffer A(bytes, MemCategory::kWorkspace), B(bytes, MemCategory::kWorkspace),
+      C(bytes, MemCategory::kWorkspace);
+  for (int64_t i = 0; i < int64_t{n} * n; ++i) {
+    A.as<float>()[i] = static_cast<float>(i % 17) * 0.01f;
+    B.as<float>()[i] = static_cast<float>(i % 13) * 0.02f;
+  }
+  auto run = [&] {
+    if (t == DType::kF32)
+      gemm_f32(false, false, n, n, n, 1.0f, A.as<float>(), n, B.as<float>(), n, 0.0f, C.as<float>(),
+               n);
+    else
+      gemm_16(t, false, false, n, n, n, 1.0f, A.as<float>(), n, B.as<float>(), n, 0.0f,
+              C.as<float>(), n);
+  };
+  run();
+  std::vector<double> g;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    run();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    g.push_back(2.0 * double(n) * n * n / s / 1e9);
+  }
+  std::sort(g.begin(), g.end());
+  return g[g.size() / 2];
 }
 
 }  // namespace loom::cpu

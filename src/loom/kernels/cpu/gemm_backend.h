@@ -5,8 +5,11 @@
 // through it. f64 GEMMs (the finite-difference tests) always use OpenBLAS.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
+
+#include "loom/core/dtype.h"
 
 namespace loom::cpu {
 
@@ -38,6 +41,28 @@ double measure_sgemm_gflops(GemmBackend b, int n, int reps);
 // of `reps` calls after a warm-up; 0 when this build has no oneDNN. (The
 // mixed-precision work runs its GEMMs on this primitive.)
 double measure_matmul_gflops(int64_t M, int64_t N, int64_t K, bool bf16, int reps);
+
+// The element type every f32 GEMM (cpu::gemm<float>) rounds its inputs to
+// first: kF32 (none: the default), kBF16 or kF16 (kernels.gemm_inputs:
+// 16bit in a 16-bit run). Process-wide, like the backend.
+DType gemm_inputs();
+void set_gemm_inputs(DType t);
+
+// C = alpha op(A) op(B) + beta C, row-major, as cpu::gemm, through the
+// backend in use, inputs as given.
+void gemm_f32(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+              int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+// The same with op(A) and op(B) rounded to t (kBF16 or kF16) and the
+// products accumulated in f32: bf16 through oneDNN's bf16 matmul (the
+// operands converted into 16-bit copies, never into f32 ones); f16, or bf16
+// without oneDNN, by converting K-tiles of both operands (256 deep) to
+// their rounded values and accumulating the tiles' f32 GEMMs into C.
+void gemm_16(DType t, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+             const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+             int64_t ldc);
+// Median GFLOP/s of `reps` n^3 GEMMs with inputs rounded to t (kF32: the
+// backend's sgemm) after a warm-up, through the backend in use.
+double measure_gemm_gflops(DType t, int n, int reps);
 
 // C (M, N) = A (M, K) @ B (K, N) through that primitive with the inputs
 // rounded to bf16 (round to nearest even) and f32 accumulation: the same

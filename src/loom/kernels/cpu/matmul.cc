@@ -17,6 +17,16 @@ template <>
 void gemm<float>(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                  int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
+  if (const DType t = gemm_inputs(); t != DType::kF32) {
+    gemm_16(t, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+  gemm_f32(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void gemm_f32(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+              int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
 #ifdef LOOM_HAVE_ONEDNN
   if (gemm_backend() == GemmBackend::kOneDnn) {
     // Row-major, as cblas with CblasRowMajor.
