@@ -28,8 +28,9 @@ std::vector<GemmBenchResult> bench_gemm(const std::vector<int64_t>& sizes, int r
       b.as<float>()[i] = static_cast<float>(i % 13) * 0.02f;
     }
     auto run = [&] {
-      cpu::gemm<float>(false, false, n, n, n, 1.0f, a.as<float>(), n, b.as<float>(), n, 0.0f,
-                       c.as<float>(), n);
+      // The backend's own sgemm, whatever a 16-bit run set the inputs to.
+      cpu::gemm_f32(false, false, n, n, n, 1.0f, a.as<float>(), n, b.as<float>(), n, 0.0f,
+                    c.as<float>(), n);
     };
     run();
     std::vector<double> gflops;

@@ -85,7 +85,8 @@ Trainer::Trainer(Config config, RunOptions options, ThreadConfig threads)
                 options_.out_dir);
   }
   gemm_ = configure_gemm(config_.kernels.gemm);
-  // Process-wide, like the backend: set by every run.
+  // Process-wide, like the backend: set by every run, put back when the
+  // trainer goes (gemm_inputs_restore_).
   cpu::set_gemm_inputs(config_.kernels.gemm_inputs == "16bit" ? config_.precision : DType::kF32);
   engine_ = std::make_unique<StepEngine>(config_, options_.parallel);
   load_initial_state(seed);
@@ -524,12 +525,9 @@ void Trainer::describe_run() const {
                     "once per machine and cached; the MFU denominator)");
   if (!gemm_.warning.empty()) std::printf("loom: warning: %s\n", gemm_.warning.c_str());
   if (cpu::gemm_inputs() != DType::kF32)
-    std::printf(
-        "loom: GEMM inputs rounded to %s, products accumulated in f32 (%s)\n",
-        std::string(dtype_name(cpu::gemm_inputs())).c_str(),
-        cpu::gemm_inputs() == DType::kBF16 && cpu::gemm_backend_available(cpu::GemmBackend::kOneDnn)
-            ? "oneDNN's bf16 matmul"
-            : "K-tiles rounded, then the backend's sgemm");
+    std::printf("loom: GEMM inputs rounded to %s, products accumulated in f32 (%s)\n",
+                std::string(dtype_name(cpu::gemm_inputs())).c_str(),
+                cpu::gemm_16_path(cpu::gemm_inputs()));
   std::printf("loom: grid %s\n", options_.parallel.grid.describe().c_str());
   if (config_.parallel.tensor > 1)
     std::printf(

@@ -87,6 +87,12 @@ class Trainer {
   RunOptions options_;
   ThreadConfig threads_;
   GemmChoice gemm_;
+  // Puts cpu::gemm_inputs() back as it was when the trainer goes (also when
+  // its constructor throws after setting it).
+  struct GemmInputsRestore {
+    DType saved = cpu::gemm_inputs();
+    ~GemmInputsRestore() { cpu::set_gemm_inputs(saved); }
+  } gemm_inputs_restore_;
   std::unique_ptr<StepEngine> engine_;
   std::unique_ptr<Checkpointer> checkpointer_;
   std::unique_ptr<BatchSource> train_data_, val_data_;

@@ -121,8 +121,8 @@ double measure_sgemm_gflops(GemmBackend b, int n, int reps) {
     B.as<float>()[i] = static_cast<float>(i % 13) * 0.02f;
   }
   auto run = [&] {
-    gemm<float>(false, false, n, n, n, 1.0f, A.as<float>(), n, B.as<float>(), n, 0.0f,
-                C.as<float>(), n);
+    gemm_f32(false, false, n, n, n, 1.0f, A.as<float>(), n, B.as<float>(), n, 0.0f, C.as<float>(),
+             n);
   };
   run();
   std::vector<double> g;
@@ -312,9 +312,31 @@ Bf16Matmul& bf16_matmul(int64_t M, int64_t N, int64_t K, int64_t ldc, float alph
   m = std::move(made);
   return *m;
 }
+
+// Whether oneDNN runs a bf16 matmul on this CPU (it refuses below AVX-512):
+// tried once per process.
+bool bf16_matmul_runs() {
+  static const bool runs = [] {
+    try {
+      bf16_matmul(2, 2, 2, 2, 1.0f, 0.0f);
+      return true;
+    } catch (const Error&) {
+      return false;
+    }
+  }();
+  return runs;
+}
 #endif
 
 }  // namespace
+
+const char* gemm_16_path(DType t) {
+#ifdef LOOM_HAVE_ONEDNN
+  if (t == DType::kBF16 && bf16_matmul_runs()) return "oneDNN's bf16 matmul";
+#endif
+  (void)t;
+  return "K-tiles rounded, then the backend's sgemm";
+}
 
 void gemm_16(DType t, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
              const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
@@ -322,7 +344,7 @@ void gemm_16(DType t, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float a
   LOOM_CHECK(t == DType::kBF16 || t == DType::kF16, "gemm_16 asked for {}", dtype_name(t));
   if (M == 0 || N == 0) return;
 #ifdef LOOM_HAVE_ONEDNN
-  if (t == DType::kBF16 && K > 0) {
+  if (t == DType::kBF16 && K > 0 && bf16_matmul_runs()) {
     // op(A) and op(B) as contiguous bf16 copies, then one primitive.
     Buffer a(static_cast<size_t>(M * K) * 2, MemCategory::kWorkspace);
     Buffer b(static_cast<size_t>(K * N) * 2, MemCategory::kWorkspace);

@@ -55,11 +55,13 @@ void gemm_f32(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, co
 // The same with op(A) and op(B) rounded to t (kBF16 or kF16) and the
 // products accumulated in f32: bf16 through oneDNN's bf16 matmul (the
 // operands converted into 16-bit copies, never into f32 ones); f16, or bf16
-// without oneDNN, by converting K-tiles of both operands (256 deep) to
-// their rounded values and accumulating the tiles' f32 GEMMs into C.
+// without oneDNN or on a CPU where it refuses bf16, by converting K-tiles of both operands (256
+// deep) to their rounded values and accumulating the tiles' f32 GEMMs into C.
 void gemm_16(DType t, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
              const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
              int64_t ldc);
+// Which way gemm_16 multiplies t on this machine, in words.
+const char* gemm_16_path(DType t);
 // Median GFLOP/s of `reps` n^3 GEMMs with inputs rounded to t (kF32: the
 // backend's sgemm) after a warm-up, through the backend in use.
 double measure_gemm_gflops(DType t, int n, int reps);
