@@ -1145,6 +1145,61 @@ TEST(Zero, ModelStateBytesFollowTheFormulas) {
     }
 }
 
+// 16-bit runs save their f32 masters and moments: at each ZeRO stage a bf16
+// run resumed from its checkpoint continues bitwise like one never stopped
+// (the masters loaded into this rank's slices, the 16-bit parameters
+// rounded from them and gathered at stages 1-2), and another stage, or one
+// process, loads the same state bitwise.
+TEST(MixedPrecisionCheckpoints, ResumeBitwiseAtEveryZeroStage) {
+  const int n = runtime().world_size();
+  const std::string root =
+      (std::filesystem::temp_directory_path() / "loom-test-bf16-checkpoints").string();
+  auto world = runtime().world(CommOptions{});
+  if (world->rank() == 0) std::filesystem::remove_all(root);
+  world->barrier()->wait();
+  auto make = [&](int stage, int steps, const std::string& resume, const std::string& dir,
+                  bool one_process) {
+    Config c =
+        parse_config(kBase, "harness",
+                     {"bf16.enabled=true", "zero_optimization.stage=" + std::to_string(stage),
+                      "train.steps=" + std::to_string(steps), "checkpoint.dir=" + root + "/" + dir},
+                     one_process ? 1 : n);
+    RunOptions opt;
+    opt.quiet = true;
+    opt.resume = resume;
+    if (!one_process) opt.parallel = make_parallel_context(world, GridShape{n});
+    return std::make_unique<Trainer>(std::move(c), opt, ThreadConfig{});
+  };
+  for (int stage : {1, 2, 3}) {
+    const std::string s = std::to_string(stage);
+    auto a = make(stage, 3, "", "a" + s, false);
+    a->run();
+    a->save(0.0);
+    const auto sa = whole_state(*a);
+    const std::string ckpt = root + "/a" + s + "/step-00000003";
+    auto b = make(stage, 6, ckpt, "b" + s, false);
+    EXPECT_TRUE(whole_state(*b) == sa) << "stage " << stage;
+    auto f = make(stage, 6, "", "f" + s, false);
+    const std::vector<StepResult> rf = f->run();
+    const std::vector<StepResult> rb = b->run();
+    ASSERT_EQ(rb.size(), 3u);
+    for (size_t k = 0; k < 3; ++k)
+      EXPECT_EQ(rb[k].loss, rf[k + 3].loss) << "stage " << stage << ", step " << k + 4;
+    EXPECT_TRUE(whole_state(*b) == whole_state(*f)) << "stage " << stage << ": final state";
+    auto other = make(stage == 3 ? 1 : stage + 1, 3, ckpt, "o" + s, false);
+    EXPECT_TRUE(whole_state(*other) == sa) << "stage " << stage << " -> another stage";
+    auto one = make(0, 3, ckpt, "one" + s, true);
+    EXPECT_TRUE(whole_state(*one) == sa) << "stage " << stage << " -> one process";
+  }
+  if (world->rank() == 0) {
+    std::printf(
+        "[ bf16 checkpoints ] world %d: ZeRO 1, 2, 3 resumed bitwise; loaded at another stage "
+        "and in one process bitwise\n",
+        n);
+    std::filesystem::remove_all(root);
+  }
+}
+
 // 16-bit runs reduce and gather 16-bit elements: the bytes the ZeRO engine
 // moves halve against f32 at every stage.
 TEST(Zero, SixteenBitRunsMoveHalfTheBytes) {
