@@ -118,5 +118,41 @@ TEST(Precision, AdamWOnMastersIsTheF32UpdateThenRounded) {
   }
 }
 
+// Gradients added into 16-bit accumulators (f32 or 16-bit addends, scaled),
+// and 16-bit values scaled: each element widened, added in f32, rounded
+// once, bit for bit as the scalar conversions do it, over more elements than
+// one of the kernels' pieces and a ragged tail.
+TEST(Precision, AccumulateAndScaleRoundOnceBitwise) {
+  const int64_t n = 2 * 1024 + 13;
+  const NormalStream rng(3, "accumulate");
+  std::vector<float> x(n), a(n);
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = rng.at(static_cast<uint64_t>(i)) * std::ldexp(1.0f, int(i % 20) - 10);
+    a[i] = rng.at(static_cast<uint64_t>(n + i));
+  }
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    auto wid = [t](uint16_t v) { return t == DType::kBF16 ? bf16_to_f32(v) : f16_to_f32(v); };
+    auto nar = [t](float v) { return t == DType::kBF16 ? f32_to_bf16(v) : f32_to_f16(v); };
+    std::vector<uint16_t> acc(n), x16(n), want(n);
+    cpu::round_to_16(a.data(), acc.data(), n, t);
+    cpu::round_to_16(x.data(), x16.data(), n, t);
+    std::vector<uint16_t> got = acc;
+    cpu::accumulate_16(x.data(), 0.5f, got.data(), n, t);
+    for (int64_t i = 0; i < n; ++i) want[i] = nar(wid(acc[i]) + x[i] * 0.5f);
+    EXPECT_EQ(got, want) << dtype_name(t) << " f32 addends";
+    got = acc;
+    cpu::accumulate_16(x16.data(), 0.25f, got.data(), n, t);
+    for (int64_t i = 0; i < n; ++i) want[i] = nar(wid(acc[i]) + wid(x16[i]) * 0.25f);
+    EXPECT_EQ(got, want) << dtype_name(t) << " 16-bit addends";
+    got = acc;
+    cpu::scale_16(got.data(), n, 0.75f, t);
+    for (int64_t i = 0; i < n; ++i) want[i] = nar(wid(acc[i]) * 0.75f);
+    EXPECT_EQ(got, want) << dtype_name(t) << " scaled";
+    EXPECT_FALSE(cpu::any_nonfinite_16(got.data(), n, t));
+    got[n - 1] = t == DType::kBF16 ? 0xff80 : 0xfc00;  // -inf
+    EXPECT_TRUE(cpu::any_nonfinite_16(got.data(), n, t));
+  }
+}
+
 }  // namespace
 }  // namespace loom

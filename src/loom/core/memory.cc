@@ -45,13 +45,14 @@ MemoryTracker& memory_tracker() {
   return tracker;
 }
 
-Buffer::Buffer(size_t bytes, MemCategory category) : bytes_(bytes), category_(category) {
+Buffer::Buffer(size_t bytes, MemCategory category, bool zeroed)
+    : bytes_(bytes), category_(category) {
   if (bytes == 0) return;
   size_t rounded = (bytes + 63) / 64 * 64;
   data_ = std::aligned_alloc(64, rounded);
   LOOM_CHECK(data_ != nullptr, "out of memory allocating {} bytes for {}", bytes,
              mem_category_name(category));
-  std::memset(data_, 0, rounded);
+  if (zeroed) std::memset(data_, 0, rounded);
   memory_tracker().on_alloc(category_, bytes_);
 }
 

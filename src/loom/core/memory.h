@@ -36,12 +36,13 @@ class MemoryTracker {
 
 MemoryTracker& memory_tracker();
 
-// An owning, 64-byte aligned, zero-initialised allocation counted under one
-// category. Move-only.
+// An owning, 64-byte aligned allocation counted under one category,
+// zero-initialised unless the caller will write all of it first (zeroed =
+// false). Move-only.
 class Buffer {
  public:
   Buffer() = default;
-  Buffer(size_t bytes, MemCategory category);
+  Buffer(size_t bytes, MemCategory category, bool zeroed = true);
   ~Buffer();
   Buffer(Buffer&& other) noexcept;
   Buffer& operator=(Buffer&& other) noexcept;

@@ -256,8 +256,9 @@ void gemm_16_tiled(DType t, bool ta, bool tb, int64_t M, int64_t N, int64_t K, f
     return;
   }
   const int64_t kt = std::min(K, kTile);
-  Buffer a(static_cast<size_t>(M * kt) * sizeof(float), MemCategory::kWorkspace);
-  Buffer b(static_cast<size_t>(kt * N) * sizeof(float), MemCategory::kWorkspace);
+  // Scratch written before it is read.
+  Buffer a(static_cast<size_t>(M * kt) * sizeof(float), MemCategory::kWorkspace, false);
+  Buffer b(static_cast<size_t>(kt * N) * sizeof(float), MemCategory::kWorkspace, false);
   for (int64_t k0 = 0; k0 < K; k0 += kTile) {
     const int64_t k1 = std::min(K, k0 + kTile), k = k1 - k0;
     round_block(A, lda, ta, M, k0, k1, t, a.as<float>());
@@ -346,8 +347,8 @@ void gemm_16(DType t, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float a
 #ifdef LOOM_HAVE_ONEDNN
   if (t == DType::kBF16 && K > 0 && bf16_matmul_runs()) {
     // op(A) and op(B) as contiguous bf16 copies, then one primitive.
-    Buffer a(static_cast<size_t>(M * K) * 2, MemCategory::kWorkspace);
-    Buffer b(static_cast<size_t>(K * N) * 2, MemCategory::kWorkspace);
+    Buffer a(static_cast<size_t>(M * K) * 2, MemCategory::kWorkspace, false);
+    Buffer b(static_cast<size_t>(K * N) * 2, MemCategory::kWorkspace, false);
     uint16_t* a16 = a.as<uint16_t>();
     uint16_t* b16 = b.as<uint16_t>();
 #pragma omp parallel for

@@ -6,9 +6,66 @@
 
 #include "loom/core/error.h"
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 namespace loom::cpu {
 
 namespace {
+
+// f16 conversions by the CPU's F16C instructions where it has them (8 at a
+// time, ties to even as the scalar ones; a NaN keeps its sign and the top
+// of its payload, quiet), else element by element.
+#if defined(__x86_64__)
+const bool kF16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx2");
+
+__attribute__((target("avx2,f16c"))) void to_f16_f16c(const float* x, uint16_t* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+  for (; i < n; ++i) out[i] = f32_to_f16(x[i]);
+}
+
+__attribute__((target("avx2,f16c"))) void from_f16_f16c(const uint16_t* x, float* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(out + i,
+                     _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i))));
+  for (; i < n; ++i) out[i] = f16_to_f32(x[i]);
+}
+#else
+const bool kF16c = false;
+void to_f16_f16c(const float*, uint16_t*, int64_t) {}
+void from_f16_f16c(const uint16_t*, float*, int64_t) {}
+#endif
+
+// One thread's part of a conversion: n elements, serially.
+void to_16_serial(const float* x, uint16_t* out, int64_t n, DType t) {
+  if (t == DType::kBF16) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) out[i] = f32_to_bf16(x[i]);
+  } else if (kF16c) {
+    to_f16_f16c(x, out, n);
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = f32_to_f16(x[i]);
+  }
+}
+
+void from_16_serial(const uint16_t* x, float* out, int64_t n, DType t) {
+  if (t == DType::kBF16) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(x[i]);
+  } else if (kF16c) {
+    from_f16_f16c(x, out, n);
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = f16_to_f32(x[i]);
+  }
+}
+
+// Elements per piece of the chunked loops below (a multiple of 8).
+constexpr int64_t kPiece = 1024;
 
 void check_16(DType t) {
   LOOM_CHECK(t == DType::kBF16 || t == DType::kF16, "a 16-bit kernel asked for {}", dtype_name(t));
@@ -26,24 +83,15 @@ inline uint16_t narrow(float x, DType t) {
 
 void round_to_16(const float* x, uint16_t* out, int64_t n, DType t) {
   check_16(t);
-  if (t == DType::kBF16) {
-#pragma omp parallel for simd
-    for (int64_t i = 0; i < n; ++i) out[i] = f32_to_bf16(x[i]);
-  } else {
-#pragma omp parallel for
-    for (int64_t i = 0; i < n; ++i) out[i] = f32_to_f16(x[i]);
-  }
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < n; b += kPiece) to_16_serial(x + b, out + b, std::min(kPiece, n - b), t);
 }
 
 void widen_16(const uint16_t* x, float* out, int64_t n, DType t) {
   check_16(t);
-  if (t == DType::kBF16) {
-#pragma omp parallel for simd
-    for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(x[i]);
-  } else {
-#pragma omp parallel for
-    for (int64_t i = 0; i < n; ++i) out[i] = f16_to_f32(x[i]);
-  }
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < n; b += kPiece)
+    from_16_serial(x + b, out + b, std::min(kPiece, n - b), t);
 }
 
 double sum_squares_16(const uint16_t* x, int64_t n, DType t) {
@@ -69,14 +117,27 @@ double sum_squares_16(const uint16_t* x, int64_t n, DType t) {
 
 void accumulate_16(const float* x, float scale, uint16_t* acc, int64_t n, DType t) {
   check_16(t);
-#pragma omp parallel for
-  for (int64_t i = 0; i < n; ++i) acc[i] = narrow(widen(acc[i], t) + x[i] * scale, t);
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < n; b += kPiece) {
+    const int64_t m = std::min(kPiece, n - b);
+    float a[kPiece];
+    from_16_serial(acc + b, a, m, t);
+    for (int64_t i = 0; i < m; ++i) a[i] += x[b + i] * scale;
+    to_16_serial(a, acc + b, m, t);
+  }
 }
 
 void accumulate_16(const uint16_t* x, float scale, uint16_t* acc, int64_t n, DType t) {
   check_16(t);
-#pragma omp parallel for
-  for (int64_t i = 0; i < n; ++i) acc[i] = narrow(widen(acc[i], t) + widen(x[i], t) * scale, t);
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < n; b += kPiece) {
+    const int64_t m = std::min(kPiece, n - b);
+    float a[kPiece], y[kPiece];
+    from_16_serial(acc + b, a, m, t);
+    from_16_serial(x + b, y, m, t);
+    for (int64_t i = 0; i < m; ++i) a[i] += y[i] * scale;
+    to_16_serial(a, acc + b, m, t);
+  }
 }
 
 void scale_16(uint16_t* x, int64_t n, float s, DType t) {
@@ -102,15 +163,21 @@ void adamw_update_16(float* master, const uint16_t* grads, float grad_scale, flo
   const float c1 = float(1.0 / (1.0 - std::pow(hp.beta1, double(hp.step))));
   const float c2 = float(1.0 / (1.0 - std::pow(hp.beta2, double(hp.step))));
   const float lr = float(hp.lr), eps = float(hp.eps), wd = float(hp.weight_decay);
-#pragma omp parallel for
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = widen(grads[i], t) * grad_scale;
-    const float mi = b1 * m[i] + (1.0f - b1) * g;
-    const float vi = b2 * v[i] + (1.0f - b2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    master[i] -= lr * (mi * c1 / (std::sqrt(vi * c2) + eps) + wd * master[i]);
-    params[i] = narrow(master[i], t);
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < n; b += kPiece) {
+    const int64_t len = std::min(kPiece, n - b);
+    float g[kPiece];
+    from_16_serial(grads + b, g, len, t);
+    for (int64_t k = 0; k < len; ++k) {
+      const int64_t i = b + k;
+      const float gi = g[k] * grad_scale;
+      const float mi = b1 * m[i] + (1.0f - b1) * gi;
+      const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+      m[i] = mi;
+      v[i] = vi;
+      master[i] -= lr * (mi * c1 / (std::sqrt(vi * c2) + eps) + wd * master[i]);
+    }
+    to_16_serial(master + b, params + b, len, t);
   }
 }
 

@@ -350,7 +350,7 @@ void ZeroEngine::bind_for_use(int u) {
     return;
   }
   Buffer& w = work_[static_cast<size_t>(u)];
-  w = Buffer(bytes_of(units_[u].size()), MemCategory::kComm);
+  w = Buffer(bytes_of(units_[u].size()), MemCategory::kComm, false);  // all written next
   cpu::widen_16(static_cast<const uint16_t*>(src), w.as<float>(), units_[u].size(), config_.dtype);
   // The gathered 16-bit copy is not needed beside the f32 one.
   if (config_.stage >= 3 && !persistent_[u]) {
@@ -425,7 +425,7 @@ void ZeroEngine::launch_reduce(int u) {
   if (const UnitGroup& g = ug(u); g.group) {
     if (half()) {
       // Rounded to 16 bits and reduced in 16 bits (accumulated in f32).
-      Buffer h(pbytes(units_[u].size()), MemCategory::kComm);
+      Buffer h(pbytes(units_[u].size()), MemCategory::kComm, false);  // all written next
       cpu::round_to_16(buf.as<float>(), h.as<uint16_t>(), units_[u].size(), config_.dtype);
       buf = std::move(h);
       half16 = true;
