@@ -78,7 +78,10 @@ class StepEngine {
   // decides: `stop` throws naming the first such parameter in model order
   // (the same message on every rank), `skip` leaves parameters and moments
   // as they were and counts the step (AdamW's bias correction counts
-  // updates made, as DeepSpeed's does).
+  // updates made, as DeepSpeed's does). In fp16 the backward runs on the
+  // loss times the loss scale, and a non-finite norm is an overflow: the
+  // step is skipped and counted and the scaler moves (whatever
+  // on_nonfinite says), until an overflow at the minimum scale throws.
   StepStats step(const BatchSource& data, int64_t step, double lr);
   int64_t skipped_steps() const { return skipped_; }
   // fp16: the dynamic loss scaler (null in f32 and bf16).
