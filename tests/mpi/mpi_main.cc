@@ -2,6 +2,7 @@
 // rank runs every test; the process exits non-zero if any rank failed.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <memory>
 
 #include "mpi_main.h"
@@ -9,7 +10,25 @@
 namespace loom::test {
 namespace {
 MpiRuntime* g_runtime = nullptr;
-}
+
+// On ranks other than 0: every failed assertion, with the rank and the test
+// (the progress is rank 0's alone).
+class FailurePrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit FailurePrinter(int rank) : rank_(rank) {}
+  void OnTestPartResult(const ::testing::TestPartResult& r) override {
+    if (!r.failed()) return;
+    const ::testing::TestInfo* t = ::testing::UnitTest::GetInstance()->current_test_info();
+    std::printf("[ rank %d ] %s.%s: %s:%d: Failure\n%s\n", rank_, t ? t->test_suite_name() : "",
+                t ? t->name() : "", r.file_name() ? r.file_name() : "", r.line_number(),
+                r.message());
+    std::fflush(stdout);
+  }
+
+ private:
+  int rank_;
+};
+}  // namespace
 MpiRuntime& runtime() {
   return *g_runtime;
 }
@@ -23,6 +42,7 @@ int main(int argc, char** argv) {
     // Only rank 0 prints the progress; failures on any rank still print.
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new loom::test::FailurePrinter(rt->world_rank()));
   }
   int failed = RUN_ALL_TESTS();
   int any = 0;

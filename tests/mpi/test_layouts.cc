@@ -328,10 +328,12 @@ std::vector<Layout> layouts(int world) {
   // lr (2e-3) whatever its size, so parameters may differ by up to a step's
   // update (measured: <= 9e-4 in bf16, 7e-5 in fp16). Grad norms: <= 4e-4
   // measured. Mixtures of experts also flip routing choices that compete
-  // within a 16-bit rounding of a router weight (measured in bf16: loss 2.4e-4,
-  // norm 2.2e-2, parameters 6.5e-3).
+  // within a 16-bit rounding of a router weight, which is chaotic (measured
+  // in bf16: loss 2.4e-4, norm 2.3e-2, parameters 6.4e-3 to 7.4e-3 across
+  // builds and rank counts); their bounds leave a factor of 3-4, far below
+  // what a misrouted row or a lost expert gradient would do (O(1)).
   const Tolerance half{2e-5, 2e-3, 2e-3};
-  const Tolerance half_moe{1e-3, 5e-2, 1e-2};
+  const Tolerance half_moe{1e-3, 1e-1, 3e-2};
   for (const char* t : {"bf16", "fp16"}) {
     const std::vector<std::string> on = {std::string(t) + ".enabled=true"};
     const std::string n = t;
@@ -1120,17 +1122,19 @@ TEST(Zero, ModelStateBytesFollowTheFormulas) {
       // adds at every stage the f32 copy of the unit in use and its f32
       // gradients while backward writes them, and the transport widens a
       // 16-bit reduction's input to f32 to accumulate it (one unit more at
-      // stages 2-3; a bucket at 0-1); gathered and reduced units are half
-      // the size. (Measured: 2.0-2.3 units at stages 0-1, 4.25-4.5 at 2,
-      // 5.0 at 3.)
+      // stages 2-3; a bucket at 0-1) on the communication thread, whose
+      // conversions overlap the main thread's buffers as the timing falls;
+      // gathered and reduced units are half the size. (Measured on rank 0:
+      // 2.0-2.3 units at stages 0-1, 4.0-4.5 at 2, 4.5-5.0 at 3; the bounds
+      // leave a unit for the timing.)
       if (!half && stage == 2) {
         EXPECT_LE(comm, (2.0 + 1.0 / n) * unit_bytes);
       } else if (!half && stage == 3) {
         EXPECT_LE(comm, (4.0 + 1.0 / n) * unit_bytes);
       } else if (half) {
-        EXPECT_LE(comm, (stage < 2    ? 2.5
-                         : stage == 2 ? 4.0 + 1.0 / n
-                                      : 5.0 + 1.0 / n) *
+        EXPECT_LE(comm, (stage < 2    ? 3.5
+                         : stage == 2 ? 5.0 + 1.0 / n
+                                      : 6.0 + 1.0 / n) *
                             unit_bytes)
             << name << " stage " << stage;
       }
