@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <memory>
+#include <string>
 
 #include "mpi_main.h"
 
@@ -11,22 +12,26 @@ namespace loom::test {
 namespace {
 MpiRuntime* g_runtime = nullptr;
 
-// On ranks other than 0: every failed assertion, with the rank and the test
-// (the progress is rank 0's alone).
+// On ranks other than 0: every failed assertion (an exception escaping a
+// test included), with the rank and the test (the progress is rank 0's
+// alone). The test's name is kept at its start: GoogleTest holds its lock
+// while it reports a result.
 class FailurePrinter : public ::testing::EmptyTestEventListener {
  public:
   explicit FailurePrinter(int rank) : rank_(rank) {}
+  void OnTestStart(const ::testing::TestInfo& t) override {
+    test_ = std::string(t.test_suite_name()) + "." + t.name();
+  }
   void OnTestPartResult(const ::testing::TestPartResult& r) override {
     if (!r.failed()) return;
-    const ::testing::TestInfo* t = ::testing::UnitTest::GetInstance()->current_test_info();
-    std::printf("[ rank %d ] %s.%s: %s:%d: Failure\n%s\n", rank_, t ? t->test_suite_name() : "",
-                t ? t->name() : "", r.file_name() ? r.file_name() : "", r.line_number(),
-                r.message());
+    std::printf("[ rank %d ] %s: %s:%d: Failure\n%s\n", rank_, test_.c_str(),
+                r.file_name() ? r.file_name() : "(unknown file)", r.line_number(), r.message());
     std::fflush(stdout);
   }
 
  private:
   int rank_;
+  std::string test_;
 };
 }  // namespace
 MpiRuntime& runtime() {

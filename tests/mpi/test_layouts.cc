@@ -1195,6 +1195,8 @@ TEST(MixedPrecisionCheckpoints, ResumeBitwiseAtEveryZeroStage) {
     auto one = make(0, 3, ckpt, "one" + s, true);
     EXPECT_TRUE(whole_state(*one) == sa) << "stage " << stage << " -> one process";
   }
+  // Every rank done reading before the folder goes.
+  world->barrier()->wait();
   if (world->rank() == 0) {
     std::printf(
         "[ bf16 checkpoints ] world %d: ZeRO 1, 2, 3 resumed bitwise; loaded at another stage "

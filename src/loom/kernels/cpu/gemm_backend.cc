@@ -113,27 +113,7 @@ double measure_sgemm_gflops(GemmBackend b, int n, int reps) {
     ~Restore() { g_backend.store(saved, std::memory_order_relaxed); }
   } restore;
   set_gemm_backend(b);
-  const size_t bytes = static_cast<size_t>(n) * n * sizeof(float);
-  Buffer A(bytes, MemCategory::kWorkspace), B(bytes, MemCategory::kWorkspace),
-      C(bytes, MemCategory::kWorkspace);
-  for (int64_t i = 0; i < int64_t{n} * n; ++i) {
-    A.as<float>()[i] = static_cast<float>(i % 17) * 0.01f;
-    B.as<float>()[i] = static_cast<float>(i % 13) * 0.02f;
-  }
-  auto run = [&] {
-    gemm_f32(false, false, n, n, n, 1.0f, A.as<float>(), n, B.as<float>(), n, 0.0f, C.as<float>(),
-             n);
-  };
-  run();
-  std::vector<double> g;
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    run();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    g.push_back(2.0 * double(n) * n * n / s / 1e9);
-  }
-  std::sort(g.begin(), g.end());
-  return g[g.size() / 2];
+  return measure_gemm_gflops(DType::kF32, n, reps);
 }
 
 #ifdef LOOM_HAVE_ONEDNN
