@@ -204,7 +204,8 @@ void run_train_bench(const TrainBenchArgs& a) {
       {"plan", stage.recompute_plan().describe()},
       {"store_bytes", stage.store_bytes(B, Tn)},
       {"room_bytes", stage.room_bytes(B, Tn)},
-      {"block_bytes_whole", stage.block_bytes(B, Tn, Recompute::kNone)},
+      {"block_bytes_whole",
+       stage.block_bytes(B, Tn, Recompute::kNone, stage.recompute_plan().records)},
       {"block_bytes_full", stage.block_bytes(B, Tn, Recompute::kFull)},
       {"recompute_time_s", median(recompute_times)}};
   if (a.json) {

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <type_traits>
 
 #include "loom/core/error.h"
 #include "loom/kernels/cpu/matmul.h"
@@ -105,10 +106,19 @@ std::vector<UnitUse> GptStage<T>::backward_unit_schedule(bool deferred) const {
 }
 
 template <typename T>
-size_t GptStage<T>::block_bytes(int64_t B, int64_t Tn, Recompute m) const {
+int64_t GptStage<T>::slot_elems(size_t i, const Rows& rw, const RecomputePlan& p) const {
+  const Block<T>& b = *blocks_[i].layer;
+  return packed(p, i) ? b.packed_elems(rw, p.blocks[i]) : b.record_elems(rw, p.blocks[i]);
+}
+
+template <typename T>
+size_t GptStage<T>::block_bytes(int64_t B, int64_t Tn, Recompute m, DType records) const {
   // The largest block's (a mixture of experts records more than an MLP).
+  RecomputePlan p;
+  p.blocks.assign(blocks_.size(), m);
+  p.records = records;
   int64_t most = 0;
-  for (const StageBlock& b : blocks_) most = std::max(most, b.layer->record_elems(rows(B, Tn), m));
+  for (size_t i = 0; i < blocks_.size(); ++i) most = std::max(most, slot_elems(i, rows(B, Tn), p));
   return static_cast<size_t>(most) * sizeof(T);
 }
 
@@ -120,8 +130,12 @@ RecomputePlan GptStage<T>::plan(const CheckpointPolicy& policy, int64_t B, int64
     RecomputePlan p;
     for (size_t i = 0; i < n; ++i) p.blocks.push_back(choose(static_cast<int>(i) + first_));
     p.head_logits = head_ != nullptr && p.count(Recompute::kFull) > 0;
+    p.records = policy.records;
     return p;
   };
+  constexpr bool f32_layers = std::is_same_v<T, float>;
+  LOOM_CHECK_KIND(kConfig, policy.records == DType::kF32 || f32_layers,
+                  "16-bit activation records need f32 layers");
   switch (policy.kind) {
     case CheckpointPolicy::kNone:
       return with([](int) { return Recompute::kNone; });
@@ -185,8 +199,7 @@ template <typename T>
 size_t GptStage<T>::store_bytes(int64_t B, int64_t Tn, const RecomputePlan& plan) const {
   const Rows rw = rows(B, Tn);
   int64_t n = rw.count * config_.n_embd;  // input
-  for (size_t i = 0; i < blocks_.size(); ++i)
-    n += blocks_[i].layer->record_elems(rw, plan.blocks[i]);
+  for (size_t i = 0; i < blocks_.size(); ++i) n += slot_elems(i, rw, plan);
   if (head_) {
     Arena<T> rec, room;
     head_->bind(rec, room, rw, plan.head_logits);
@@ -199,8 +212,14 @@ template <typename T>
 size_t GptStage<T>::room_bytes(int64_t B, int64_t Tn, const RecomputePlan& plan) const {
   const Rows rw = rows(B, Tn);
   int64_t n = 0;
-  for (size_t i = 0; i < blocks_.size(); ++i)
-    n = std::max(n, blocks_[i].layer->recompute_elems(rw, plan.blocks[i]));
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    const Block<T>& b = *blocks_[i].layer;
+    const Recompute m = plan.blocks[i];
+    // A packed record is computed (forward) and widened (backward) in the
+    // room, beside its selective part.
+    n = std::max(n, packed(plan, i) ? b.record_elems(rw, m) + b.recompute_elems(rw, m)
+                                    : b.recompute_elems(rw, m));
+  }
   if (head_ && plan.head_logits) {
     Arena<T> rec, logits;
     head_->bind(rec, logits, rw, true);
@@ -239,6 +258,10 @@ StageActivations<T> GptStage<T>::make_activations(int64_t B, int64_t Tn) const {
   a.output = a.input;
   for (size_t i = 0; i < blocks_.size(); ++i) {
     a.blocks.push_back(rec.take(0));
+    if (packed(plan_, i)) {
+      a.output = rec.take(slot_elems(i, rows(B, Tn), plan_));  // the output comes first
+      continue;
+    }
     Arena<T> room;
     a.output = blocks_[i].layer->bind(rec, room, rows(B, Tn), mode(i)).res3;
   }
@@ -268,6 +291,7 @@ HeadRecord<T> GptStage<T>::head_record(const StageActivations<T>& a, T* room) co
 
 template <typename T>
 int64_t GptStage<T>::block_output_offset(const StageActivations<T>& a, size_t i) const {
+  if (packed(plan_, i)) return 0;
   Arena<T> rec(a.blocks[i]), room;
   return blocks_[i].layer->bind(rec, room, rows(a.B, a.Tn), mode(i)).res3 - a.blocks[i];
 }
@@ -300,17 +324,24 @@ double GptStage<T>::forward(StageActivations<T>& a, const int32_t* tokens, const
     const T* x = block_input(a, i);
     Arena<T> rec(a.blocks[i]), rm(room);
     BlockRecord<T> r;
+    const Block<T>& block = *blocks_[i].layer;
     if (mode(i) == Recompute::kFull) {
       // Computed in the shared room; only the output stays.
       Arena<T> whole(room), none;
-      r = blocks_[i].layer->bind(whole, none, rw, Recompute::kNone);
-      r.res3 = blocks_[i].layer->bind(rec, rm, rw, Recompute::kFull).res3;
+      r = block.bind(whole, none, rw, Recompute::kNone);
+      r.res3 = block.bind(rec, rm, rw, Recompute::kFull).res3;
+    } else if (packed(plan_, i)) {
+      // Computed in the room, the output straight into the slot, then packed.
+      Arena<T> whole(room), part(room + block.record_elems(rw, mode(i)));
+      r = block.bind(whole, part, rw, mode(i));
+      r.res3 = a.blocks[i];
     } else {
-      r = blocks_[i].layer->bind(rec, rm, rw, mode(i));
+      r = block.bind(rec, rm, rw, mode(i));
     }
     store_.before(u, Pass::kForward);
-    blocks_[i].layer->forward(store_, r, x, rw, mode(i) == Recompute::kSelective, drop);
+    block.forward(store_, r, x, rw, mode(i) == Recompute::kSelective, drop);
     store_.after(u, Pass::kForward);
+    if (packed(plan_, i)) block.pack(room, a.blocks[i], rw, mode(i), plan_.records);
   }
   if (!head_) return 0.0;
   HeadRecord<T> h = head_record(a, room);
@@ -434,6 +465,11 @@ void GptStage<T>::block_backward(StageActivations<T>& a, size_t i, T* d_resid, T
     block.forward(store_, r, x, rw, false, drop, /*record_only=*/true);
     recompute_s_ += seconds_since(t0);
     store_.after(u, Pass::kRecompute);
+  } else if (packed(plan_, i)) {
+    // Widened back into the room, where forward computed it.
+    Arena<T> whole(room), part(room + block.record_elems(rw, mode(i)));
+    r = block.bind(whole, part, rw, mode(i));
+    block.unpack(a.blocks[i], room, rw, mode(i), plan_.records);
   } else {
     Arena<T> rec(a.blocks[i]), rm(room);
     r = block.bind(rec, rm, rw, mode(i));

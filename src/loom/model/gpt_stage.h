@@ -99,8 +99,9 @@ class GptStage {
   size_t room_bytes(int64_t B, int64_t Tn) const { return room_bytes(B, Tn, plan_); }
   size_t store_bytes(int64_t B, int64_t Tn, const RecomputePlan& plan) const;
   size_t room_bytes(int64_t B, int64_t Tn, const RecomputePlan& plan) const;
-  // The per-block record sizes the budget policy works from.
-  size_t block_bytes(int64_t B, int64_t Tn, Recompute mode) const;
+  // The per-block record sizes the budget policy works from (`records`:
+  // what a kNone or kSelective record is kept in).
+  size_t block_bytes(int64_t B, int64_t Tn, Recompute mode, DType records = DType::kF32) const;
 
   // This rank's rows of a micro-batch of (B, T) (a slice when the layers
   // split the sequence).
@@ -165,6 +166,12 @@ class GptStage {
 
  private:
   Recompute mode(size_t i) const { return plan_.blocks[i]; }
+  // Whether block i's record is packed into 16 bits under `p`.
+  static bool packed(const RecomputePlan& p, size_t i) {
+    return p.records != DType::kF32 && p.blocks[i] != Recompute::kFull;
+  }
+  // Block i's record in a micro-batch's store under `p`, in elements.
+  int64_t slot_elems(size_t i, const Rows& rows, const RecomputePlan& p) const;
   void ensure_work(int64_t B, int64_t Tn);
   void check_store(const StageActivations<T>& a) const;
   // Backward through the head: d_resid (B,T,C) gets the gradient of its

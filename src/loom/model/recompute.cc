@@ -39,6 +39,8 @@ std::string RecomputePlan::describe() const {
   std::string s =
       format("{} blocks: {} whole, {} selective, {} full", blocks.size(), count(Recompute::kNone),
              count(Recompute::kSelective), count(Recompute::kFull));
+  if (records != DType::kF32 && count(Recompute::kFull) < static_cast<int>(blocks.size()))
+    s += "; records in " + std::string(dtype_name(records));
   if (head_logits) s += "; LM-head logits recomputed";
   return s;
 }

@@ -43,6 +43,15 @@ int64_t Attention<T>::recompute_elems(const Rows& rows, bool selective) const {
 }
 
 template <typename T>
+std::vector<RecordRange> Attention<T>::exact_ranges(const Rows& rows, bool selective) const {
+  // Backward recomputes the probabilities as exp(score - lse): a rounded
+  // lse would scale every probability of its row.
+  const int64_t BT = rows.B * rows.Tn;
+  if (selective) return {};
+  return {{BT * 4 * C_, rows.B * NH_ * rows.Tn}};
+}
+
+template <typename T>
 int64_t Attention<T>::scratch_elems(const Rows& rows) const {
   const int64_t B = rows.B, Tn = rows.Tn;
   return B * Tn * 4 * C_;

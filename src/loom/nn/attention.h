@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "loom/nn/context.h"
 #include "loom/nn/param_store.h"
@@ -26,6 +27,8 @@ class AttentionLayer {
   // and log-sum-exp to the stage's shared recompute room.
   virtual int64_t record_elems(const Rows& rows, bool selective) const = 0;
   virtual int64_t recompute_elems(const Rows& rows, bool selective) const = 0;
+  // What of the record stays f32 in a 16-bit record: the log-sum-exp.
+  virtual std::vector<RecordRange> exact_ranges(const Rows& rows, bool selective) const = 0;
   // Backward's gradient scratch.
   virtual int64_t scratch_elems(const Rows& rows) const = 0;
   // out (rows.count, C) = c_proj(core(c_attn(x))), x (rows.count, C) the
@@ -48,6 +51,7 @@ class Attention final : public AttentionLayer<T> {
 
   int64_t record_elems(const Rows& rows, bool selective) const override;
   int64_t recompute_elems(const Rows& rows, bool selective) const override;
+  std::vector<RecordRange> exact_ranges(const Rows& rows, bool selective) const override;
   int64_t scratch_elems(const Rows& rows) const override;
   void forward(const ParamStore<T>& ps, T* record, bool selective, T* out, const T* x,
                const Rows& rows, const cpu::DropoutSpec& probs, T* recompute) const override;

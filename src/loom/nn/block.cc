@@ -4,6 +4,10 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <type_traits>
+
+#include "loom/core/error.h"
+#include "loom/kernels/cpu/precision.h"
 
 namespace loom {
 
@@ -71,6 +75,85 @@ int64_t Block<T>::scratch_elems(const Rows& rows) const {
   // d_proj and d_ln, then the attention's or the feed-forward's own (used
   // one after the other, so they share).
   return 2 * rows.count * C_ + std::max(attn->scratch_elems(rows), ffn->scratch_elems(rows));
+}
+
+template <typename T>
+std::vector<RecordRange> Block<T>::exact_ranges(const Rows& rows, Recompute mode) const {
+  LOOM_CHECK(mode != Recompute::kFull, "a block recomputed in full keeps no record to pack");
+  const int64_t N = rows.count, C = C_;
+  const bool sel = mode == Recompute::kSelective;
+  std::vector<RecordRange> out;
+  auto add = [&](int64_t base, const std::vector<RecordRange>& rs) {
+    for (RecordRange r : rs)
+      if (r.count > 0) out.push_back({base + r.offset, r.count});
+  };
+  // bind's order: ln1, its mean and rstd, attn, res2, ln2, its mean and
+  // rstd, ffn, res3.
+  int64_t at = N * C;
+  out.push_back({at, 2 * N});
+  at += 2 * N;
+  add(at, attn->exact_ranges(rows, sel));
+  at += attn->record_elems(rows, sel) + 2 * N * C;
+  out.push_back({at, 2 * N});
+  at += 2 * N;
+  add(at, ffn->exact_ranges(rows, sel));
+  return out;
+}
+
+template <typename T>
+int64_t Block<T>::packed_elems(const Rows& rows, Recompute mode) const {
+  const int64_t total = record_elems(rows, mode), output = rows.count * C_;
+  int64_t exact = 0;
+  for (RecordRange r : exact_ranges(rows, mode)) exact += r.count;
+  const int64_t rounded = total - output - exact;
+  // 16-bit elements two to an element of T (T is f32 where records pack).
+  return output + exact + (rounded + 1) / 2;
+}
+
+template <typename T>
+void Block<T>::pack(const T* whole, T* slot, const Rows& rows, Recompute mode, DType t) const {
+  if constexpr (std::is_same_v<T, float>) {
+    const int64_t total = record_elems(rows, mode) - rows.count * C_;  // the output aside
+    const std::vector<RecordRange> ranges = exact_ranges(rows, mode);
+    T* exact = slot + rows.count * C_;
+    int64_t exact_n = 0;
+    for (RecordRange r : ranges) exact_n += r.count;
+    uint16_t* rounded = reinterpret_cast<uint16_t*>(exact + exact_n);
+    int64_t at = 0;
+    for (RecordRange r : ranges) {
+      cpu::round_to_16(whole + at, rounded, r.offset - at, t);
+      rounded += r.offset - at;
+      std::memcpy(exact, whole + r.offset, static_cast<size_t>(r.count) * sizeof(T));
+      exact += r.count;
+      at = r.offset + r.count;
+    }
+    cpu::round_to_16(whole + at, rounded, total - at, t);
+  } else {
+    LOOM_FAIL(kUnsupported, "16-bit records need f32 layers");
+  }
+}
+
+template <typename T>
+void Block<T>::unpack(const T* slot, T* whole, const Rows& rows, Recompute mode, DType t) const {
+  if constexpr (std::is_same_v<T, float>) {
+    const int64_t total = record_elems(rows, mode) - rows.count * C_;
+    const std::vector<RecordRange> ranges = exact_ranges(rows, mode);
+    const T* exact = slot + rows.count * C_;
+    int64_t exact_n = 0;
+    for (RecordRange r : ranges) exact_n += r.count;
+    const uint16_t* rounded = reinterpret_cast<const uint16_t*>(exact + exact_n);
+    int64_t at = 0;
+    for (RecordRange r : ranges) {
+      cpu::widen_16(rounded, whole + at, r.offset - at, t);
+      rounded += r.offset - at;
+      std::memcpy(whole + r.offset, exact, static_cast<size_t>(r.count) * sizeof(T));
+      exact += r.count;
+      at = r.offset + r.count;
+    }
+    cpu::widen_16(rounded, whole + at, total - at, t);
+  } else {
+    LOOM_FAIL(kUnsupported, "16-bit records need f32 layers");
+  }
 }
 
 template <typename T>

@@ -11,11 +11,18 @@
 //               in the stage's shared recompute room and is recomputed;
 //   kFull       only its output; the stage runs the block's forward again
 //               (into the shared room) just before its backward.
+// A 16-bit run keeps a kNone or kSelective record packed: the block's
+// output in f32 (the next block's input, the residual stream), the ranges
+// the layers name as exact in f32, and the rest rounded to 16 bits. Forward
+// computes the record in the stage's room and packs it; backward widens it
+// back into the room.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
+#include "loom/core/dtype.h"
 #include "loom/nn/context.h"
 #include "loom/nn/factory.h"
 #include "loom/nn/layernorm.h"
@@ -54,6 +61,20 @@ class Block {
   int64_t record_elems(const Rows& rows, Recompute mode) const;
   int64_t recompute_elems(const Rows& rows, Recompute mode) const;
   int64_t scratch_elems(const Rows& rows) const;
+
+  // A packed record (mode kNone or kSelective; `t` kBF16 or kF16), in
+  // elements of T: the output, the exact ranges, the rest at 2 bytes.
+  int64_t packed_elems(const Rows& rows, Recompute mode) const;
+  // `whole` holds a record bound with `mode` over contiguous memory (bind's
+  // `record` arena), all but its output, which forward wrote into the
+  // slot's first rows.count x C elements; pack fills the rest of `slot`.
+  void pack(const T* whole, T* slot, const Rows& rows, Recompute mode, DType t) const;
+  // The inverse, but for the output (backward does not read it): exact
+  // ranges copied, the rest widened.
+  void unpack(const T* slot, T* whole, const Rows& rows, Recompute mode, DType t) const;
+  // The exact ranges of a record bound with `mode`, in order: the
+  // LayerNorms' statistics and the slots' own (the output aside).
+  std::vector<RecordRange> exact_ranges(const Rows& rows, Recompute mode) const;
 
   // Fills r (bound with kNone or kSelective) from x (rows.count, C); r.res3 is the
   // output. record_only: a recomputation for backward, which reads the

@@ -67,6 +67,14 @@ struct Rows {
   static Rows whole(int64_t B, int64_t Tn) { return Rows{B, Tn, 0, B * Tn}; }
 };
 
+// Part of a layer's record, in elements from the record's start. A 16-bit
+// run keeps records rounded to 16 bits between forward and backward except
+// the ranges each layer names (statistics whose rounding backward would
+// amplify, values a decision is recomputed from).
+struct RecordRange {
+  int64_t offset = 0, count = 0;
+};
+
 // The dropout stream of one micro-batch: masks are keyed on (seed, step,
 // global sample, site), so a recomputed forward draws the same masks.
 struct Dropout {

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "loom/nn/context.h"
 #include "loom/nn/param_store.h"
@@ -21,6 +22,8 @@ class FeedForward {
   // Room for what selective leaves out (forward writes it there and
   // backward recomputes it there); the stage shares it between layers.
   virtual int64_t recompute_elems(const Rows& rows, bool selective) const = 0;
+  // What of the record stays f32 when the record is kept in 16 bits.
+  virtual std::vector<RecordRange> exact_ranges(const Rows& rows, bool selective) const = 0;
   // Backward's gradient scratch.
   virtual int64_t scratch_elems(const Rows& rows) const = 0;
   // out (rows.count, C) = ffn(x (rows.count, C)); `record` holds
@@ -44,6 +47,7 @@ class Mlp final : public FeedForward<T> {
   // Record: fch (rows,4C) the GELU's input, and unless selective its output.
   int64_t record_elems(const Rows& rows, bool selective) const override;
   int64_t recompute_elems(const Rows& rows, bool selective) const override;
+  std::vector<RecordRange> exact_ranges(const Rows&, bool) const override { return {}; }
   int64_t scratch_elems(const Rows& rows) const override;
   void forward(const ParamStore<T>& ps, T* record, bool selective, T* out, const T* x,
                const Rows& rows, T* recompute) const override;

@@ -118,6 +118,11 @@ class MoeLayer final : public FeedForward<T> {
   // experts' MLP records over the rows they ran.
   int64_t record_elems(const Rows& rows, bool selective) const override;
   int64_t recompute_elems(const Rows& rows, bool selective) const override;
+  // The router's logits: backward routes again from them, so they stay
+  // f32 (a rounded logit could pick another expert).
+  std::vector<RecordRange> exact_ranges(const Rows& rows, bool) const override {
+    return {{0, logit_elems(local_rows(rows))}};
+  }
   int64_t scratch_elems(const Rows& rows) const override;
   void forward(const ParamStore<T>& ps, T* record, bool selective, T* out, const T* x,
                const Rows& rows, T* recompute) const override;

@@ -101,6 +101,7 @@ const std::vector<KeySpec>& schema() {
        {"none", "full", "selective", "every_n", "budget"}},
       {"activation_checkpointing.every_n", Kind::kInt, 1, 4096},
       {"activation_checkpointing.budget_bytes", Kind::kInt, 1, kMaxInt},
+      {"activation_checkpointing.activation_dtype", Kind::kString, 0, 0, {"auto", "f32"}},
       {"activation_checkpointing.partition_activations", Kind::kBool},
       {"activation_checkpointing.cpu_checkpointing", Kind::kBool},
       {"activation_checkpointing.contiguous_memory_optimization", Kind::kBool},
@@ -454,6 +455,9 @@ void resolve_checkpointing(Config& c, const json& j, const std::string& source) 
     fail(source, format("activation_checkpointing.every_n is set but the policy is {} (set "
                         "activation_checkpointing.policy to every_n)",
                         CheckpointPolicy::name(a.policy.kind)));
+  // A 16-bit run keeps the records in its type unless told f32.
+  a.activation_dtype = get_or<std::string>(j, "activation_checkpointing.activation_dtype", "auto");
+  a.policy.records = a.activation_dtype == "f32" ? DType::kF32 : c.precision;
   a.partition_activations =
       get_or<bool>(j, "activation_checkpointing.partition_activations", false);
   a.cpu_checkpointing = get_or<bool>(j, "activation_checkpointing.cpu_checkpointing", false);
@@ -580,7 +584,8 @@ json to_json(const Config& c) {
     j["parallel"]["partition"] = c.parallel.partition;
   {
     const CheckpointingConfig& a = c.checkpointing;
-    json ac = {{"policy", CheckpointPolicy::name(a.policy.kind)}};
+    json ac = {{"policy", CheckpointPolicy::name(a.policy.kind)},
+               {"activation_dtype", a.activation_dtype}};
     // DeepSpeed's keys only when given, so a resolved config read back logs
     // the same as the file it came from.
     if (a.deepspeed_keys) {

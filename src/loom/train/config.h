@@ -83,6 +83,7 @@ struct ParallelConfig {
 // what each does here is logged at start and listed in docs/config.md).
 struct CheckpointingConfig {
   CheckpointPolicy policy;
+  std::string activation_dtype = "auto";  // auto: the run's precision; f32
   bool partition_activations = false;
   bool cpu_checkpointing = false;
   bool contiguous_memory_optimization = false;

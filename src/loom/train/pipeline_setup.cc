@@ -43,7 +43,8 @@ double time_stage(GptStage<float>& stage, int64_t B, int64_t Tn, int reps) {
 
 }  // namespace
 
-pp::ModelCosts measure_model_costs(const GptConfig& model, int64_t B, int64_t Tn, int reps) {
+pp::ModelCosts measure_model_costs(const GptConfig& model, int64_t B, int64_t Tn, int reps,
+                                   DType records) {
   LOOM_CHECK_KIND(kConfig, model.n_layer >= 2, "measuring layer costs needs 2 layers or more");
   // Three one-block stages: with the embedding, alone, with the head; the
   // differences are the embedding's and the head's.
@@ -54,6 +55,9 @@ pp::ModelCosts measure_model_costs(const GptConfig& model, int64_t B, int64_t Tn
   auto measure = [&](const GptConfig& cfg, int first) {
     GptStage<float> s(cfg, StageSpec{first, first + 1});
     s.init(1);
+    CheckpointPolicy keep;
+    keep.records = records;
+    s.set_plan(s.plan(keep, B, Tn));
     return pp::LayerCost{time_stage(s, B, Tn, reps), static_cast<double>(s.store_bytes(B, Tn)),
                          static_cast<double>(s.num_params()) * 4 * sizeof(float)};
   };
@@ -108,7 +112,8 @@ PartitionReport resolve_partition(const Config& config, const ParallelContext& c
   if (ctx.rank == 0) {
     try {
       const pp::ModelCosts costs =
-          measure_model_costs(config.model, config.micro_batch, config.model.seq_len);
+          measure_model_costs(config.model, config.micro_batch, config.model.seq_len, 3,
+                              config.checkpointing.policy.records);
       r.counts = pp::balanced_partition(costs, parts, in_flight,
                                         static_cast<double>(p.stage_memory_bytes));
       const std::vector<int> uniform = pp::uniform_partition(n, parts);

@@ -17,7 +17,9 @@ struct PartitionReport;
 PartitionReport resolve_partition(const Config& config, const ParallelContext& ctx);
 
 // One micro-batch of (B, T) through the embedding, a block and the head, in
-// one process with this machine's kernels: seconds (median of `reps`) and bytes.
-pp::ModelCosts measure_model_costs(const GptConfig& model, int64_t B, int64_t Tn, int reps = 3);
+// one process with this machine's kernels: seconds (median of `reps`) and bytes,
+// the records kept in `records` (a 16-bit run's type packs them).
+pp::ModelCosts measure_model_costs(const GptConfig& model, int64_t B, int64_t Tn, int reps = 3,
+                                   DType records = DType::kF32);
 
 }  // namespace loom

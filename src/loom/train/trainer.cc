@@ -567,13 +567,13 @@ void Trainer::describe_checkpointing() const {
   const CheckpointingConfig& a = config_.checkpointing;
   const GptStage<float>& s = engine_->stage();
   const int64_t B = config_.micro_batch, Tn = config_.model.seq_len;
-  if (a.policy.kind != CheckpointPolicy::kNone)
+  if (a.policy.kind != CheckpointPolicy::kNone || a.policy.records != DType::kF32)
     std::printf(
         "loom: activation checkpointing %s: %s; activations %.1f MB per micro-batch + %.1f MB "
         "recompute room (a block keeps %.1f MB whole, %.1f MB recomputed in full)\n",
         CheckpointPolicy::name(a.policy.kind), s.recompute_plan().describe().c_str(),
         double(s.store_bytes(B, Tn)) / 1e6, double(s.room_bytes(B, Tn)) / 1e6,
-        double(s.block_bytes(B, Tn, Recompute::kNone)) / 1e6,
+        double(s.block_bytes(B, Tn, Recompute::kNone, a.policy.records)) / 1e6,
         double(s.block_bytes(B, Tn, Recompute::kFull)) / 1e6);
   if (!a.deepspeed_keys) return;
   if (a.policy.kind == CheckpointPolicy::kNone)

@@ -39,6 +39,13 @@ int64_t ParallelAttention::recompute_elems(const Rows& rows, bool selective) con
   return selective ? rows.all() * Cl_ + rows.B * NHl_ * rows.Tn : 0;
 }
 
+std::vector<RecordRange> ParallelAttention::exact_ranges(const Rows& rows, bool selective) const {
+  // The log-sum-exp, as in one process.
+  const int64_t BT = rows.B * rows.Tn;
+  if (selective) return {};
+  return {{BT * 4 * Cl_, rows.B * NHl_ * rows.Tn}};
+}
+
 int64_t ParallelAttention::scratch_elems(const Rows& rows) const {
   // d_y (B,T,C/tp), d_qkv (B,T,3C/tp), the input gradient's partial sum
   // (B,T,C); with the sequence split, also the gathered input and output

@@ -31,6 +31,7 @@ class ParallelAttention final : public AttentionLayer<float> {
                     float proj_std, const Group& g);
   int64_t record_elems(const Rows& rows, bool selective) const override;
   int64_t recompute_elems(const Rows& rows, bool selective) const override;
+  std::vector<RecordRange> exact_ranges(const Rows& rows, bool selective) const override;
   int64_t scratch_elems(const Rows& rows) const override;
   void forward(const ParamStore<float>& ps, float* record, bool selective, float* out,
                const float* x, const Rows& rows, const cpu::DropoutSpec& probs,
@@ -57,6 +58,7 @@ class ParallelMlp final : public FeedForward<float> {
               const Group& g);
   int64_t record_elems(const Rows& rows, bool selective) const override;
   int64_t recompute_elems(const Rows& rows, bool selective) const override;
+  std::vector<RecordRange> exact_ranges(const Rows&, bool) const override { return {}; }
   int64_t scratch_elems(const Rows& rows) const override;
   void forward(const ParamStore<float>& ps, float* record, bool selective, float* out,
                const float* x, const Rows& rows, float* recompute) const override;
