@@ -4,12 +4,15 @@
 // and trained weights as keeping everything.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "loom/core/dtype.h"
 #include "loom/core/memory.h"
 #include "loom/model/gpt_stage.h"
 #include "loom/train/config.h"
@@ -309,6 +312,147 @@ TEST(Stage, TheActivationsCategoryHoldsTheStoreAndTheRoom) {
   }
 }
 
+// A 16-bit run's record of a block, packed and widened back: what must stay
+// f32 comes back bit for bit (the LayerNorm statistics, the attention's
+// log-sum-exp, a router's logits, found here from the layouts the layers
+// document, not from the ranges they name), everything else as its 16-bit
+// rounding; the packed size is the output and those ranges at 4 bytes and
+// the rest at 2.
+TEST(Stage, SixteenBitRecordsKeepTheExactRangesAndRoundTheRest) {
+  const int64_t B = 2, T = 16, N = B * T;
+  for (const bool moe : {false, true}) {
+    GptConfig c = tiny(0.0f, 2);
+    if (moe) c.moe_experts = 4, c.moe_top_k = 2;
+    const int64_t C = c.n_embd, NH = c.n_head, E = c.moe_experts;
+    ParamLayout layout;
+    layout.begin_unit("h.0");
+    const Block<float> block(layout, c, 0);
+    const Rows rw = Rows::whole(B, T);
+    for (const Recompute mode : {Recompute::kNone, Recompute::kSelective})
+      for (const DType t : {DType::kBF16, DType::kF16}) {
+        const std::string what = std::string(moe ? "moe" : "mlp") +
+                                 (mode == Recompute::kNone ? " whole " : " selective ") +
+                                 std::string(dtype_name(t));
+        const int64_t n = block.record_elems(rw, mode);
+        std::vector<float> whole(static_cast<size_t>(n)), back(whole.size(), -7.0f);
+        std::mt19937 gen(3);
+        std::normal_distribution<float> dist(0.0f, 3.0f);
+        for (float& v : whole) v = dist(gen);
+        std::vector<float> room(static_cast<size_t>(block.recompute_elems(rw, mode)));
+        Arena<float> rec(whole.data()), rm(room.data());
+        const BlockRecord<float> r = block.bind(rec, rm, rw, mode);
+        // The exact elements, from the documented layouts.
+        std::vector<char> exact(whole.size(), 0);
+        auto mark = [&](const float* p, int64_t count) {
+          std::fill_n(exact.begin() + (p - whole.data()), count, 1);
+        };
+        mark(r.ln1_mean, N), mark(r.ln1_rstd, N), mark(r.ln2_mean, N), mark(r.ln2_rstd, N);
+        if (mode == Recompute::kNone) mark(r.attn + 4 * N * C, B * NH * T);  // qkv, y, lse
+        if (moe) mark(r.ffn, N * E);                                         // the logits first
+        const int64_t out0 = r.res3 - whole.data();
+        ASSERT_EQ(out0 + N * C, n) << what << ": the output ends the record";
+        int64_t exact_n = 0;
+        for (char e : exact) exact_n += e;
+        EXPECT_EQ(block.packed_elems(rw, mode), N * C + exact_n + (n - N * C - exact_n + 1) / 2)
+            << what;
+
+        std::vector<float> slot(static_cast<size_t>(block.packed_elems(rw, mode)));
+        block.pack(whole.data(), slot.data(), rw, mode, t);
+        block.unpack(slot.data(), back.data(), rw, mode, t);
+        int64_t bad = 0, rounded = 0;
+        for (int64_t i = 0; i < out0; ++i) {
+          const float w = whole[static_cast<size_t>(i)];
+          const float want = exact[static_cast<size_t>(i)] ? w
+                             : t == DType::kBF16           ? bf16_to_f32(f32_to_bf16(w))
+                                                           : f16_to_f32(f32_to_f16(w));
+          bad += std::memcmp(&want, &back[static_cast<size_t>(i)], sizeof(float)) != 0;
+          rounded += want != w;
+        }
+        EXPECT_EQ(bad, 0) << what;
+        EXPECT_GT(rounded, (out0 - exact_n) * 9 / 10) << what << ": the rest was not rounded";
+        // The output is not written back (backward does not read it).
+        EXPECT_EQ(back[static_cast<size_t>(out0)], -7.0f) << what;
+      }
+  }
+}
+
+// A stage whose records are 16-bit: forward is unchanged (it reads f32
+// values; packing comes after), backward reads the rounded records, so the
+// gradients stay within bf16's rounding of the f32 records' gradients and
+// differ from them; the store shrinks by what packing saves, the room holds
+// one f32 record to compute and widen in, and the activations category
+// holds both. A block recomputed in full packs nothing.
+TEST(Stage, SixteenBitRecordsTrainCloseToF32RecordsInLessMemory) {
+  const GptConfig c = tiny(0.1f, 4);
+  const int64_t B = 2, T = 16, BT = B * T;
+  auto in = tokens(BT, c.vocab_size, 7), tg = tokens(BT, c.vocab_size, 8);
+  const StepContext ctx{5, 2, 8, true};
+  struct Out {
+    double loss;
+    std::map<std::string, std::vector<float>> grads;
+    size_t store, room, peak;
+  };
+  auto run = [&](CheckpointPolicy::Kind k, DType records) {
+    GptStage<float> m(c);
+    CheckpointPolicy p;
+    p.kind = k;
+    p.records = records;
+    m.set_plan(m.plan(p, B, T));
+    m.init(11);
+    m.zero_grads();
+    const size_t before = memory_tracker().stats().current[int(MemCategory::kActivations)];
+    memory_tracker().reset_peaks();
+    Out o;
+    {
+      auto a = m.make_activations(B, T);
+      o.loss = m.forward(a, in.data(), nullptr, tg.data(), ctx);
+      m.backward(a, 1.0);
+    }
+    o.grads = grads_by_name(m);
+    o.store = m.store_bytes(B, T), o.room = m.room_bytes(B, T);
+    o.peak = memory_tracker().stats().peak[int(MemCategory::kActivations)] - before;
+    return o;
+  };
+  GptStage<float> probe(c);
+  const Rows rw = Rows::whole(B, T);
+  for (auto k : {CheckpointPolicy::kNone, CheckpointPolicy::kSelective, CheckpointPolicy::kEveryN,
+                 CheckpointPolicy::kFull}) {
+    const char* name = CheckpointPolicy::name(k);
+    const Out f32 = run(k, DType::kF32), half = run(k, DType::kBF16);
+    EXPECT_EQ(half.loss, f32.loss) << name;
+    EXPECT_EQ(half.peak, half.store + half.room) << name;
+    double worst = 0, scale = 0;
+    for (const auto& [param, g] : f32.grads)
+      for (size_t i = 0; i < g.size(); ++i) {
+        worst = std::max(worst, double(std::abs(half.grads.at(param)[i] - g[i])));
+        scale = std::max(scale, double(std::abs(g[i])));
+      }
+    // What packing saves: each packed block's record less its packed size.
+    RecomputePlan plan = plan_for(probe, k, B, T);
+    size_t saved = 0;
+    for (size_t i = 0; i < plan.blocks.size(); ++i) {
+      if (plan.blocks[i] == Recompute::kFull) continue;
+      ParamLayout layout;
+      layout.begin_unit("h");
+      const Block<float> b(layout, c, static_cast<int>(i));
+      saved += size_t(b.record_elems(rw, plan.blocks[i]) - b.packed_elems(rw, plan.blocks[i])) * 4;
+    }
+    EXPECT_EQ(half.store, f32.store - saved) << name;
+    if (k == CheckpointPolicy::kFull) {
+      EXPECT_TRUE(half.grads == f32.grads) << "full recomputation keeps only f32 outputs";
+      EXPECT_EQ(saved, 0u);
+      continue;
+    }
+    EXPECT_GT(saved, f32.store / 3) << name;
+    EXPECT_GT(worst, 0.0) << name << ": the gradients did not read 16-bit records";
+    EXPECT_LT(worst, 2e-2 * scale) << name;
+    std::printf(
+        "[ records ] %s: bf16 store %.1f KB of f32's %.1f KB (+ room %.1f KB); largest "
+        "gradient difference %.1e of the largest gradient\n",
+        name, half.store / 1e3, f32.store / 1e3, half.room / 1e3, worst / scale);
+  }
+}
+
 TEST(Stage, TheUnitScheduleRecomputesBeforeBackward) {
   GptStage<float> m(tiny(0.0f, 2));
   CheckpointPolicy p;
@@ -394,6 +538,19 @@ TEST(Config, ActivationCheckpointingKeysAreChecked) {
   EXPECT_EQ(c.checkpointing.policy.kind, CheckpointPolicy::kFull);
   EXPECT_TRUE(c.checkpointing.deepspeed_keys);
   EXPECT_EQ(c.resolved["activation_checkpointing"]["policy"], "full");
+  // Records follow the run's precision unless told f32.
+  auto records = [](const std::vector<std::string>& o) {
+    return parse_config(R"({"train_batch_size": 4, "data": {"synthetic": true}})", "f.json", o)
+        .checkpointing.policy.records;
+  };
+  EXPECT_EQ(records({}), DType::kF32);
+  EXPECT_EQ(records({"bf16.enabled=true"}), DType::kBF16);
+  EXPECT_EQ(records({"fp16.enabled=true"}), DType::kF16);
+  EXPECT_EQ(records({"bf16.enabled=true", "activation_checkpointing.activation_dtype=f32"}),
+            DType::kF32);
+  EXPECT_EQ(records({"activation_checkpointing.activation_dtype=auto"}), DType::kF32);
+  EXPECT_HAS(parse({"activation_checkpointing.activation_dtype=bf16"}),
+             "activation_checkpointing.activation_dtype");
 }
 
 TEST(Config, TensorParallelSizesAreChecked) {
