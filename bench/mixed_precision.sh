@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # 16-bit training against f32, three figures (docs/performance.md):
 #   1. step time of configs/bench/gpt-m.json in one process, f32 / bf16 / fp16
-#      (and the 16-bit ones with kernels.gemm_inputs: 16bit) measured in
-#      alternating rounds, with forward, backward and optimizer medians from
-#      metrics.jsonl;
+#      (and the 16-bit ones with kernels.gemm_inputs: 16bit, and bf16 with
+#      its activation records kept in f32) measured in alternating rounds,
+#      with forward, backward and optimizer medians from metrics.jsonl and
+#      the activations' peak bytes;
 #   2. the demo model on the demo data (configs/demo.json) for STEPS_DEMO
-#      steps in each precision: the loss every 50 steps, the largest relative
+#      steps in each precision (and bf16 with f32 records): the loss every
+#      50 steps, the largest relative
 #      difference from f32 over a window of 10 steps, the final validation loss;
 #   3. the DeepSpeed-style config configs/deepspeed-fp16.json on 2 ranks
 #      (fp16, ZeRO-3, offload_optimizer cpu).
@@ -19,17 +21,19 @@ rounds=${ROUNDS:-3} steps=${STEPS:-8} steps_demo=${STEPS_DEMO:-300}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-precisions="f32 bf16 fp16"
+precisions="f32 bf16 fp16 bf16+f32rec"
 # The step-time table also runs each 16-bit type with 16-bit GEMM inputs.
-timed="f32 bf16 fp16 bf16+gemm16 fp16+gemm16"
-flag() { [[ $1 == f32 ]] && echo "train.seed=1234" || echo "${1%+gemm16}.enabled=true"; }
+timed="f32 bf16 fp16 bf16+f32rec bf16+gemm16 fp16+gemm16"
+flag() { [[ $1 == f32 ]] && echo "train.seed=1234" || echo "${1%%+*}.enabled=true"; }
 gemm() { [[ $1 == *+gemm16 ]] && echo "kernels.gemm_inputs=16bit" || echo "kernels.gemm_inputs=f32"; }
+rec() { [[ $1 == *+f32rec ]] && echo "activation_checkpointing.activation_dtype=f32" ||
+  echo "activation_checkpointing.activation_dtype=auto"; }
 
 echo "# machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores"
 for ((r = 1; r <= rounds; r++)); do
   for p in $timed; do
     OMP_NUM_THREADS=$(nproc) "$loom" train --config configs/bench/gpt-m.json --set "$(flag "$p")" \
-      --set "$(gemm "$p")" --set train.steps="$steps" --out "$work/m-$p-$r" \
+      --set "$(gemm "$p")" --set "$(rec "$p")" --set train.steps="$steps" --out "$work/m-$p-$r" \
       > "$work/m-$p-$r.txt" 2>&1 ||
       { cat "$work/m-$p-$r.txt"; exit 1; }
   done
@@ -40,7 +44,7 @@ if [[ -z ${SKIP_DEMO:-} ]]; then
   [[ -f data/fortunes/train.bin ]] || { echo "data/fortunes: run scripts/demo.sh once first"; exit 1; }
   for p in $precisions; do
     OMP_NUM_THREADS=$(nproc) "$loom" train --config configs/demo.json --set "$(flag "$p")" \
-      --set train.steps="$steps_demo" --set train.eval_every="$steps_demo" \
+      --set "$(rec "$p")" --set train.steps="$steps_demo" --set train.eval_every="$steps_demo" \
       --set checkpoint.every=0 --set train.sample_tokens=0 --out "$work/d-$p" \
       > "$work/d-$p.txt" 2>&1 || { cat "$work/d-$p.txt"; exit 1; }
   done
@@ -55,18 +59,19 @@ import json, statistics as S, sys
 work, rounds, precs, skip_demo, timed = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4], sys.argv[5].split()
 load = lambda d: [json.loads(l) for l in open(f"{d}/metrics.jsonl")]
 print("\n## gpt-m step time (one process; first two steps left out)")
-print("| precision | step s (median of rounds) | vs f32 | forward s | backward s | optimizer s | tokens/s |")
-print("|---|---|---|---|---|---|---|")
+print("| precision | step s (median of rounds) | vs f32 | forward s | backward s | optimizer s | tokens/s | activations MB |")
+print("|---|---|---|---|---|---|---|---|")
 med = {}
 for p in timed:
     rr = [load(f"{work}/m-{p}-{r}")[2:] for r in range(1, rounds + 1)]
     m = lambda k: S.median(S.median(x["time"][k] for x in run) for run in rr)
     med[p] = {k: m(k) for k in ("step", "forward", "backward", "optimizer")}
     med[p]["tps"] = S.median(S.median(x["tokens_per_s"] for x in run) for run in rr)
+    med[p]["act"] = max(x["mem"]["activations"] for x in rr[0]) / 1e6
 for p in timed:
     d = med[p]
     print(f"| {p} | {d['step']:.3f} | {d['step'] / med['f32']['step']:.2f}x | {d['forward']:.3f} | "
-          f"{d['backward']:.3f} | {d['optimizer']:.3f} | {d['tps']:.0f} |")
+          f"{d['backward']:.3f} | {d['optimizer']:.3f} | {d['tps']:.0f} | {d['act']:.1f} |")
 if not skip_demo:
     print("\n## demo model on the demo data: loss every 50 steps")
     runs = {p: load(f"{work}/d-{p}") for p in precs}

@@ -408,11 +408,28 @@ std::vector<Layout> layouts(int world) {
                     {dp, "zero_optimization.stage=2"},
                     {on[0], "kernels.gemm_inputs=16bit"},
                     half_gemm});
+    // (16-bit GEMMs read the gathered 16-bit units, and the zero-bubble
+    // B pass the 16-bit weights before W runs.)
+    data.push_back({n + ", 16-bit GEMM inputs, zero-3, nothing resident",
+                    {dp, "zero_optimization.stage=3",
+                     "zero_optimization.stage3_param_persistence_threshold=0"},
+                    {on[0], "kernels.gemm_inputs=16bit"},
+                    half_gemm});
+    if (world == 2)
+      data.push_back({n + ", 16-bit GEMM inputs, pp 2, zero_bubble",
+                      {"parallel.pipeline=2", acc4, "parallel.schedule=zero_bubble"},
+                      {on[0], "kernels.gemm_inputs=16bit"},
+                      half_gemm});
     // Mixtures of experts with 16-bit records (the router's logits stay f32).
     std::vector<std::string> moe_half = moe;
     moe_half.push_back(on[0]);
     data.push_back(
         {n + ", moe, ep 2, zero-2", {dp, ep2, "zero_optimization.stage=2"}, moe_half, half_moe});
+    moe_half.push_back("kernels.gemm_inputs=16bit");
+    data.push_back({n + ", moe, ep 2, zero-3, 16-bit GEMM inputs",
+                    {dp, ep2, "zero_optimization.stage=3"},
+                    moe_half,
+                    half_moe});
   }
   // (A step skipped for an fp16 overflow: NonFinite below. Overflows that
   // arise by themselves depend on the layout: a rank's gradients, rounded

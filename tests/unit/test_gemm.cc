@@ -204,6 +204,23 @@ TEST(Gemm, SixteenBitInputsAccumulateInF32) {
           // Padding between rows of C is untouched.
           for (int64_t i = 0; i < M; ++i)
             for (int64_t j = N; j < ldc; ++j) EXPECT_EQ(C[i * ldc + j], C0[i * ldc + j]);
+          // B given as its 16-bit values (a weight held in 16 bits; B not
+          // read): bit for bit the same products, with ldb as above and
+          // packed (which the bf16 path reads in place).
+          for (const bool packed : {false, true}) {
+            const int64_t ldb16 = packed ? (tb ? K : N) : ldb;
+            std::vector<uint16_t> B16((tb ? N : K) * ldb16);
+            for (int64_t r0 = 0; r0 < (tb ? N : K); ++r0)
+              for (int64_t c0 = 0; c0 < (tb ? K : N); ++c0) {
+                const float x = B[r0 * ldb + c0];
+                B16[r0 * ldb16 + c0] = t == DType::kBF16 ? f32_to_bf16(x) : f32_to_f16(x);
+              }
+            std::vector<float> C16 = C0;
+            cpu::gemm_16(t, ta, tb, M, N, K, alpha, A.data(), lda, nullptr, ldb16, beta, C16.data(),
+                         ldc, B16.data());
+            EXPECT_EQ(0, std::memcmp(C16.data(), C.data(), C.size() * sizeof(float)))
+                << dtype_name(t) << " ta " << ta << " tb " << tb << " packed " << packed;
+          }
         }
   // From the threads of a parallel region at once (as the attention kernel
   // calls it), each its own problem: the same results as one at a time.

@@ -139,6 +139,61 @@ TEST(MixedPrecision, SixteenBitGemmInputsTrainLikeF32Inputs) {
   EXPECT_EQ(cpu::gemm_inputs(), DType::kF32);
 }
 
+// With 16-bit GEMM inputs the layers read a unit's matrices in 16 bits
+// where the engine holds them (the embeddings' lookups widen the rows
+// they read), and only the unit's other parameters are widened to f32:
+// the GEMMs see the same values as through a whole f32 copy rounded
+// again, so the run is bit for bit the one with the copy, at every ZeRO
+// stage; the copy's bytes leave the `comm` category's peak; and a layer
+// reading a matrix as f32 while so bound is stopped naming it.
+TEST(MixedPrecision, SixteenBitGemmsReadTheSixteenBitWeightsWithoutAnF32Copy) {
+  for (const char* t : {"bf16", "fp16"})
+    for (int stage : {0, 3}) {
+      const std::vector<std::string> o = {std::string(t) + ".enabled=true",
+                                          "kernels.gemm_inputs=16bit", "train.steps=4",
+                                          "zero_optimization.stage=" + std::to_string(stage),
+                                          "zero_optimization.stage3_param_persistence_threshold=0"};
+      auto train = [&](bool weights16) {
+        Config c = parse_config(kRun, "test", o);
+        EXPECT_TRUE(c.zero.weights16);
+        c.zero.weights16 = weights16;
+        Trainer tr(c, quiet(), ThreadConfig{});
+        memory_tracker().reset_peaks();
+        std::vector<double> losses, norms;
+        for (const StepResult& r : tr.run()) losses.push_back(r.loss), norms.push_back(r.grad_norm);
+        const size_t comm = memory_tracker().stats().peak[static_cast<int>(MemCategory::kComm)];
+        return std::make_tuple(losses, norms, comm);
+      };
+      const auto [l16, s16, comm16] = train(true);
+      const auto [l32, s32, comm32] = train(false);
+      const std::string what = std::string(t) + " stage " + std::to_string(stage);
+      EXPECT_EQ(l16, l32) << what;
+      EXPECT_EQ(s16, s32) << what;
+      // The largest unit, the embeddings (wte 64 x 32 and wpe 16 x 32), is
+      // no longer widened: its 2560 f32 elements leave the peak.
+      EXPECT_LE(comm16 + 2560 * 4, comm32) << what;
+      std::printf(
+          "[ precision ] %s, 16-bit GEMMs: comm peak %zu bytes reading 16-bit weights, "
+          "%zu with an f32 copy\n",
+          what.c_str(), comm16, comm32);
+    }
+  // A matrix read as f32 while its unit is bound in 16 bits.
+  ParamLayout layout;
+  layout.begin_unit("u");
+  const ParamId w = layout.add("m.weight", {4, 8}, true, ParamInit{});
+  const ParamId b = layout.add("m.bias", {8}, false, ParamInit{});
+  ParamStore<float> ps;
+  ps.build(std::move(layout), StoreOptions{1, false, false});
+  std::vector<uint16_t> h(48, 0x3f80);  // bf16 1.0
+  std::vector<float> widened(16, 2.0f);
+  ps.bind_params16(0, h.data(), widened.data(), DType::kBF16);
+  EXPECT_EQ(ps.weight(w).w16, h.data());
+  EXPECT_EQ(ps.weight(w)[3], 1.0f);
+  EXPECT_EQ(ps.param(b), widened.data() + ps.layout()[b].widened);
+  EXPECT_HAS(test::error_of([&] { ps.param(w); }),
+             "'m.weight' is held in 16 bits alone while 16-bit GEMMs read it");
+}
+
 // Overflows forced at steps 2, 3, 4 and 9 (a NaN in one gradient), hysteresis
 // 2, window 3, from 2^10: by hand (the scale a step runs with; the update
 // after it):

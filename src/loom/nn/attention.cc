@@ -63,9 +63,9 @@ void Attention<T>::forward(const ParamStore<T>& ps, T* record, bool selective, T
   const int64_t B = rows.B, Tn = rows.Tn;
   const int64_t BT = B * Tn;
   const Record r = bind(record, recompute, B, Tn, selective);
-  cpu::matmul_forward(r.qkv, x, ps.param(c_attn_w), ps.param(c_attn_b), BT, C_, 3 * C_);
+  cpu::matmul_forward(r.qkv, x, ps.weight(c_attn_w), ps.param(c_attn_b), BT, C_, 3 * C_);
   cpu::attention_forward(r.y, r.lse, r.qkv, B, Tn, C_, NH_, probs);
-  cpu::matmul_forward(out, r.y, ps.param(c_proj_w), ps.param(c_proj_b), BT, C_, C_);
+  cpu::matmul_forward(out, r.y, ps.weight(c_proj_w), ps.param(c_proj_b), BT, C_, C_);
 }
 
 template <typename T>

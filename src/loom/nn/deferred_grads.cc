@@ -48,11 +48,11 @@ void linear_backward(const ParamStore<T>& ps, T* dinp, ParamId w, ParamId b, con
                      const T* inp, int64_t N, int64_t C, int64_t OC) {
   DeferredGrads<T>* d = ps.deferral();
   if (!d) {
-    cpu::matmul_backward(dinp, ps.grad(w), b.valid() ? ps.grad(b) : nullptr, dout, inp, ps.param(w),
-                         N, C, OC);
+    cpu::matmul_backward(dinp, ps.grad(w), b.valid() ? ps.grad(b) : nullptr, dout, inp,
+                         ps.weight(w), N, C, OC);
     return;
   }
-  if (dinp) cpu::matmul_backward<T>(dinp, nullptr, nullptr, dout, nullptr, ps.param(w), N, C, OC);
+  if (dinp) cpu::matmul_backward<T>(dinp, nullptr, nullptr, dout, nullptr, ps.weight(w), N, C, OC);
   const T* dy = d->keep(dout, N * OC);
   const T* x = d->keep(inp, N * C);
   d->add([=](const ParamStore<T>& s) {
@@ -66,10 +66,10 @@ void tied_head_backward(const ParamStore<T>& ps, T* dinp, ParamId wte, const T* 
                         int64_t N, int64_t C, int64_t V) {
   DeferredGrads<T>* d = ps.deferral();
   if (!d) {
-    cpu::matmul_nt_backward(dinp, ps.grad(wte), dout, inp, ps.param(wte), N, C, V);
+    cpu::matmul_nt_backward(dinp, ps.grad(wte), dout, inp, ps.weight(wte), N, C, V);
     return;
   }
-  cpu::matmul_nt_backward<T>(dinp, nullptr, dout, nullptr, ps.param(wte), N, C, V);
+  cpu::matmul_nt_backward<T>(dinp, nullptr, dout, nullptr, ps.weight(wte), N, C, V);
   const T* dy = d->keep(dout, N * V);
   const T* x = d->keep(inp, N * C);
   d->add([=](const ParamStore<T>& s) {

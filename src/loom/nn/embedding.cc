@@ -17,7 +17,7 @@ template <typename T>
 void Embedding<T>::forward(const ParamStore<T>& ps, T* out, const int32_t* tokens, const Rows& rows,
                            const Dropout& drop) const {
   LOOM_CHECK(!rows.split(), "the single-process embedding works on whole micro-batches");
-  cpu::encoder_forward(out, tokens, ps.param(wte_), ps.param(wpe_), rows.B, rows.Tn, C_);
+  cpu::encoder_forward<T>(out, tokens, ps.weight(wte_), ps.weight(wpe_), rows.B, rows.Tn, C_);
   drop.apply(out, -1, DropoutSite::kEmbedding, rows, C_);
 }
 

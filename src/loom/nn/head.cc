@@ -31,7 +31,7 @@ template <typename T>
 void Head<T>::logits_forward(const ParamStore<T>& ps, const HeadRecord<T>& r,
                              const Rows& rows) const {
   const int64_t BT = rows.all();
-  cpu::matmul_nt_forward(r.logits, r.lnf, ps.param(this->wte_), BT, c_.n_embd, c_.padded_vocab());
+  cpu::matmul_nt_forward(r.logits, r.lnf, ps.weight(this->wte_), BT, c_.n_embd, c_.padded_vocab());
 }
 
 template <typename T>

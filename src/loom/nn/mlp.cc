@@ -40,10 +40,10 @@ void Mlp<T>::forward(const ParamStore<T>& ps, T* record, bool selective, T* out,
   const int64_t BT = rows.count;
   T* fch = record;
   T* fch_gelu = selective ? recompute : record + BT * 4 * C_;
-  cpu::matmul_forward(fch, x, ps.param(c_fc_w), ps.param(c_fc_b), BT, C_, 4 * C_);
+  cpu::matmul_forward(fch, x, ps.weight(c_fc_w), ps.param(c_fc_b), BT, C_, 4 * C_);
   cpu::gelu_forward(fch_gelu, fch, BT * 4 * C_);
   if (out == nullptr) return;
-  cpu::matmul_forward(out, fch_gelu, ps.param(c_proj_w), ps.param(c_proj_b), BT, 4 * C_, C_);
+  cpu::matmul_forward(out, fch_gelu, ps.weight(c_proj_w), ps.param(c_proj_b), BT, 4 * C_, C_);
 }
 
 template <typename T>

@@ -175,7 +175,7 @@ void MoeLayer<T>::forward_rows(const ParamStore<T>& ps, T* record, bool selectiv
   T* xe = dispatcher_ ? y + n * C_ : xrows;  // the rows the experts here run
   T* rec = dispatcher_ ? xe + R * C_ : y + n * C_;
   if (learned())
-    cpu::matmul_forward(logits, x, ps.param(router_w), static_cast<const T*>(nullptr), N, C_,
+    cpu::matmul_forward(logits, x, ps.weight(router_w), static_cast<const T*>(nullptr), N, C_,
                         static_cast<int64_t>(E));
   const Routing<T> r = routing(logits, rows, router_b.valid() ? ps.param(router_b) : nullptr, row0);
   const Dispatch d = dispatch_order(r);

@@ -135,6 +135,10 @@ ParamId ParamLayout::add(std::string name, Shape shape, bool decay, ParamInit in
   next_ += (p.numel + 15) / 16 * 16;
   // The open unit ends padded to unit_multiple_.
   Unit& u = units_.back();
+  if (!p.matrix()) {
+    p.widened = u.widened;
+    u.widened += (p.numel + 15) / 16 * 16;
+  }
   u.end = u.begin + (next_ - u.begin + unit_multiple_ - 1) / unit_multiple_ * unit_multiple_;
   total_ = u.end;
   params_.push_back(std::move(p));

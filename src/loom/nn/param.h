@@ -77,6 +77,10 @@ struct Param {
   int unit = 0;        // the unit (see ParamLayout) it belongs to
   bool decay = false;  // weight decay applies (matrices and embeddings, not biases or norms)
   ParamInit init;
+  // Where it sits in its unit's widened copy when the run's matrices are
+  // read in 16 bits (ParamStore::bind_params16); -1: a matrix, read so.
+  int64_t widened = -1;
+  bool matrix() const { return local.rank() == 2; }
 };
 
 // A contiguous range of the flat buffers holding the parameters that are used
@@ -92,7 +96,8 @@ struct Param {
 struct Unit {
   std::string name;  // "embeddings", "h.3", "ln_f", "h.3.experts"
   int64_t begin = 0, end = 0;
-  int host = -1;  // an expert unit's host unit; -1: a dense unit
+  int host = -1;        // an expert unit's host unit; -1: a dense unit
+  int64_t widened = 0;  // elements of its parameters that are not matrices (aligned as above)
   int64_t size() const { return end - begin; }
   bool expert() const { return host >= 0; }
 };

@@ -14,6 +14,8 @@ void ParamStore<T>::build(ParamLayout layout, StoreOptions options) {
   const size_t n_units = layout_.units().size();
   unit_params_.assign(n_units, nullptr);
   unit_grads_.assign(n_units, nullptr);
+  unit_params16_.assign(n_units, nullptr);
+  unit_widened_.assign(n_units, nullptr);
   params_ = Buffer();
   grads_ = Buffer();
   if (options.params) allocate_params();
@@ -28,13 +30,23 @@ void ParamStore<T>::allocate_params() {
   if (!params_.data())
     params_ = Buffer(static_cast<size_t>(layout_.total()) * sizeof(T), MemCategory::kParams);
   for (size_t u = 0; u < unit_params_.size(); ++u)
-    unit_params_[u] = params() + begin(static_cast<int>(u));
+    bind_params(static_cast<int>(u), params() + begin(static_cast<int>(u)));
 }
 
 template <typename T>
 void ParamStore<T>::release_params() {
   params_ = Buffer();
   unit_params_.assign(unit_params_.size(), nullptr);
+  unit_widened_.assign(unit_widened_.size(), nullptr);
+}
+
+template <typename T>
+T* ParamStore<T>::widened_param(const Param& p) const {
+  LOOM_CHECK(!p.matrix(),
+             "'{}' is held in 16 bits alone while 16-bit GEMMs read it (kernels.gemm_inputs: "
+             "16bit): a layer must read it through weight(), not param()",
+             p.name);
+  return unit_widened_[static_cast<size_t>(p.unit)] + p.widened;
 }
 
 template <typename T>

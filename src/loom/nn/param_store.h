@@ -10,7 +10,9 @@
 #include <functional>
 #include <vector>
 
+#include "loom/core/dtype.h"
 #include "loom/core/memory.h"
+#include "loom/kernels/cpu/matmul.h"
 #include "loom/nn/param.h"
 
 namespace loom {
@@ -66,14 +68,40 @@ class ParamStore {
   // The full flat buffers; null when not allocated (see StoreOptions).
   T* params() const { return params_.template as<T>(); }
   T* grads() const { return grads_.template as<T>(); }
-  T* param(const Param& p) const { return unit_params_[p.unit] + (p.offset - begin(p.unit)); }
+  T* param(const Param& p) const {
+    if (unit_widened_[static_cast<size_t>(p.unit)]) return widened_param(p);
+    return unit_params_[p.unit] + (p.offset - begin(p.unit));
+  }
   T* grad(const Param& p) const { return unit_grads_[p.unit] + (p.offset - begin(p.unit)); }
   T* param(ParamId id) const { return param(layout_[id]); }
+  // A matrix as a GEMM takes it: its 16-bit values while its unit is bound
+  // by bind_params16, else param().
+  cpu::Weight<T> weight(ParamId id) const {
+    const Param& p = layout_[id];
+    const size_t u = static_cast<size_t>(p.unit);
+    if (unit_widened_[u] && p.matrix())
+      return cpu::Weight<T>(unit_params16_[u] + (p.offset - begin(p.unit)), dtype16_);
+    return cpu::Weight<T>(param(p));
+  }
   T* grad(ParamId id) const { return grad(layout_[id]); }
 
   // Points unit u's parameters (gradients) at `base`, which holds the unit's
   // elements [begin, end) of the flat layout; null unbinds.
-  void bind_params(int u, T* base) { unit_params_[static_cast<size_t>(u)] = base; }
+  void bind_params(int u, T* base) {
+    unit_params_[static_cast<size_t>(u)] = base;
+    unit_widened_[static_cast<size_t>(u)] = nullptr;
+  }
+  // A 16-bit run whose GEMMs read 16-bit weights: unit u's matrices are the
+  // 16-bit values (type t) at base16, which holds the unit's elements
+  // [begin, end); its other parameters are f32 in `widened`, at their
+  // Param::widened offsets. param() of a matrix is then an error (only
+  // weight() reads it); bind_params(u, ...) ends it.
+  void bind_params16(int u, const uint16_t* base16, T* widened, DType t) {
+    unit_params_[static_cast<size_t>(u)] = nullptr;
+    unit_params16_[static_cast<size_t>(u)] = base16;
+    unit_widened_[static_cast<size_t>(u)] = widened;
+    dtype16_ = t;
+  }
   void bind_grads(int u, T* base) { unit_grads_[static_cast<size_t>(u)] = base; }
   // Allocates the full parameter buffer if it is not, and binds every unit
   // to it; release_params() frees it again (both for ZeRO stage 3).
@@ -102,10 +130,16 @@ class ParamStore {
 
  private:
   int64_t begin(int u) const { return layout_.units()[static_cast<size_t>(u)].begin; }
+  T* widened_param(const Param& p) const;
 
   ParamLayout layout_;
   Buffer params_, grads_;
   std::vector<T*> unit_params_, unit_grads_;
+  // bind_params16's: per unit the 16-bit base and the widened copy (null:
+  // not so bound), and the type.
+  std::vector<const uint16_t*> unit_params16_;
+  std::vector<T*> unit_widened_;
+  DType dtype16_ = DType::kF32;
   UnitHooks hooks_;
   DeferredGrads<T>* defer_ = nullptr;
 };

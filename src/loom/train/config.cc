@@ -855,6 +855,7 @@ Config parse_config(const std::string& text, const std::string& source,
   c.log.trace = get_or<bool>(j, "log.trace", false);
   c.kernels.gemm = get_or<std::string>(j, "kernels.gemm", "auto");
   c.kernels.gemm_inputs = get_or<std::string>(j, "kernels.gemm_inputs", "f32");
+  c.zero.weights16 = c.kernels.gemm_inputs == "16bit" && c.precision != DType::kF32;
   if (c.kernels.gemm_inputs == "16bit" && c.precision == DType::kF32)
     fail(source,
          "kernels.gemm_inputs: 16bit rounds GEMM inputs to the run's 16-bit type; it needs "

@@ -7,15 +7,19 @@
 namespace loom::cpu {
 
 template <typename T>
-void encoder_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int64_t B,
+void encoder_forward(T* out, const int32_t* tokens, WeightArg<T> wte, WeightArg<T> wpe, int64_t B,
                      int64_t Tn, int64_t C) {
+  const bool f32 = wte.w16 == nullptr && wpe.w16 == nullptr;
 #pragma omp parallel for collapse(2)
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t t = 0; t < Tn; ++t) {
       T* o = out + (b * Tn + t) * C;
-      const T* e = wte + static_cast<int64_t>(tokens[b * Tn + t]) * C;
-      const T* p = wpe + t * C;
-      for (int64_t c = 0; c < C; ++c) o[c] = e[c] + p[c];
+      const int64_t e = static_cast<int64_t>(tokens[b * Tn + t]) * C, p = t * C;
+      if (f32) {
+        for (int64_t c = 0; c < C; ++c) o[c] = wte.data[e + c] + wpe.data[p + c];
+      } else {
+        for (int64_t c = 0; c < C; ++c) o[c] = wte[e + c] + wpe[p + c];
+      }
     }
   }
 }
@@ -70,9 +74,9 @@ void encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, in
   encoder_backward_rows(dwte, dwpe, dout, tokens, B, Tn, C, 0, std::numeric_limits<int64_t>::max());
 }
 
-template void encoder_forward<float>(float*, const int32_t*, const float*, const float*, int64_t,
-                                     int64_t, int64_t);
-template void encoder_forward<double>(double*, const int32_t*, const double*, const double*,
+template void encoder_forward<float>(float*, const int32_t*, WeightArg<float>, WeightArg<float>,
+                                     int64_t, int64_t, int64_t);
+template void encoder_forward<double>(double*, const int32_t*, WeightArg<double>, WeightArg<double>,
                                       int64_t, int64_t, int64_t);
 template void encoder_backward<float>(float*, float*, const float*, const int32_t*, int64_t,
                                       int64_t, int64_t);

@@ -3,11 +3,13 @@
 
 #include <cstdint>
 
+#include "loom/kernels/cpu/matmul.h"  // Weight
+
 namespace loom::cpu {
 
 // out (B, T, C) = wte[tokens[b, t]] + wpe[t]; tokens (B, T), wte (V, C), wpe (maxT, C).
 template <typename T>
-void encoder_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int64_t B,
+void encoder_forward(T* out, const int32_t* tokens, WeightArg<T> wte, WeightArg<T> wpe, int64_t B,
                      int64_t Tn, int64_t C);
 
 // Accumulates dwte[tokens[b, t]] += dout[b, t] and dwpe[t] += dout[b, t], each row's

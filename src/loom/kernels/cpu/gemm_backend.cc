@@ -210,6 +210,12 @@ namespace {
 inline float at(const float* X, int64_t ld, bool trans, int64_t i, int64_t j) {
   return trans ? X[j * ld + i] : X[i * ld + j];
 }
+inline uint16_t at(const uint16_t* X, int64_t ld, bool trans, int64_t i, int64_t j) {
+  return trans ? X[j * ld + i] : X[i * ld + j];
+}
+inline float widen(uint16_t x, DType t) {
+  return t == DType::kBF16 ? bf16_to_f32(x) : f16_to_f32(x);
+}
 
 // op(X)'s rows [0, rows) and columns [c0, c1), rounded to t, into dst
 // (rows x (c1 - c0), f32 values or 16-bit words).
@@ -229,7 +235,7 @@ void round_block(const float* X, int64_t ld, bool trans, int64_t rows, int64_t c
 // accumulating into C.
 void gemm_16_tiled(DType t, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
                    const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
-                   int64_t ldc) {
+                   int64_t ldc, const uint16_t* B16) {
   constexpr int64_t kTile = 256;
   if (K == 0) {
     gemm_f32(false, false, M, N, 0, alpha, A, 1, B, N, beta, C, ldc);
@@ -244,9 +250,14 @@ void gemm_16_tiled(DType t, bool ta, bool tb, int64_t M, int64_t N, int64_t K, f
     round_block(A, lda, ta, M, k0, k1, t, a.as<float>());
     // op(B) rows [k0, k1) = op(B)^T's columns: read B^T's block transposed.
     float* bt = b.as<float>();
+    // (16-bit B: the tile widened, exactly.)
 #pragma omp parallel for
     for (int64_t r = 0; r < k; ++r)
       for (int64_t j = 0; j < N; ++j) {
+        if (B16) {
+          bt[r * N + j] = widen(at(B16, ldb, tb, k0 + r, j), t);
+          continue;
+        }
         const float x = at(B, ldb, tb, k0 + r, j);
         bt[r * N + j] = t == DType::kBF16 ? bf16_to_f32(f32_to_bf16(x)) : f16_to_f32(f32_to_f16(x));
       }
@@ -321,22 +332,28 @@ const char* gemm_16_path(DType t) {
 
 void gemm_16(DType t, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
              const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
-             int64_t ldc) {
+             int64_t ldc, const uint16_t* B16) {
   LOOM_CHECK(t == DType::kBF16 || t == DType::kF16, "gemm_16 asked for {}", dtype_name(t));
   if (M == 0 || N == 0) return;
 #ifdef LOOM_HAVE_ONEDNN
   if (t == DType::kBF16 && K > 0 && bf16_matmul_runs()) {
-    // op(A) and op(B) as contiguous bf16 copies, then one primitive.
+    // op(A) and op(B) as contiguous bf16 copies, then one primitive; a
+    // 16-bit B already laid out as op(B) is read where it is.
     Buffer a(static_cast<size_t>(M * K) * 2, MemCategory::kWorkspace, false);
-    Buffer b(static_cast<size_t>(K * N) * 2, MemCategory::kWorkspace, false);
     uint16_t* a16 = a.as<uint16_t>();
-    uint16_t* b16 = b.as<uint16_t>();
 #pragma omp parallel for
     for (int64_t i = 0; i < M; ++i)
       for (int64_t k = 0; k < K; ++k) a16[i * K + k] = f32_to_bf16(at(A, lda, ta, i, k));
+    Buffer b;
+    uint16_t* b16 = const_cast<uint16_t*>(B16);  // oneDNN's handle is not const; only read
+    if (!B16 || tb || ldb != N) {
+      b = Buffer(static_cast<size_t>(K * N) * 2, MemCategory::kWorkspace, false);
+      b16 = b.as<uint16_t>();
 #pragma omp parallel for
-    for (int64_t k = 0; k < K; ++k)
-      for (int64_t j = 0; j < N; ++j) b16[k * N + j] = f32_to_bf16(at(B, ldb, tb, k, j));
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t j = 0; j < N; ++j)
+          b16[k * N + j] = B16 ? at(B16, ldb, tb, k, j) : f32_to_bf16(at(B, ldb, tb, k, j));
+    }
     Bf16Matmul& mm = bf16_matmul(M, N, K, ldc, alpha, beta);
     dnnl::memory am(mm.a_md, mm.engine, a16), bm(mm.b_md, mm.engine, b16),
         cm(mm.c_md, mm.engine, C);
@@ -345,7 +362,7 @@ void gemm_16(DType t, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float a
     return;
   }
 #endif
-  gemm_16_tiled(t, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  gemm_16_tiled(t, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, B16);
 }
 
 double measure_gemm_gflops(DType t, int n, int reps) {

@@ -57,9 +57,12 @@ void gemm_f32(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, co
 // operands converted into 16-bit copies, never into f32 ones); f16, or bf16
 // without oneDNN or on a CPU where it refuses bf16, by converting K-tiles of both operands (256
 // deep) to their rounded values and accumulating the tiles' f32 GEMMs into C.
+// With B16, B is that 16-bit matrix (values in t, same layout and ldb) and
+// B is not read: a weight held in 16 bits, multiplied as it is (bf16) or
+// widened a K-tile at a time (the tiled path), never copied to f32 whole.
 void gemm_16(DType t, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
              const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
-             int64_t ldc);
+             int64_t ldc, const uint16_t* B16 = nullptr);
 // Which way gemm_16 multiplies t on this machine, in words.
 const char* gemm_16_path(DType t);
 // Median GFLOP/s of `reps` n^3 GEMMs with inputs rounded to t (kF32: the

@@ -3,6 +3,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #ifdef LOOM_HAVE_ONEDNN
 #include <oneapi/dnnl/dnnl.h>
@@ -49,20 +50,41 @@ void gemm<double>(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alph
               K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+namespace {
+
+// gemm with B a weight: a 16-bit one goes to gemm_16 as it is.
 template <typename T>
-void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C,
+void gemm_weight(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
+                 int64_t lda, const Weight<T>& B, int64_t ldb, T beta, T* C, int64_t ldc) {
+  if (B.w16 == nullptr) {
+    gemm<T>(ta, tb, M, N, K, alpha, A, lda, B.data, ldb, beta, C, ldc);
+    return;
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    if (M == 0 || N == 0) return;
+    gemm_16(B.t, ta, tb, M, N, K, alpha, A, lda, nullptr, ldb, beta, C, ldc, B.w16);
+  } else {
+    LOOM_FAIL(kUnsupported, "16-bit weights need f32 layers");
+  }
+}
+
+}  // namespace
+
+template <typename T>
+void matmul_forward(T* out, const T* inp, WeightArg<T> weight, const T* bias, int64_t N, int64_t C,
                     int64_t OC) {
   if (bias != nullptr) {
 #pragma omp parallel for
     for (int64_t n = 0; n < N; ++n) std::copy(bias, bias + OC, out + n * OC);
   }
-  gemm<T>(false, false, N, OC, C, T(1), inp, C, weight, OC, bias ? T(1) : T(0), out, OC);
+  gemm_weight<T>(false, false, N, OC, C, T(1), inp, C, weight, OC, bias ? T(1) : T(0), out, OC);
 }
 
 template <typename T>
-void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
-                     int64_t N, int64_t C, int64_t OC) {
-  if (dinp != nullptr) gemm<T>(false, true, N, C, OC, T(1), dout, OC, weight, OC, T(1), dinp, C);
+void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
+                     WeightArg<T> weight, int64_t N, int64_t C, int64_t OC) {
+  if (dinp != nullptr)
+    gemm_weight<T>(false, true, N, C, OC, T(1), dout, OC, weight, OC, T(1), dinp, C);
   if (dweight != nullptr) gemm<T>(true, false, C, OC, N, T(1), inp, C, dout, OC, T(1), dweight, OC);
   if (dbias == nullptr) return;
   // Column sums, split by column blocks so threads never share an output.
@@ -80,23 +102,25 @@ void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
 }
 
 template <typename T>
-void matmul_nt_forward(T* out, const T* inp, const T* weight, int64_t N, int64_t C, int64_t V) {
-  gemm<T>(false, true, N, V, C, T(1), inp, C, weight, C, T(0), out, V);
+void matmul_nt_forward(T* out, const T* inp, WeightArg<T> weight, int64_t N, int64_t C, int64_t V) {
+  gemm_weight<T>(false, true, N, V, C, T(1), inp, C, weight, C, T(0), out, V);
 }
 
 template <typename T>
-void matmul_nt_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight,
+void matmul_nt_backward(T* dinp, T* dweight, const T* dout, const T* inp, WeightArg<T> weight,
                         int64_t N, int64_t C, int64_t V) {
-  if (dinp != nullptr) gemm<T>(false, false, N, C, V, T(1), dout, V, weight, C, T(1), dinp, C);
+  if (dinp != nullptr)
+    gemm_weight<T>(false, false, N, C, V, T(1), dout, V, weight, C, T(1), dinp, C);
   if (dweight != nullptr) gemm<T>(true, false, V, C, N, T(1), dout, V, inp, C, T(1), dweight, C);
 }
 
-#define LOOM_INSTANTIATE(T)                                                                     \
-  template void matmul_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t); \
-  template void matmul_backward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t,  \
-                                   int64_t);                                                    \
-  template void matmul_nt_forward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t);        \
-  template void matmul_nt_backward<T>(T*, T*, const T*, const T*, const T*, int64_t, int64_t,   \
+#define LOOM_INSTANTIATE(T)                                                                        \
+  template void matmul_forward<T>(T*, const T*, WeightArg<T>, const T*, int64_t, int64_t,          \
+                                  int64_t);                                                        \
+  template void matmul_backward<T>(T*, T*, T*, const T*, const T*, WeightArg<T>, int64_t, int64_t, \
+                                   int64_t);                                                       \
+  template void matmul_nt_forward<T>(T*, const T*, WeightArg<T>, int64_t, int64_t, int64_t);       \
+  template void matmul_nt_backward<T>(T*, T*, const T*, const T*, WeightArg<T>, int64_t, int64_t,  \
                                       int64_t);
 LOOM_INSTANTIATE(float)
 LOOM_INSTANTIATE(double)

@@ -22,7 +22,7 @@ ColumnParallelLinear::ColumnParallelLinear(ParamLayout& layout, const std::strin
 
 void ColumnParallelLinear::forward(const ParamStore<float>& ps, float* y, const float* x,
                                    int64_t N) const {
-  cpu::matmul_forward(y, x, ps.param(weight), ps.param(bias), N, in_, local_out());
+  cpu::matmul_forward(y, x, ps.weight(weight), ps.param(bias), N, in_, local_out());
 }
 
 void ColumnParallelLinear::backward(const ParamStore<float>& ps, float* dx_partial, const float* dy,
@@ -68,7 +68,7 @@ void add_bias(float* y, const float* b, int64_t N, int64_t out) {
 
 void RowParallelLinear::forward(const ParamStore<float>& ps, float* y, const float* x_local,
                                 int64_t N) const {
-  cpu::matmul_forward(y, x_local, ps.param(weight), static_cast<const float*>(nullptr), N,
+  cpu::matmul_forward(y, x_local, ps.weight(weight), static_cast<const float*>(nullptr), N,
                       local_in(), out_);
   reduce_from_region_forward(g_, y, N * out_);
   add_bias(y, ps.param(bias), N, out_);
@@ -76,7 +76,7 @@ void RowParallelLinear::forward(const ParamStore<float>& ps, float* y, const flo
 
 void RowParallelLinear::forward_rows(const ParamStore<float>& ps, float* y_rows,
                                      const float* x_local, int64_t N, float* partial) const {
-  cpu::matmul_forward(partial, x_local, ps.param(weight), static_cast<const float*>(nullptr), N,
+  cpu::matmul_forward(partial, x_local, ps.weight(weight), static_cast<const float*>(nullptr), N,
                       local_in(), out_);
   const int64_t n = N / g_.size();
   g_.reduce_scatter(partial, y_rows, n * out_);

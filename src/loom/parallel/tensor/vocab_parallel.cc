@@ -39,7 +39,7 @@ VocabParallelEmbedding::VocabParallelEmbedding(ParamLayout& layout, const GptCon
 
 void VocabParallelEmbedding::forward(const ParamStore<float>& ps, float* out, const int32_t* tokens,
                                      const Rows& rows, const Dropout& drop) const {
-  const float* wte = ps.param(wte_);
+  const cpu::Weight<float> wte = ps.weight(wte_);  // 16-bit values widened as read
   const int64_t BT = rows.all(), Tn = rows.Tn;
   Buffer all;  // sequence parallelism: every row, before the reduce-scatter
   float* look = out;
@@ -52,7 +52,7 @@ void VocabParallelEmbedding::forward(const ParamStore<float>& ps, float* out, co
     float* o = look + n * C_;
     const int64_t tok = tokens[n];
     if (tok >= v0_ && tok < v1_)
-      std::copy(wte + (tok - v0_) * C_, wte + (tok - v0_ + 1) * C_, o);
+      for (int64_t c = 0; c < C_; ++c) o[c] = wte[(tok - v0_) * C_ + c];
     else
       std::fill(o, o + C_, 0.0f);
   }
@@ -60,7 +60,7 @@ void VocabParallelEmbedding::forward(const ParamStore<float>& ps, float* out, co
     g_.reduce_scatter(look, out, rows.count * C_);
   else
     reduce_from_region_forward(g_, out, BT * C_);
-  const float* wpe = ps.param(wpe_);
+  const cpu::Weight<float> wpe = ps.weight(wpe_);
 #pragma omp parallel for
   for (int64_t n = 0; n < rows.count; ++n) {
     const int64_t t = (rows.first + n) % Tn;
@@ -123,7 +123,7 @@ HeadRecord<float> VocabParallelHead::bind(Arena<float>& rec, Arena<float>& room,
 void VocabParallelHead::logits_forward(const ParamStore<float>& ps, const HeadRecord<float>& r,
                                        const Rows& rows) const {
   if (rows.split()) g_.gather(r.lnf, r.lnf_all, rows.count * c_.n_embd);
-  cpu::matmul_nt_forward(r.logits, r.lnf_all, ps.param(wte_), rows.all(), c_.n_embd, Vl_);
+  cpu::matmul_nt_forward(r.logits, r.lnf_all, ps.weight(wte_), rows.all(), c_.n_embd, Vl_);
 }
 
 double VocabParallelHead::loss(const HeadRecord<float>& r, const int32_t* targets,

@@ -134,6 +134,7 @@ ZeroEngine::ZeroEngine(ParamStore<float>& store, std::shared_ptr<ProcessGroup> g
     p16_ = Buffer(pbytes(config_.stage >= 3 ? shard_elements_ : total), MemCategory::kParams);
     g16_ = Buffer(pbytes(config_.stage >= 2 ? shard_elements_ : total), MemCategory::kGrads);
     work_.resize(units_.size());
+    src16_.assign(units_.size(), nullptr);
   } else {
     if (config_.stage >= 3) param_shard_ = Buffer(bytes_of(shard_elements_), MemCategory::kParams);
     if (config_.stage >= 2) grad_shard_ = Buffer(bytes_of(shard_elements_), MemCategory::kGrads);
@@ -328,9 +329,13 @@ void ZeroEngine::fetch(int u) {
 }
 
 void ZeroEngine::bind_for_use(int u) {
+  const size_t su = static_cast<size_t>(u);
   // 16-bit mode: a unit used again in a row keeps its f32 copy.
-  if (half() && work_[static_cast<size_t>(u)].data()) {
-    store_.bind_params(u, work_[static_cast<size_t>(u)].as<float>());
+  if (half() && work_[su].data()) {
+    if (config_.weights16)
+      store_.bind_params16(u, src16_[su], work_[su].as<float>(), config_.dtype);
+    else
+      store_.bind_params(u, work_[su].as<float>());
     return;
   }
   const void* src = nullptr;  // the unit's whole parameters in the storage type
@@ -349,7 +354,20 @@ void ZeroEngine::bind_for_use(int u) {
     store_.bind_params(u, static_cast<float*>(const_cast<void*>(src)));
     return;
   }
-  Buffer& w = work_[static_cast<size_t>(u)];
+  Buffer& w = work_[su];
+  if (config_.weights16) {
+    // The matrices are read where they are, in 16 bits (at stage 3 the
+    // gathered copy stays until the unit is released); the rest widened.
+    const auto* src16 = static_cast<const uint16_t*>(src);
+    src16_[su] = src16;
+    w = Buffer(bytes_of(std::max<int64_t>(16, units_[u].widened)), MemCategory::kComm, false);
+    for (const Param& p : store_.layout().params())
+      if (p.unit == u && !p.matrix())
+        cpu::widen_16(src16 + (p.offset - units_[u].begin), w.as<float>() + p.widened, p.numel,
+                      config_.dtype);
+    store_.bind_params16(u, src16, w.as<float>(), config_.dtype);
+    return;
+  }
   w = Buffer(bytes_of(units_[u].size()), MemCategory::kComm, false);  // all written next
   cpu::widen_16(static_cast<const uint16_t*>(src), w.as<float>(), units_[u].size(), config_.dtype);
   // The gathered 16-bit copy is not needed beside the f32 one.
@@ -363,6 +381,7 @@ void ZeroEngine::bind_for_use(int u) {
 void ZeroEngine::release_for_use(int u) {
   if (half()) {
     work_[static_cast<size_t>(u)] = Buffer();
+    src16_[static_cast<size_t>(u)] = nullptr;
     store_.bind_params(u, nullptr);
   }
   if (config_.stage >= 3) release_params(u);

@@ -236,7 +236,10 @@ class ZeroEngine {
   // laid out like the moments; in the nvme file with them when offloaded),
   // and per unit in use its f32 working copy.
   Buffer p16_, g16_, master_;
+  // (With weights16, the working copy holds the unit's parameters that
+  // are not matrices, and src16_ where its 16-bit parameters are read.)
   std::vector<Buffer> work_;
+  std::vector<const uint16_t*> src16_;
   float grad_factor_ = 1;  // 16-bit mode: clipping and 1 / loss scale, applied at the step
   std::unique_ptr<GradBuckets> buckets_;  // stages 0-1 with a group
 

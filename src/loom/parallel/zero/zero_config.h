@@ -31,6 +31,10 @@ struct ZeroConfig {
   // kF16 keeps parameters and gradients in 16 bits and f32 master weights
   // beside the moments (the engine's 16-bit mode, zero.h).
   DType dtype = DType::kF32;
+  // 16-bit mode with 16-bit GEMM inputs (kernels.gemm_inputs: 16bit): the
+  // layers read a unit's matrices in 16 bits where the engine holds them,
+  // and only its other parameters are widened to f32 while it is in use.
+  bool weights16 = false;
   bool pin_memory = false;   // accepted; no effect on a CPU build
   int64_t buffer_count = 4;  // accepted; no effect (moments are paged unit by unit)
 };
