@@ -223,6 +223,21 @@ TEST(Partition, MemoryLimitConstrainsTheCut) {
   EXPECT_THROW(balanced_partition(c, 2, flight, 3), Error);
 }
 
+// A part holds its layers' shared room once (16-bit records are computed
+// and widened there), not once per micro-batch in flight or per block.
+TEST(Partition, TheSharedRoomCountsOncePerPart) {
+  ModelCosts c = equal_blocks(8, 1, 0, 0);
+  for (LayerCost& b : c.blocks) b.room_bytes = 0.5;
+  c.blocks[5].room_bytes = 2;
+  const auto got = part_costs(c, {4, 4}, {4, 1});
+  EXPECT_EQ(got[0].bytes, 4 * 4 + 0.5);
+  EXPECT_EQ(got[1].bytes, 1 * 4 + 2.0);
+  // With the memory limit: 12 fit 3 blocks at 4 in flight plus their room
+  // no longer, so the cut moves a block further.
+  EXPECT_EQ(balanced_partition(c, 2, {4, 1}, 12.5), (std::vector<int>{3, 5}));
+  EXPECT_EQ(balanced_partition(c, 2, {4, 1}, 12), (std::vector<int>{2, 6}));
+}
+
 }  // namespace
 }  // namespace loom::pp
 

@@ -15,6 +15,7 @@
 #include "loom/core/dtype.h"
 #include "loom/core/memory.h"
 #include "loom/model/gpt_stage.h"
+#include "loom/parallel/tensor/parallel_layers.h"
 #include "loom/train/config.h"
 #include "loom/train/trainer.h"
 #include "test_util.h"
@@ -319,61 +320,85 @@ TEST(Stage, TheActivationsCategoryHoldsTheStoreAndTheRoom) {
 // rounding; the packed size is the output and those ranges at 4 bytes and
 // the rest at 2.
 TEST(Stage, SixteenBitRecordsKeepTheExactRangesAndRoundTheRest) {
-  const int64_t B = 2, T = 16, N = B * T;
-  for (const bool moe : {false, true}) {
-    GptConfig c = tiny(0.0f, 2);
-    if (moe) c.moe_experts = 4, c.moe_top_k = 2;
-    const int64_t C = c.n_embd, NH = c.n_head, E = c.moe_experts;
-    ParamLayout layout;
-    layout.begin_unit("h.0");
-    const Block<float> block(layout, c, 0);
-    const Rows rw = Rows::whole(B, T);
-    for (const Recompute mode : {Recompute::kNone, Recompute::kSelective})
-      for (const DType t : {DType::kBF16, DType::kF16}) {
-        const std::string what = std::string(moe ? "moe" : "mlp") +
-                                 (mode == Recompute::kNone ? " whole " : " selective ") +
-                                 std::string(dtype_name(t));
-        const int64_t n = block.record_elems(rw, mode);
-        std::vector<float> whole(static_cast<size_t>(n)), back(whole.size(), -7.0f);
-        std::mt19937 gen(3);
-        std::normal_distribution<float> dist(0.0f, 3.0f);
-        for (float& v : whole) v = dist(gen);
-        std::vector<float> room(static_cast<size_t>(block.recompute_elems(rw, mode)));
-        Arena<float> rec(whole.data()), rm(room.data());
-        const BlockRecord<float> r = block.bind(rec, rm, rw, mode);
-        // The exact elements, from the documented layouts.
-        std::vector<char> exact(whole.size(), 0);
-        auto mark = [&](const float* p, int64_t count) {
-          std::fill_n(exact.begin() + (p - whole.data()), count, 1);
-        };
-        mark(r.ln1_mean, N), mark(r.ln1_rstd, N), mark(r.ln2_mean, N), mark(r.ln2_rstd, N);
-        if (mode == Recompute::kNone) mark(r.attn + 4 * N * C, B * NH * T);  // qkv, y, lse
-        if (moe) mark(r.ffn, N * E);                                         // the logits first
-        const int64_t out0 = r.res3 - whole.data();
-        ASSERT_EQ(out0 + N * C, n) << what << ": the output ends the record";
-        int64_t exact_n = 0;
-        for (char e : exact) exact_n += e;
-        EXPECT_EQ(block.packed_elems(rw, mode), N * C + exact_n + (n - N * C - exact_n + 1) / 2)
-            << what;
+  const int64_t B = 2, T = 16;
+  // Whole micro-batches, and (dense) a sequence-parallel slice of the rows.
+  for (const Rows rw : {Rows::whole(B, T), Rows{B, T, 8, 16}})
+    for (const bool moe : {false, true}) {
+      if (moe && rw.split()) continue;
+      const int64_t N = rw.count;
+      GptConfig c = tiny(0.0f, 2);
+      if (moe) c.moe_experts = 4, c.moe_top_k = 2;
+      const int64_t C = c.n_embd, NH = c.n_head, E = c.moe_experts;
+      ParamLayout layout;
+      layout.begin_unit("h.0");
+      const Block<float> block(layout, c, 0);
+      for (const Recompute mode : {Recompute::kNone, Recompute::kSelective})
+        for (const DType t : {DType::kBF16, DType::kF16}) {
+          const std::string what =
+              std::string(rw.split() ? "split rows, " : "") + std::string(moe ? "moe" : "mlp") +
+              (mode == Recompute::kNone ? " whole " : " selective ") + std::string(dtype_name(t));
+          const int64_t n = block.record_elems(rw, mode);
+          std::vector<float> whole(static_cast<size_t>(n)), back(whole.size(), -7.0f);
+          std::mt19937 gen(3);
+          std::normal_distribution<float> dist(0.0f, 3.0f);
+          for (float& v : whole) v = dist(gen);
+          std::vector<float> room(static_cast<size_t>(block.recompute_elems(rw, mode)));
+          Arena<float> rec(whole.data()), rm(room.data());
+          const BlockRecord<float> r = block.bind(rec, rm, rw, mode);
+          // The exact elements, from the documented layouts.
+          std::vector<char> exact(whole.size(), 0);
+          auto mark = [&](const float* p, int64_t count) {
+            std::fill_n(exact.begin() + (p - whole.data()), count, 1);
+          };
+          mark(r.ln1_mean, N), mark(r.ln1_rstd, N), mark(r.ln2_mean, N), mark(r.ln2_rstd, N);
+          if (mode == Recompute::kNone) mark(r.attn + 4 * B * T * C, B * NH * T);  // qkv, y, lse
+          if (moe) mark(r.ffn, N * E);  // the logits first
+          const int64_t out0 = r.res3 - whole.data();
+          ASSERT_EQ(out0 + N * C, n) << what << ": the output ends the record";
+          int64_t exact_n = 0;
+          for (char e : exact) exact_n += e;
+          EXPECT_EQ(block.packed_elems(rw, mode), N * C + exact_n + (n - N * C - exact_n + 1) / 2)
+              << what;
 
-        std::vector<float> slot(static_cast<size_t>(block.packed_elems(rw, mode)));
-        block.pack(whole.data(), slot.data(), rw, mode, t);
-        block.unpack(slot.data(), back.data(), rw, mode, t);
-        int64_t bad = 0, rounded = 0;
-        for (int64_t i = 0; i < out0; ++i) {
-          const float w = whole[static_cast<size_t>(i)];
-          const float want = exact[static_cast<size_t>(i)] ? w
-                             : t == DType::kBF16           ? bf16_to_f32(f32_to_bf16(w))
-                                                           : f16_to_f32(f32_to_f16(w));
-          bad += std::memcmp(&want, &back[static_cast<size_t>(i)], sizeof(float)) != 0;
-          rounded += want != w;
+          std::vector<float> slot(static_cast<size_t>(block.packed_elems(rw, mode)));
+          block.pack(whole.data(), slot.data(), rw, mode, t);
+          block.unpack(slot.data(), back.data(), rw, mode, t);
+          int64_t bad = 0, rounded = 0;
+          for (int64_t i = 0; i < out0; ++i) {
+            const float w = whole[static_cast<size_t>(i)];
+            const float want = exact[static_cast<size_t>(i)] ? w
+                               : t == DType::kBF16           ? bf16_to_f32(f32_to_bf16(w))
+                                                             : f16_to_f32(f32_to_f16(w));
+            bad += std::memcmp(&want, &back[static_cast<size_t>(i)], sizeof(float)) != 0;
+            rounded += want != w;
+          }
+          EXPECT_EQ(bad, 0) << what;
+          EXPECT_GT(rounded, (out0 - exact_n) * 9 / 10) << what << ": the rest was not rounded";
+          // The output is not written back (backward does not read it).
+          EXPECT_EQ(back[static_cast<size_t>(out0)], -7.0f) << what;
         }
-        EXPECT_EQ(bad, 0) << what;
-        EXPECT_GT(rounded, (out0 - exact_n) * 9 / 10) << what << ": the rest was not rounded";
-        // The output is not written back (backward does not read it).
-        EXPECT_EQ(back[static_cast<size_t>(out0)], -7.0f) << what;
+    }
+}
+
+// The tensor-parallel attention lays its record out as the serial one
+// does (on one rank the same sizes): its exact range is the same.
+TEST(Stage, TensorParallelAttentionNamesTheSameExactRange) {
+  const GptConfig c = tiny(0.0f, 2);
+  ParamLayout layout;
+  layout.begin_unit("h.0");
+  const Attention<float> serial(layout, "a", c, 0.02f);
+  const tp::ParallelAttention split(layout, "b", c, 0.02f, tp::Group(nullptr));
+  for (const bool selective : {false, true})
+    for (const Rows rw : {Rows::whole(2, 16), Rows{2, 16, 8, 16}}) {
+      const auto want = serial.exact_ranges(rw, selective);
+      const auto got = split.exact_ranges(rw, selective);
+      ASSERT_EQ(got.size(), want.size()) << selective;
+      for (size_t i = 0; i < got.size(); ++i) {
+        EXPECT_EQ(got[i].offset, want[i].offset);
+        EXPECT_EQ(got[i].count, want[i].count);
       }
-  }
+      EXPECT_EQ(split.record_elems(rw, selective), serial.record_elems(rw, selective));
+    }
 }
 
 // A stage whose records are 16-bit: forward is unchanged (it reads f32

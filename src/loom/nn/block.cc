@@ -97,6 +97,16 @@ std::vector<RecordRange> Block<T>::exact_ranges(const Rows& rows, Recompute mode
   out.push_back({at, 2 * N});
   at += 2 * N;
   add(at, ffn->exact_ranges(rows, sel));
+  // pack and unpack walk them in order: each after the last, all before
+  // the output.
+  int64_t end = 0;
+  for (RecordRange r : out) {
+    LOOM_CHECK(r.offset >= end && r.count > 0, "block {}: exact record ranges out of order",
+               layer_);
+    end = r.offset + r.count;
+  }
+  LOOM_CHECK(end <= record_elems(rows, mode) - N * C, "block {}: an exact range past the record",
+             layer_);
   return out;
 }
 
@@ -110,6 +120,9 @@ int64_t Block<T>::packed_elems(const Rows& rows, Recompute mode) const {
   return output + exact + (rounded + 1) / 2;
 }
 
+// (A mixture of experts' record is sized for the most rows its experts can
+// receive; the part no row reached this micro-batch is packed too, its
+// values unused.)
 template <typename T>
 void Block<T>::pack(const T* whole, T* slot, const Rows& rows, Recompute mode, DType t) const {
   if constexpr (std::is_same_v<T, float>) {

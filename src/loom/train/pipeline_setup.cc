@@ -59,7 +59,8 @@ pp::ModelCosts measure_model_costs(const GptConfig& model, int64_t B, int64_t Tn
     keep.records = records;
     s.set_plan(s.plan(keep, B, Tn));
     return pp::LayerCost{time_stage(s, B, Tn, reps), static_cast<double>(s.store_bytes(B, Tn)),
-                         static_cast<double>(s.num_params()) * 4 * sizeof(float)};
+                         static_cast<double>(s.num_params()) * 4 * sizeof(float),
+                         static_cast<double>(s.room_bytes(B, Tn))};
   };
   const pp::LayerCost with_emb = measure(dense, 0), block = measure(dense, 1),
                       with_head = measure(dense, model.n_layer - 1);
@@ -70,9 +71,9 @@ pp::ModelCosts measure_model_costs(const GptConfig& model, int64_t B, int64_t Tn
     moe_block = measure(all_moe, 1);
   }
   auto minus = [](const pp::LayerCost& a, const pp::LayerCost& b) {
-    return pp::LayerCost{std::max(0.0, a.seconds - b.seconds),
-                         std::max(0.0, a.act_bytes - b.act_bytes),
-                         std::max(0.0, a.state_bytes - b.state_bytes)};
+    return pp::LayerCost{
+        std::max(0.0, a.seconds - b.seconds), std::max(0.0, a.act_bytes - b.act_bytes),
+        std::max(0.0, a.state_bytes - b.state_bytes), std::max(0.0, a.room_bytes - b.room_bytes)};
   };
   pp::ModelCosts c;
   c.embedding = minus(with_emb, block);

@@ -45,18 +45,20 @@ void check_partition(const std::vector<int>& counts, int n_layer, int parts) {
 namespace {
 
 // Part k of `parts` holding blocks [a, b): its time, and its peak bytes
-// (in_flight micro-batches' activations plus its model state).
+// (in_flight micro-batches' activations, the shared room once, its model
+// state).
 PartCost cost_of_part(const ModelCosts& costs, int k, int parts, int a, int b, double in_flight) {
-  double t = 0, act = 0, state = 0;
+  double t = 0, act = 0, state = 0, room = 0;
   auto add = [&](const LayerCost& c) {
     t += c.seconds;
     act += c.act_bytes;
     state += c.state_bytes;
+    room = std::max(room, c.room_bytes);
   };
   if (k == 0) add(costs.embedding);
   for (int i = a; i < b; ++i) add(costs.blocks.at(static_cast<size_t>(i)));
   if (k == parts - 1) add(costs.head);
-  return {t, in_flight * act + state};
+  return {t, in_flight * act + room + state};
 }
 
 }  // namespace

@@ -16,6 +16,9 @@ struct LayerCost {
   double seconds = 0;      // forward + backward
   double act_bytes = 0;    // activations kept from forward to backward
   double state_bytes = 0;  // parameters, gradients and optimizer moments
+  // The stage's shared room this layer needs (16-bit records are computed
+  // and widened there): a part holds its layers' largest once.
+  double room_bytes = 0;
 };
 
 struct ModelCosts {

@@ -51,7 +51,9 @@ void VocabParallelEmbedding::forward(const ParamStore<float>& ps, float* out, co
   for (int64_t n = 0; n < BT; ++n) {
     float* o = look + n * C_;
     const int64_t tok = tokens[n];
-    if (tok >= v0_ && tok < v1_)
+    if (tok >= v0_ && tok < v1_ && wte.w16 == nullptr)
+      std::copy(wte.data + (tok - v0_) * C_, wte.data + (tok - v0_ + 1) * C_, o);
+    else if (tok >= v0_ && tok < v1_)
       for (int64_t c = 0; c < C_; ++c) o[c] = wte[(tok - v0_) * C_ + c];
     else
       std::fill(o, o + C_, 0.0f);
