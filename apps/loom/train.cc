@@ -1,6 +1,5 @@
 // loom train --config FILE [--set key=value]... [--out DIR] [--overwrite]
 //            [--resume DIR|latest] [--init-from FILE.safetensors]
-#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -11,6 +10,7 @@
 #include "loom/comm/parallel_context.h"
 #include "loom/core/threads.h"
 #include "loom/train/config.h"
+#include "loom/train/job_check.h"
 #include "loom/train/trainer.h"
 
 namespace loom::app {
@@ -25,26 +25,39 @@ struct TrainArgs {
   std::string init_from;
 };
 
-bool launched_by_mpi() {
-  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;
-}
-
-void run_train(const TrainArgs& args, MpiRuntime* rt) {
-  const int world = rt ? rt->world_size() : 1;
-  Config config = load_config(args.config, args.overrides, world);
-  ThreadConfig threads = configure_threads();
+// What a run holds while it trains. It lives outside the error handler's
+// try block, so an error ends a parallel job while all of it (the process
+// groups with their posted receives, the ZeRO engine's gathers in flight) is
+// still alive: nothing is destroyed, so nothing waits on a peer.
+struct Run {
   RunOptions options;
+  std::unique_ptr<Trainer> trainer;
+};
+
+void run_train(const TrainArgs& args, MpiRuntime& rt, Run& run) {
+  // MPI decides whether this is a parallel job, under any launcher (mpirun,
+  // srun, ...); without one it is a singleton world of one.
+  const int world = rt.world_size();
+  Config config = load_config(args.config, args.overrides, world);
+  ThreadConfig threads = configure_threads(rt.node_size());
+  RunOptions& options = run.options;
   options.out_dir =
       args.out.empty() ? (std::filesystem::path("runs") / config.train.name).string() : args.out;
   options.overwrite = args.overwrite;
   options.resume = args.resume;
   options.init_from = args.init_from;
+  std::shared_ptr<MpiProcessGroup> group;
+  if (world > 1) {
+    group = rt.world(config.comm);
+    // Before anything is built from it: every rank the same job.
+    check_same_job(*group, config.resolved, build_identity());
+  }
   // The grid from the parallel.* keys (parse_config checked they fit the job).
   const GridShape shape{world, config.parallel.tensor, config.parallel.pipeline,
                         config.parallel.expert};
-  options.parallel = make_parallel_context(rt ? rt->world(config.comm) : nullptr, shape);
-  Trainer trainer(std::move(config), options, threads);
-  trainer.run();
+  options.parallel = make_parallel_context(group, shape);
+  run.trainer = std::make_unique<Trainer>(std::move(config), options, threads);
+  run.trainer->run();
 }
 
 }  // namespace
@@ -61,17 +74,16 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--init-from", args->init_from,
                   "Start from Hugging Face GPT-2 weights (a .safetensors file)");
   cmd->callback([args] {
-    // Under mpirun every rank is a data-parallel replica; otherwise one process.
-    if (launched_by_mpi()) {
-      MpiRuntime rt(nullptr, nullptr);
-      try {
-        run_train(*args, &rt);
-      } catch (const std::exception& e) {
-        rt.abort(e.what());  // other ranks may wait in a collective: end the job
-      }
-      return;
+    MpiRuntime rt(nullptr, nullptr);
+    Run run;
+    try {
+      run_train(*args, rt, run);
+    } catch (const std::exception& e) {
+      // One process: main() reports it. A parallel job ends here, on every
+      // rank, with this rank's message first, while `run` is still alive.
+      if (rt.world_size() == 1) throw;
+      rt.abort(e.what());
     }
-    run_train(*args, nullptr);
   });
 }
 

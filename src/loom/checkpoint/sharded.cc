@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "loom/core/error.h"
+#include "loom/core/fault.h"
 #include "loom/core/memory.h"
 #include "loom/io/fs.h"
 
@@ -145,7 +146,10 @@ ShardFileInfo write_shard_file(const std::string& folder, int rank,
     LOOM_CHECK_KIND(kIo, !stop || !*stop, "{}: save stopped (the run is ending on an error)",
                     folder);
     w.append(pieces[i].data, entries[i].bytes);
-    if (on_half && i + 1 == (pieces.size() + 1) / 2) on_half();
+    if (i + 1 == (pieces.size() + 1) / 2) {
+      fault_point("checkpoint");
+      if (on_half) on_half();
+    }
   }
   w.commit();
   return {w.file_bytes(), w.sha256()};

@@ -10,6 +10,7 @@
 // returns. `in == out` is allowed everywhere (in place).
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <memory>
@@ -24,24 +25,45 @@ namespace loom {
 enum class ReduceOp { kSum, kAvg, kMax };
 const char* reduce_op_name(ReduceOp op);
 
-// Completion of one asynchronous operation.
+// Completion of one asynchronous operation. A Work made with a description
+// and a timeout has a deadline: wait() gives up timeout_s + kWaitSlackS after
+// the operation started on the backend's worker (or, while it has not
+// started, after it was issued) and throws Error(kComm) naming it. The
+// worker enforces the operation's own deadline first, with a report of the
+// ranks that did not answer; the caller's deadline covers a worker that is
+// itself stuck.
 class Work {
  public:
+  static constexpr double kWaitSlackS = 5;
+  Work() = default;  // no deadline
+  Work(std::string what, double timeout_s);
+
   bool test() const;  // true once finished (successfully or not)
-  void wait();        // blocks; throws Error(kComm) with the reason on failure
+  void wait();        // blocks; throws Error(kComm) with the reason on failure or timeout
+  // As wait(), giving up after timeout_s seconds from now.
+  void wait(double timeout_s);
   // Seconds between the start of the operation on the worker and its end.
   double seconds() const;
 
   // Called by the backend.
+  void mark_started();
   void finish(double seconds);
   void fail(const std::string& reason);
 
  private:
+  using Clock = std::chrono::steady_clock;
+  void wait_until(Clock::time_point deadline, double timeout_s);
+
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
   std::string error_;
   double seconds_ = 0;
+  std::string what_;
+  double timeout_s_ = 0;  // 0: none
+  Clock::time_point issued_ = Clock::now();
+  Clock::time_point started_{};
+  bool started_set_ = false;
 };
 using WorkPtr = std::shared_ptr<Work>;
 

@@ -15,12 +15,26 @@ enum class ErrorKind { kInternal, kConfig, kData, kIo, kComm, kUnsupported };
 
 class Error : public std::runtime_error {
  public:
-  Error(ErrorKind kind, const std::string& what) : std::runtime_error(what), kind_(kind) {}
+  // Also records the message as the process's latest error (see last_error).
+  Error(ErrorKind kind, const std::string& what);
   ErrorKind kind() const { return kind_; }
 
  private:
   ErrorKind kind_;
 };
+
+// Fail-fast support for parallel jobs. A rank whose error unwinds past
+// communication still in flight must not wait on its peers (they may wait on
+// it): the MPI runtime installs a handler that prints the message with the
+// rank and ends the whole job. Without one (one process, the unit tests),
+// fail_fast returns and the caller goes on unwinding.
+using FatalHandler = void (*)(const std::string& message);
+void set_fatal_handler(FatalHandler handler);
+// Ends the job with `message` when a handler is installed; returns otherwise.
+void fail_fast(const std::string& message);
+// The message of the latest Error constructed in this process ("" if none):
+// what a destructor reached while unwinding can name as the cause.
+std::string last_error();
 
 namespace detail {
 inline void format_into(std::ostringstream& os, std::string_view fmt) {

@@ -58,19 +58,27 @@ float NormalStream::at(uint64_t index) const {
 }
 
 DropoutStream::DropoutStream(uint64_t seed, uint64_t step, float p)
-    : key_{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32) ^ 0x64726f70u},
-      step_(static_cast<uint32_t>(step)),
-      p_(p),
-      threshold_(static_cast<uint32_t>(std::min(4294967295.0, std::ldexp(double(p), 32)))) {}
+    : p_(p), threshold_(static_cast<uint32_t>(std::min(4294967295.0, std::ldexp(double(p), 32)))) {
+  // One key per (seed, step), drawn from the seed's own Philox stream, so
+  // the counter's four words are left for (sample, site, position, channel).
+  const auto k = philox4x32(
+      {static_cast<uint32_t>(step), static_cast<uint32_t>(step >> 32), 0x64726f70u, 0x6b657973u},
+      {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)});
+  key_ = {k[0], k[1]};
+}
 
 template <typename T>
 void DropoutStream::row(uint64_t sample, uint32_t site, uint32_t position, int64_t begin,
                         int64_t end, T* keep) const {
   T scale = T(1) / (T(1) - T(p_));
-  uint32_t sample_lo = static_cast<uint32_t>(sample);
-  uint32_t pos_sample = (position << 20) ^ static_cast<uint32_t>(sample >> 32);
+  // Channels take the low 18 bits of the last word (C <= 2^20, 4 per draw),
+  // the sample's high bits the rest: no two elements of a run share a
+  // counter within the config's limits.
+  const uint32_t sample_lo = static_cast<uint32_t>(sample);
+  const uint32_t sample_hi = static_cast<uint32_t>(sample >> 32) << 18;
   for (int64_t c0 = begin; c0 < end; c0 += 4) {
-    auto r = philox4x32({step_, sample_lo, site, pos_sample + static_cast<uint32_t>(c0 / 4)}, key_);
+    auto r =
+        philox4x32({sample_lo, site, position, sample_hi + static_cast<uint32_t>(c0 / 4)}, key_);
     for (int j = 0; j < 4 && c0 + j < end; ++j)
       keep[c0 - begin + j] = r[j] >= threshold_ ? scale : T(0);
   }

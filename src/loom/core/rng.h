@@ -52,17 +52,18 @@ class DropoutStream {
   float p() const { return p_; }
 
  private:
-  PhiloxKey key_;
-  uint32_t step_;
+  PhiloxKey key_;  // from (seed, step)
   float p_;
   uint32_t threshold_;  // keep when the 32-bit draw >= threshold_
 };
 
 // Site ids: the layer in the high bits, the place in the low bits, and for
-// attention the head and query position folded in by the caller.
+// attention the head folded in by the caller: (layer + 1) in bits 18-31
+// (model.n_layer <= 4096 < 2^14), the place in bits 16-17, the head in
+// bits 0-15 (model.n_head <= 2^16), so no two sites of a model coincide.
 enum class DropoutSite : uint32_t { kEmbedding = 0, kAttnProbs = 1, kAttnResid = 2, kMlpResid = 3 };
 inline uint32_t dropout_site(int layer, DropoutSite s, uint32_t extra = 0) {
-  return (static_cast<uint32_t>(layer + 1) << 24) | (static_cast<uint32_t>(s) << 20) | extra;
+  return (static_cast<uint32_t>(layer + 1) << 18) | (static_cast<uint32_t>(s) << 16) | extra;
 }
 
 }  // namespace loom

@@ -23,12 +23,14 @@ int env_int(const char* name, int fallback) {
 }
 }  // namespace
 
-ThreadConfig configure_threads() {
+ThreadConfig configure_threads(int ranks_on_node) {
   ThreadConfig t;
   t.cores = std::max(1, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
   // Open MPI, MPICH and Slurm each name the local rank count differently.
-  t.ranks_on_node = env_int("OMPI_COMM_WORLD_LOCAL_SIZE",
-                            env_int("MPI_LOCALNRANKS", env_int("SLURM_NTASKS_PER_NODE", 1)));
+  t.ranks_on_node = ranks_on_node > 0
+                        ? ranks_on_node
+                        : env_int("OMPI_COMM_WORLD_LOCAL_SIZE",
+                                  env_int("MPI_LOCALNRANKS", env_int("SLURM_NTASKS_PER_NODE", 1)));
   cpu_set_t set;
   CPU_ZERO(&set);
   t.affinity_cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : t.cores;

@@ -9,14 +9,16 @@ namespace loom {
 struct ThreadConfig {
   int threads = 1;         // threads this rank uses
   int cores = 1;           // cores on the machine
-  int ranks_on_node = 1;   // from the MPI launcher's environment, 1 without one
+  int ranks_on_node = 1;   // this job's ranks on this host, 1 without a launcher
   int affinity_cores = 1;  // cores this process may run on (sched_getaffinity)
   bool from_env = false;   // OMP_NUM_THREADS was set
   std::string warning;     // non-empty when the affinity is narrower than the threads
 };
 
-// Decides the thread count, applies it to OpenMP and OpenBLAS, returns what was done.
-ThreadConfig configure_threads();
+// Decides the thread count, applies it to OpenMP and OpenBLAS, returns what
+// was done. ranks_on_node: this job's ranks on this host as MPI counts them;
+// 0 reads the launcher's environment instead (programs without MPI).
+ThreadConfig configure_threads(int ranks_on_node = 0);
 
 // One line for the log: "threads: 2 (2 cores, 1 rank on node, affinity 2 cores)".
 std::string describe(const ThreadConfig& t);

@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "loom/core/error.h"
+#include "loom/core/fault.h"
 #include "loom/kernels/cpu/matmul.h"
 
 namespace loom {
@@ -342,6 +343,7 @@ double GptStage<T>::forward(StageActivations<T>& a, const int32_t* tokens, const
     block.forward(store_, r, x, rw, mode(i) == Recompute::kSelective, drop);
     store_.after(u, Pass::kForward);
     if (packed(plan_, i)) block.pack(room, a.blocks[i], rw, mode(i), plan_.records);
+    if (i == 0) fault_point("forward");
   }
   if (!head_) return 0.0;
   HeadRecord<T> h = head_record(a, room);
@@ -392,7 +394,10 @@ void GptStage<T>::backward(StageActivations<T>& a, double loss_scale, const T* d
     head_backward(a, loss_scale, d_resid, rest);
   else
     std::memcpy(d_resid, d_output, bytes);
-  for (size_t i = blocks_.size(); i-- > 0;) block_backward(a, i, d_resid, rest, drop);
+  for (size_t i = blocks_.size(); i-- > 0;) {
+    block_backward(a, i, d_resid, rest, drop);
+    if (i + 1 == blocks_.size()) fault_point("backward");
+  }
   if (embedding_) {
     // The lookup's backward writes gradients alone: deferred, all of it waits.
     if (defer) defer->begin_unit(emb_unit_);

@@ -474,8 +474,19 @@ void resolve_checkpointing(Config& c, const json& j, const std::string& source) 
         a.deepspeed_keys || has(j, (std::string("activation_checkpointing.") + k).c_str());
 }
 
+// a x b, or a config error naming `what` when the product leaves int64
+// (each key alone is checked only against kMaxInt).
+int64_t mul(const std::string& source, int64_t a, int64_t b, const char* what) {
+  int64_t out = 0;
+  if (__builtin_mul_overflow(a, b, &out))
+    fail(source,
+         format("{} = {} x {} overflows a 64-bit count; use smaller batch sizes", what, a, b));
+  return out;
+}
+
 void resolve_batch(Config& c, const json& j, const std::string& source) {
   const int64_t dp = c.data_parallel;
+  const char* kId = "micro x accumulation x data-parallel";
   bool has_tbs = has(j, "train_batch_size"), has_mb = has(j, "train_micro_batch_size_per_gpu"),
        has_ga = has(j, "gradient_accumulation_steps");
   int64_t tbs = get_or<int64_t>(j, "train_batch_size", 0);
@@ -484,36 +495,41 @@ void resolve_batch(Config& c, const json& j, const std::string& source) {
   // DeepSpeed's rule: any two determine the third; one alone takes the
   // others from accumulation 1.
   if (has_tbs && has_mb && has_ga) {
-    if (tbs != mb * ga * dp)
+    const int64_t product = mul(source, mul(source, mb, ga, kId), dp, kId);
+    if (tbs != product)
       fail(source, format("batch identity broken: train_batch_size {} != "
                           "train_micro_batch_size_per_gpu {} x gradient_accumulation_steps {} x "
                           "data-parallel size {} (= {})",
-                          tbs, mb, ga, dp, mb * ga * dp));
+                          tbs, mb, ga, dp, product));
   } else if (has_tbs && has_mb) {
-    if (tbs % (mb * dp) != 0)
+    const int64_t mb_dp = mul(source, mb, dp, kId);
+    if (tbs % mb_dp != 0)
       fail(source, format("train_batch_size {} is not divisible by "
                           "train_micro_batch_size_per_gpu {} x data-parallel size {} (= {})",
-                          tbs, mb, dp, mb * dp));
-    ga = tbs / (mb * dp);
+                          tbs, mb, dp, mb_dp));
+    ga = tbs / mb_dp;
   } else if (has_tbs && has_ga) {
-    if (tbs % (ga * dp) != 0)
+    const int64_t ga_dp = mul(source, ga, dp, kId);
+    if (tbs % ga_dp != 0)
       fail(source, format("train_batch_size {} is not divisible by gradient_accumulation_steps "
                           "{} x data-parallel size {} (= {})",
-                          tbs, ga, dp, ga * dp));
-    mb = tbs / (ga * dp);
+                          tbs, ga, dp, ga_dp));
+    mb = tbs / ga_dp;
   } else if (has_mb && has_ga) {
-    tbs = mb * ga * dp;
+    tbs = mul(source, mul(source, mb, ga, kId), dp, kId);
   } else if (has_tbs) {
     if (tbs % dp != 0)
       fail(source,
            format("train_batch_size {} is not divisible by the data-parallel size {}", tbs, dp));
     ga = 1, mb = tbs / dp;
   } else if (has_mb) {
-    ga = 1, tbs = mb * dp;
+    ga = 1, tbs = mul(source, mb, dp, kId);
   } else {
     fail(source, "no batch size: set train_batch_size or train_micro_batch_size_per_gpu");
   }
   c.train_batch_size = tbs, c.micro_batch = mb, c.grad_accum = ga;
+  // Token counts (per micro-batch, per step) are products too.
+  mul(source, tbs, c.model.seq_len, "tokens per step: train_batch_size x model.seq_len");
 }
 
 json to_json(const Config& c) {

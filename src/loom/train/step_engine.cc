@@ -4,11 +4,13 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <string>
 
 #include "loom/core/error.h"
+#include "loom/core/fault.h"
 #include "loom/kernels/cpu/precision.h"
 #include "loom/parallel/expert/all_to_all.h"
 #include "loom/parallel/tensor/factory.h"
@@ -55,6 +57,7 @@ StepEngine::StepEngine(const Config& config, ParallelContext ctx)
       layers_(layers_for(tp_, config.parallel.sequence_parallel, moe_split_, experts_)) {
   if (config_.precision == DType::kF16)
     scaler_ = std::make_unique<LossScaler>(config_.loss_scaling);
+  set_fault_rank(ctx_.world ? ctx_.world->rank() : 0);
   const int tp = ctx_.tp ? ctx_.tp->size() : 1;
   const int p = ctx_.pp ? ctx_.pp->size() : 1;
   LOOM_CHECK_KIND(kConfig, config_.parallel.tensor == tp,
@@ -176,8 +179,10 @@ StepStats StepEngine::step(const BatchSource& data, int64_t step, double lr) {
   const auto t0 = clock::now();
   sum_split_moe_grads();
   inject_nonfinite(step);
+  inject_grad_scale();
   if (scaler_) zero.scale_grads(static_cast<float>(1.0 / r.loss_scale));
-  r.grad_norm = zero.clip_grad_norm(config_.gradient_clipping);
+  r.grad_norm = agree_norm(zero.grad_norm());
+  zero.clip_grads(r.grad_norm, config_.gradient_clipping);
   r.skipped = !accept_update(step, r.grad_norm, &r.nonfinite);
   r.moe = moe_stats(!r.skipped);
   if (!r.skipped) zero.step(lr, step + 1 - skipped_);
@@ -220,6 +225,7 @@ double StepEngine::evaluate(const BatchSource& data, int64_t batches) {
           static_cast<float>(stage.forward(acts_, inputs_.data(), nullptr, targets_.data(), ctx));
       zero.end_micro_batch();
       sum_count[1] += 1;
+      fault_point("eval");
     }
   }
   if (ctx_.dp) ctx_.dp->all_reduce(sum_count, sum_count, 2, DType::kF32, ReduceOp::kSum)->wait();
@@ -271,6 +277,7 @@ StepStats StepEngine::step_pipelined(const BatchSource& data, int64_t step, doub
   auto on_step = [&] {
     const auto t0 = clock::now();
     inject_nonfinite(step);
+    inject_grad_scale();
     if (scaler_)
       for (Chunk& c : chunks_) c.zero->scale_grads(static_cast<float>(1.0 / r.loss_scale));
     r.grad_norm = clip_pipelined();
@@ -425,21 +432,26 @@ double StepEngine::clip_pipelined() {
     split += a;
     whole += b;
   }
-  // Slices add over the tensor-parallel group, whole parameters count once;
-  // then the stages add, in stage order on every rank.
-  double ss = whole;
-  if (ctx_.tp) {
-    for (double x : all_gather_words(*ctx_.tp, &split, 1)) ss += x;
-  } else {
-    ss += split;
-  }
+  // Slices add over the tensor-parallel group, replicated parameters count
+  // once; then the stages add, in stage order on every rank.
+  const double ss = ctx_.tp ? tensor_parallel_sum(*ctx_.tp, split, whole) : split + whole;
   double total = 0;
   for (double x : all_gather_words(*ctx_.pp, &ss, 1)) total += x;
-  const double norm = std::sqrt(total);
-  const double max_norm = config_.gradient_clipping;
-  if (max_norm > 0 && norm > max_norm)
-    for (Chunk& c : chunks_) c.zero->scale_grads(static_cast<float>(max_norm / (norm + 1e-6)));
+  const double norm = agree_norm(std::sqrt(total));
+  for (Chunk& c : chunks_) c.zero->clip_grads(norm, config_.gradient_clipping);
   return norm;
+}
+
+double StepEngine::agree_norm(double norm) const {
+  if (!ctx_.world || ctx_.world->size() == 1) return norm;
+  // One verdict for the whole job: every rank takes world rank 0's norm
+  // (its clipping factor, its skip decision, the loss scaler's move), and
+  // any rank's non-finite norm makes the step non-finite everywhere. The
+  // ranks' norms agree in exact arithmetic; this makes them agree in bits.
+  const std::vector<double> all = all_gather_words(*ctx_.world, &norm, 1);
+  for (double x : all)
+    if (!std::isfinite(x)) return x;
+  return all[0];
 }
 
 double StepEngine::evaluate_pipelined(const BatchSource& data, int64_t batches) {
@@ -455,6 +467,7 @@ double StepEngine::evaluate_pipelined(const BatchSource& data, int64_t batches) 
           StepContext{config_.train.seed, 0, static_cast<uint64_t>(first), false}};
     }
     sum += executor_->evaluate(mbs).loss;
+    fault_point("eval");
   }
   const std::vector<double> losses = all_gather_words(*ctx_.pp, &sum, 1);
   float sum_count[2] = {static_cast<float>(losses.back()), static_cast<float>(batches * m)};
@@ -546,6 +559,66 @@ void StepEngine::inject_nonfinite(int64_t step) {
     else
       r.data[lo - r.begin] = std::numeric_limits<float>::quiet_NaN();
   }
+}
+
+void StepEngine::inject_grad_scale() {
+  const char* spec = std::getenv("LOOM_TEST_GRAD_SCALE");
+  if (spec == nullptr) return;
+  const std::string text(spec);
+  const size_t colon = text.rfind(':');
+  if (colon == std::string::npos) return;
+  const std::string name = text.substr(0, colon);
+  const float factor = std::stof(text.substr(colon + 1));
+  for (Chunk& c : chunks_) {
+    const Param* p = c.stage->layout().find_or_null(name);
+    // The tied wte's copy on the last stage is summed into the first's.
+    if (p == nullptr || (name == "transformer.wte.weight" && c.stage->wte_is_copy())) continue;
+    const ZeroEngine::StateRange r =
+        c.zero->held(ZeroEngine::State::kGrads)[static_cast<size_t>(p->unit)];
+    const int64_t lo = std::max(r.begin, p->offset), hi = std::min(r.end, p->offset + p->numel);
+    if (lo >= hi) continue;
+    if (r.data16)
+      cpu::scale_16(r.data16 + (lo - r.begin), hi - lo, factor, c.zero->dtype());
+    else
+      for (int64_t i = lo; i < hi; ++i) r.data[i - r.begin] *= factor;
+  }
+}
+
+void StepEngine::check_replicas() {
+  if (!ctx_.tp || ctx_.tp->size() == 1) return;
+  // A digest of each replicated parameter's master elements this rank
+  // holds. The tensor-parallel ranks' layouts are alike (equal slices), so
+  // the same dp rank holds the same elements of every replica.
+  std::vector<uint64_t> digests;
+  std::vector<const Param*> params;
+  for (Chunk& c : chunks_) {
+    const std::vector<ZeroEngine::StateRange> held = c.zero->held(ZeroEngine::State::kParams);
+    for (const Param& p : c.stage->layout().params()) {
+      if (p.shard.sharded()) continue;
+      const ZeroEngine::StateRange& r = held[static_cast<size_t>(p.unit)];
+      const int64_t lo = std::max(r.begin, p.offset), hi = std::min(r.end, p.offset + p.numel);
+      uint64_t h = 1469598103934665603ull;  // FNV-1a over the f32 bits
+      for (int64_t i = lo; i < hi; ++i) {
+        uint32_t bits;
+        std::memcpy(&bits, r.data + (i - r.begin), sizeof(bits));
+        h = (h ^ bits) * 1099511628211ull;
+      }
+      digests.push_back(h);
+      params.push_back(&p);
+    }
+  }
+  if (digests.empty()) return;
+  const size_t n = digests.size();
+  const std::vector<uint64_t> all = all_gather_words(*ctx_.tp, digests.data(), n);
+  for (size_t k = 0; k < n; ++k)
+    for (int r = 1; r < ctx_.tp->size(); ++r)
+      if (all[static_cast<size_t>(r) * n + k] != all[k])
+        LOOM_FAIL(kData,
+                  "replicated parameter '{}' differs between tensor-parallel ranks 0 and {} of "
+                  "this group: its copies must stay bitwise equal (they are computed from the "
+                  "same inputs on every rank; a difference means the ranks diverged, e.g. "
+                  "different thread counts or GEMM paths for replicated work)",
+                  params[k]->name, r);
 }
 
 }  // namespace loom

@@ -98,6 +98,11 @@ class StepEngine {
   // The peak bytes of each memory category, maximum over the ranks
   // (collective).
   MemStats peak_memory_over_ranks();
+  // Throws Error(kData) naming the first parameter replicated over the
+  // tensor-parallel group whose copies are not bitwise equal. Collective
+  // over the tensor-parallel group; run at every checkpoint and, with
+  // comm.debug, every step.
+  void check_replicas();
 
  private:
   // The global index of micro-batch `micro`'s first sample: a step's samples
@@ -109,6 +114,9 @@ class StepEngine {
   // The global gradient norm over every chunk, stage and tensor-parallel
   // slice (the tied wte counted once), clipped to config's gradient_clipping.
   double clip_pipelined();
+  // The norm every rank uses: world rank 0's, or a non-finite one if any
+  // rank's is (collective over the world).
+  double agree_norm(double norm) const;
   // The tied wte's gradients summed over the first and last stage.
   void sum_tied_grads();
   // Under a MoE row split (moe_split_), the routers' and experts' gradients
@@ -136,6 +144,10 @@ class StepEngine {
   // NAME's reduced gradient at each step of STEPS (1-based, comma-separated),
   // where this rank holds it.
   void inject_nonfinite(int64_t step);
+  // Tests only: LOOM_TEST_GRAD_SCALE=NAME:FACTOR multiplies parameter NAME's
+  // reduced gradient by FACTOR at every step, where this rank holds it: a
+  // layout made wrong on purpose, for the harness to catch.
+  void inject_grad_scale();
 
   struct Chunk {
     std::unique_ptr<GptStage<float>> stage;

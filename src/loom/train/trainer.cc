@@ -13,6 +13,7 @@
 
 #include "loom/checkpoint/checkpoint.h"
 #include "loom/core/error.h"
+#include "loom/core/fault.h"
 #include "loom/core/rng.h"
 #include "loom/infer/generate.h"
 #include "loom/io/fs.h"
@@ -103,6 +104,11 @@ Trainer::Trainer(Config config, RunOptions options, ThreadConfig threads)
     if (world) world->broadcast(&peak, 1, DType::kF32, 0)->wait();
     peak_gflops_ = peak;
   }
+  // The job's peak counts the cores its ranks really have: ranks sharing a
+  // host's cores (4 ranks of 1 thread on 2 cores) share its peak.
+  const int ranks = options_.parallel.world ? options_.parallel.world->size() : 1;
+  const double busy = double(threads_.ranks_on_node) * double(threads_.threads);
+  job_peak_gflops_ = peak_gflops_ * ranks * std::min(1.0, double(threads_.cores) / busy);
   progress_ = std::make_unique<Progress>(config_.train.steps, config_.log.every, options_.quiet,
                                          !options_.quiet && isatty(STDOUT_FILENO));
 }
@@ -164,10 +170,12 @@ StepResult Trainer::train_step() {
   memory_tracker().reset_peaks();
   StepResult r;
   r.step = step_ + 1;
+  set_fault_step(step_);
   // A skipped step does not advance the schedule (as DeepSpeed's scheduler
   // is not stepped on an overflow); its data is consumed.
   r.lr = learning_rate(config_.scheduler, config_.optimizer.lr, step_ - engine_->skipped_steps());
   const StepStats s = engine_->step(*train_data_, step_, r.lr);
+  if (config_.comm.debug) engine_->check_replicas();
   r.loss = s.loss;
   r.grad_norm = s.grad_norm;
   r.skipped_steps = engine_->skipped_steps();
@@ -197,10 +205,9 @@ StepResult Trainer::train_step() {
   r.bubble_fraction = s.bubble_fraction;
   r.t_p2p_wait = s.t_p2p_wait;
   r.t_step = seconds_since(t_start);
-  const double tokens = static_cast<double>(config_.train_batch_size * config_.model.seq_len);
+  const double tokens = double(config_.train_batch_size) * double(config_.model.seq_len);
   r.tokens_per_s = tokens / r.t_step;
-  const int ranks = options_.parallel.world ? options_.parallel.world->size() : 1;
-  r.mfu = engine_->flops_per_token() * r.tokens_per_s / (peak_gflops_ * 1e9 * ranks);
+  r.mfu = engine_->flops_per_token() * r.tokens_per_s / (job_peak_gflops_ * 1e9);
   r.gemm_backend = cpu::gemm_backend_name(gemm_.backend);
   r.peak_gflops = peak_gflops_;
   ++step_;
@@ -239,6 +246,9 @@ void Trainer::open_run_folder() {
 }
 
 void Trainer::save(double lr) {
+  // Only tensor-parallel rank 0's copy of a replicated parameter is saved:
+  // the copies must be one tensor.
+  engine_->check_replicas();
   if (config_.checkpoint.format == "whole") {
     const auto t0 = std::chrono::steady_clock::now();
     const bool spread = engine_->pipelined() || config_.parallel.expert > 1;
@@ -473,8 +483,7 @@ std::vector<StepResult> Trainer::run() {
         "loom: no closing sample under tensor, pipeline or expert parallelism (loom generate "
         "--checkpoint samples from a checkpoint)\n");
   if (sampling) engine_->zero().gather_full_params();
-  const int ranks = options_.parallel.world ? options_.parallel.world->size() : 1;
-  progress_->summary(results, seconds_since(t0), peak_gflops_ * ranks, options_.out_dir);
+  progress_->summary(results, seconds_since(t0), job_peak_gflops_, options_.out_dir);
   if (sampling && !options_.quiet) {
     std::string text =
         sample(t.sample_prompt, t.sample_tokens, t.sample_temperature, t.sample_top_k, t.seed);

@@ -63,6 +63,9 @@ class Trainer {
   void save(double lr);
   void finish_save();
   double peak_gflops() const { return peak_gflops_; }
+  // The MFU denominator: the per-rank peak times the ranks, capped by the
+  // cores they share on each host.
+  double job_peak_gflops() const { return job_peak_gflops_; }
 
  private:
   void load_initial_state(uint64_t seed);
@@ -99,6 +102,7 @@ class Trainer {
   std::unique_ptr<Tokenizer> tokenizer_;  // null when the data's tokenizer is unknown
   bool writer_ = true;                    // world rank 0: writes outputs, shows progress
   double peak_gflops_ = 0;
+  double job_peak_gflops_ = 0;
   int64_t step_ = 0;
   double resume_s_ = 0;  // verifying and reading the checkpoint resumed from (this rank)
   MetricsLog metrics_;

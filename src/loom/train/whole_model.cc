@@ -6,7 +6,7 @@
 
 namespace loom {
 
-WholeModel::WholeModel(StepEngine& engine, bool moments) : engine_(engine) {
+WholeModel::WholeModel(StepEngine& engine, bool moments, bool grads) : engine_(engine) {
   const Config& config = engine.config();
   // Layouts without buffers: the whole model's, and each part's to learn
   // which stage and chunk own a name (the first that declares it: wte
@@ -29,6 +29,7 @@ WholeModel::WholeModel(StepEngine& engine, bool moments) : engine_(engine) {
       v_.emplace_back();
       z.gather_moments(m_.back(), v_.back());
     }
+    if (grads) g_.push_back(z.gather_grads());
     was_gathered_.push_back(z.full_params_gathered());
     z.gather_full_params();
   }
@@ -57,9 +58,11 @@ void WholeModel::get(const Param& p, Kind kind, float* out) {
   if (ctx.coord().pp == o.stage && (holder < 0 || holder == ctx.ep->rank())) {
     GptStage<float>& s = engine_.stage(o.chunk);
     const Param& mine = s.layout().find(p.name);
+    const size_t c = static_cast<size_t>(o.chunk);
     const float* src = kind == kParam    ? s.param(mine)
-                       : kind == kExpAvg ? m_.at(static_cast<size_t>(o.chunk)).data() + mine.offset
-                                         : v_.at(static_cast<size_t>(o.chunk)).data() + mine.offset;
+                       : kind == kExpAvg ? m_.at(c).data() + mine.offset
+                       : kind == kGrad   ? g_.at(c).data() + mine.offset
+                                         : v_.at(c).data() + mine.offset;
     if (!mine.shard.sharded()) {
       std::memcpy(out, src, n * sizeof(float));
     } else {
@@ -81,11 +84,19 @@ void WholeModel::get(const Param& p, Kind kind, float* out) {
 }
 
 std::map<std::string, std::vector<float>> WholeModel::params_by_name() {
+  return by_name(kParam);
+}
+
+std::map<std::string, std::vector<float>> WholeModel::grads_by_name() {
+  return by_name(kGrad);
+}
+
+std::map<std::string, std::vector<float>> WholeModel::by_name(Kind kind) {
   std::map<std::string, std::vector<float>> out;
   const int64_t vocab = engine_.config().model.vocab_size;
   for (const Param& p : layout().params()) {
     std::vector<float> whole(static_cast<size_t>(p.shape.numel()));
-    get(p, kParam, whole.data());
+    get(p, kind, whole.data());
     if (p.name == "transformer.wte.weight") whole.resize(static_cast<size_t>(vocab * p.shape[1]));
     out[p.name] = std::move(whole);
   }

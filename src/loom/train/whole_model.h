@@ -16,10 +16,11 @@ namespace loom {
 
 class WholeModel {
  public:
-  enum Kind { kParam, kExpAvg, kExpAvgSq };
-  // Collective over the world: gathers ZeRO shards (and the moments when
-  // asked) into each chunk; the destructor releases them.
-  WholeModel(StepEngine& engine, bool moments);
+  enum Kind { kParam, kExpAvg, kExpAvgSq, kGrad };
+  // Collective over the world: gathers ZeRO shards (and the moments, or the
+  // reduced gradients, when asked) into each chunk; the destructor releases
+  // them.
+  WholeModel(StepEngine& engine, bool moments, bool grads = false);
   ~WholeModel();
   WholeModel(const WholeModel&) = delete;
   WholeModel& operator=(const WholeModel&) = delete;
@@ -33,6 +34,8 @@ class WholeModel {
   void get(const Param& p, Kind kind, float* out);
   // Every parameter, by name, the vocabulary without padding (collective).
   std::map<std::string, std::vector<float>> params_by_name();
+  // The same for the reduced gradients (made with grads = true).
+  std::map<std::string, std::vector<float>> grads_by_name();
 
  private:
   // The rank of the expert-parallel group holding parameter `name`: -1 for
@@ -44,7 +47,8 @@ class WholeModel {
   StepEngine& engine_;
   std::unique_ptr<GptStage<float>> whole_;  // layout only
   std::map<std::string, Owner> owner_;
-  std::vector<std::vector<float>> m_, v_;  // per chunk, laid out like its flat parameters
+  std::vector<std::vector<float>> m_, v_, g_;  // per chunk, laid out like its flat parameters
+  std::map<std::string, std::vector<float>> by_name(Kind kind);
   std::vector<bool> was_gathered_;
 };
 

@@ -4,7 +4,9 @@
 #include <chrono>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <exception>
 
 #include "loom/comm/algorithms/allreduce.h"
 #include "loom/core/error.h"
@@ -68,7 +70,36 @@ struct F32View {
 
 // ---------------------------------------------------------------- runtime ---
 
+namespace {
+// The process's one runtime, for the fatal and terminate handlers (which
+// are plain functions).
+std::atomic<MpiRuntime*> g_runtime{nullptr};
+
+void fatal_from_library(const std::string& message) {
+  if (MpiRuntime* rt = g_runtime.load()) rt->abort(message);
+}
+
+[[noreturn]] void on_terminate() {
+  std::string what = "std::terminate called";
+  if (std::exception_ptr e = std::current_exception()) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& x) {
+      what = format("std::terminate called after an uncaught exception: {}", x.what());
+    } catch (...) {
+      what = "std::terminate called after an uncaught exception of unknown type";
+    }
+  }
+  if (MpiRuntime* rt = g_runtime.load()) rt->abort(what);
+  std::fprintf(stderr, "loom: %s\n", what.c_str());
+  std::abort();
+}
+}  // namespace
+
 MpiRuntime::MpiRuntime(int* argc, char*** argv) {
+  // Without a launcher MPI starts a singleton; isolated, it needs no helper
+  // daemon (and starts in a fraction of the time). Launched jobs ignore it.
+  setenv("OMPI_MCA_ess_singleton_isolated", "1", 0);
   int provided = 0;
   MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);
@@ -77,12 +108,25 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
     abort(format("this MPI library provides thread level {} but loom needs MPI_THREAD_MULTIPLE",
                  provided));
   MPI_Comm_dup(MPI_COMM_WORLD, &control_);
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank_, MPI_INFO_NULL, &node);
+  MPI_Comm_size(node, &node_size_);
+  MPI_Comm_free(&node);
+  g_runtime = this;
+  if (world_size_ > 1) {
+    // Library code that would otherwise wait on peers while an error
+    // unwinds ends the job instead, and so does an exception nobody caught.
+    set_fatal_handler(fatal_from_library);
+    std::set_terminate(on_terminate);
+  }
   watchdog_ = std::thread([this] { serve_queries(); });
 }
 
 MpiRuntime::~MpiRuntime() {
   stop_ = true;
   watchdog_.join();
+  set_fatal_handler(nullptr);
+  g_runtime = nullptr;
   MPI_Barrier(control_);
   MPI_Comm_free(&control_);
   MPI_Finalize();
@@ -95,8 +139,25 @@ std::shared_ptr<MpiProcessGroup> MpiRuntime::world(const CommOptions& options) {
 }
 
 void MpiRuntime::abort(const std::string& message, int code) {
+  // One report per rank: a second thread failing at the same time (the
+  // communication worker, the watchdog) waits for the first to end the job.
+  static std::atomic<bool> aborting{false};
+  if (aborting.exchange(true))
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   std::fprintf(stderr, "loom: rank %d: %s\n", world_rank_, message.c_str());
   std::fflush(stderr);
+  // MPI_Abort can block when the launcher is out of reach (a partitioned
+  // host): after a grace period this rank ends itself, so no rank outlives
+  // its report.
+  std::thread([rank = world_rank_, code] {
+    std::this_thread::sleep_for(std::chrono::duration<double>(kAbortGraceS));
+    std::fprintf(stderr,
+                 "loom: rank %d: MPI_Abort did not end the job within %.0f s (launcher out of "
+                 "reach?); this rank exits on its own\n",
+                 rank, kAbortGraceS);
+    std::fflush(stderr);
+    std::_Exit(code);
+  }).detach();
   // mpirun relays a rank's stderr asynchronously and tears the job down on
   // the first abort: give the line a moment to get out (two ranks timing out
   // at once otherwise lost it in a test).
@@ -180,6 +241,7 @@ MpiProcessGroup::~MpiProcessGroup() {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
   }
+  abandoned_ = true;
   cv_.notify_all();
   worker_.join();
   runtime_->unregister_group(this);
@@ -216,28 +278,33 @@ std::string MpiProcessGroup::Op::describe() const {
 
 WorkPtr MpiProcessGroup::enqueue(Op op, std::function<void(const Op&)> body) {
   op.seq = ++next_seq_;
-  auto work = std::make_shared<Work>();
+  auto work =
+      std::make_shared<Work>(format("{} in group '{}'", op.describe(), name_), options_.timeout_s);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back([this, op, body = std::move(body), work] {
-      started_ = op.seq;
-      auto t0 = Clock::now();
-      try {
-        if (options_.debug && op.kind != "send" && op.kind != "recv") check_descriptors(op);
-        body(op);
-        work->finish(since(t0));
-      } catch (const Error& e) {
-        work->fail(format("group '{}' rank {}: {}: {}", name_, rank_, op.describe(), e.what()));
-      } catch (const std::exception& e) {
-        // Anything else (std::bad_alloc in an algorithm's buffers) fails the
-        // operation too: an exception leaving the worker would terminate the
-        // process and leave the waiting side blocked.
-        work->fail(format("group '{}' rank {}: {}: {}", name_, rank_, op.describe(), e.what()));
-      } catch (...) {
-        work->fail(
-            format("group '{}' rank {}: {}: unknown exception", name_, rank_, op.describe()));
-      }
-    });
+    queue_.push_back({work, [this, op, body = std::move(body), work] {
+                        started_ = op.seq;
+                        work->mark_started();
+                        auto t0 = Clock::now();
+                        try {
+                          if (options_.debug && op.kind != "send" && op.kind != "recv")
+                            check_descriptors(op);
+                          body(op);
+                          work->finish(since(t0));
+                        } catch (const Error& e) {
+                          work->fail(format("group '{}' rank {}: {}: {}", name_, rank_,
+                                            op.describe(), e.what()));
+                        } catch (const std::exception& e) {
+                          // Anything else (std::bad_alloc in an algorithm's buffers) fails the
+                          // operation too: an exception leaving the worker would terminate the
+                          // process and leave the waiting side blocked.
+                          work->fail(format("group '{}' rank {}: {}: {}", name_, rank_,
+                                            op.describe(), e.what()));
+                        } catch (...) {
+                          work->fail(format("group '{}' rank {}: {}: unknown exception", name_,
+                                            rank_, op.describe()));
+                        }
+                      }});
   }
   cv_.notify_one();
   return work;
@@ -248,15 +315,18 @@ WorkPtr MpiProcessGroup::enqueue_p2p(Op op, std::function<void(MPI_Request*)> po
   // must not shift the collectives' positions that debug mode and the
   // watchdog compare across the group.
   op.seq = ++next_p2p_seq_;
-  auto work = std::make_shared<Work>();
+  auto work = std::make_shared<Work>(
+      format("{}{}{} in group '{}'", op.what, op.what.empty() ? "" : ": ", op.describe(), name_),
+      options_.timeout_s);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back([this, op, post = std::move(post), work] {
-      PendingP2p p{MPI_REQUEST_NULL, work, op, Clock::now()};
-      post(&p.req);
-      p2p_.push_back(std::move(p));
-      poll_p2p();
-    });
+    queue_.push_back({work, [this, op, post = std::move(post), work] {
+                        work->mark_started();
+                        PendingP2p p{MPI_REQUEST_NULL, work, op, Clock::now()};
+                        post(&p.req);
+                        p2p_.push_back(std::move(p));
+                        poll_p2p();
+                      }});
   }
   cv_.notify_one();
   return work;
@@ -278,16 +348,30 @@ void MpiProcessGroup::poll_p2p() {
 
 void MpiProcessGroup::run_worker() {
   for (;;) {
-    std::function<void()> task;
+    Task task;
     {
       std::unique_lock<std::mutex> lock(mu_);
       // With requests in flight, wake up regularly to complete them.
       if (p2p_.empty())
         cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
       else
-        cv_.wait_for(lock, std::chrono::microseconds(50), [this] { return !queue_.empty(); });
+        cv_.wait_for(lock, std::chrono::microseconds(50),
+                     [this] { return stop_ || !queue_.empty(); });
+      if (stop_) {
+        // The group is being destroyed: whatever is still queued or in
+        // flight was abandoned by its caller (an error unwound past it).
+        // Waiting for it would mean waiting on peers that may wait on us.
+        for (Task& t : queue_)
+          t.work->fail(
+              format("group '{}' rank {}: abandoned: the group was destroyed before "
+                     "the operation ran",
+                     name_, rank_));
+        queue_.clear();
+        lock.unlock();
+        cancel_p2p();
+        return;
+      }
       if (queue_.empty()) {
-        if (p2p_.empty() && stop_) return;  // stop requested and nothing left
         lock.unlock();
         poll_p2p();
         continue;
@@ -295,8 +379,26 @@ void MpiProcessGroup::run_worker() {
       task = std::move(queue_.front());
       queue_.pop_front();
     }
-    task();
+    task.run();
   }
+}
+
+void MpiProcessGroup::cancel_p2p() {
+  for (PendingP2p& p : p2p_) {
+    int done = 0;
+    MPI_Test(&p.req, &done, MPI_STATUS_IGNORE);
+    if (done) {
+      p.work->finish(since(p.start));
+      continue;
+    }
+    // A receive is cancelled; a send is released to finish on its own (MPI
+    // may not be able to cancel it, and nobody waits for it any more).
+    if (p.op.kind == "recv") MPI_Cancel(&p.req);
+    MPI_Request_free(&p.req);
+    p.work->fail(format("group '{}' rank {}: {}: cancelled: the group was destroyed", name_, rank_,
+                        p.op.describe()));
+  }
+  p2p_.clear();
 }
 
 void MpiProcessGroup::wait_requests(MPI_Request* reqs, int n, const Op& op) {
@@ -309,6 +411,10 @@ void MpiProcessGroup::wait_requests(MPI_Request* reqs, int n, const Op& op) {
     int done = 0;
     MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE);
     if (done) return;
+    // The group is being destroyed with this collective in flight: give it
+    // up rather than wait on peers (its requests die with the job).
+    if (abandoned_.load())
+      LOOM_FAIL(kComm, "abandoned in flight: the group was destroyed before its peers arrived");
     poll_p2p();
     if (Clock::now() > deadline) timed_out(op);
     // Spin briefly for latency, then sleep so the compute threads keep the cores.

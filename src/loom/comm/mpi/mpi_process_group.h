@@ -63,10 +63,15 @@ class MpiRuntime {
 
   int world_rank() const { return world_rank_; }
   int world_size() const { return world_size_; }
+  // Ranks of this job on this host (MPI's shared-memory split).
+  int node_size() const { return node_size_; }
   // The group of all ranks.
   std::shared_ptr<MpiProcessGroup> world(const CommOptions& options);
-  // Ends the job from any rank with this message (printed first).
+  // Ends the job from any rank with this message (printed first). Should
+  // MPI_Abort not end this rank within kAbortGraceS (a launcher it cannot
+  // reach), the rank exits by itself.
   [[noreturn]] void abort(const std::string& message, int code = 1);
+  static constexpr double kAbortGraceS = 5;
 
  private:
   friend class MpiProcessGroup;
@@ -74,7 +79,7 @@ class MpiRuntime {
   void unregister_group(MpiProcessGroup* g);
   void serve_queries();
 
-  int world_rank_ = 0, world_size_ = 1;
+  int world_rank_ = 0, world_size_ = 1, node_size_ = 1;
   MPI_Comm control_ = MPI_COMM_NULL;  // watchdog queries and answers
   std::mutex groups_mu_;
   std::vector<MpiProcessGroup*> groups_;
@@ -137,7 +142,8 @@ class MpiProcessGroup : public ProcessGroup {
   // operation; the request completes in the background (see poll_p2p), so a
   // send queued before a receive cannot block it, whatever the message size.
   WorkPtr enqueue_p2p(Op op, std::function<void(MPI_Request*)> post);
-  void poll_p2p();  // completes finished point-to-point requests; enforces their deadline
+  void poll_p2p();    // completes finished point-to-point requests; enforces their deadline
+  void cancel_p2p();  // the group is going away: cancels what is still in flight
   void run_worker();
   // Polls until all requests complete; on the deadline, reports and aborts.
   void wait_requests(MPI_Request* reqs, int n, const Op& op);
@@ -173,8 +179,13 @@ class MpiProcessGroup : public ProcessGroup {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
+  struct Task {
+    WorkPtr work;
+    std::function<void()> run;
+  };
+  std::deque<Task> queue_;
   bool stop_ = false;
+  std::atomic<bool> abandoned_{false};  // the destructor runs: a collective in flight gives up
   std::thread worker_;
 };
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 
 #include "loom/core/error.h"
 #include "loom/kernels/cpu/adamw.h"
@@ -47,6 +48,9 @@ GradBuckets::GradBuckets(const ParamLayout& layout, std::vector<BucketGroup> gro
 
 GradBuckets::~GradBuckets() {
   for (auto& b : buckets_) {
+    // See ~ZeroEngine: no waiting on peers while an error unwinds.
+    if (b.work && !b.work->test() && std::uncaught_exceptions() > 0)
+      fail_fast(format("{} (a gradient all-reduce was still in flight)", last_error()));
     try {
       if (b.work) b.work->wait();
     } catch (...) {  // reported where it failed

@@ -2,6 +2,7 @@
 
 #include "loom/comm/algorithms/allreduce.h"
 #include "loom/core/error.h"
+#include "loom/core/fault.h"
 
 namespace loom::pp {
 
@@ -241,6 +242,7 @@ ExecStats Executor::run(const std::vector<Instr>& list, const std::vector<MicroB
       case Op::kRecvAct:
       case Op::kRecvGrad:
         post_recv(in);
+        fault_point("pipeline");
         break;
       case Op::kSendAct:
       case Op::kSendGrad:

@@ -7,6 +7,7 @@
 #include <exception>
 
 #include "loom/core/error.h"
+#include "loom/core/fault.h"
 #include "loom/kernels/cpu/adamw.h"
 #include "loom/kernels/cpu/precision.h"
 
@@ -156,8 +157,12 @@ ZeroEngine::ZeroEngine(ParamStore<float>& store, std::shared_ptr<ProcessGroup> g
 
 ZeroEngine::~ZeroEngine() {
   store_.set_hooks(UnitHooks{});
-  // Nothing may still write into buffers about to be freed.
+  // Nothing may still write into buffers about to be freed. An error that
+  // unwinds past a gather or reduce in flight ends a parallel job here
+  // (fail_fast) instead of waiting on peers that may be waiting on this rank.
   auto quiet_wait = [](const WorkPtr& w) {
+    if (w && !w->test() && std::uncaught_exceptions() > 0)
+      fail_fast(format("{} (a ZeRO gather or reduce was still in flight)", last_error()));
     try {
       if (w) w->wait();
     } catch (...) {  // the failure was reported where it happened
@@ -316,6 +321,7 @@ void ZeroEngine::launch_gather(int u) {
     g.work =
         ugr.group->all_gather(mine, g.buf.data(), static_cast<size_t>(slice_[u]), config_.dtype);
     stats_.bytes += double(ugr.size - 1) / ugr.size * double(pbytes(units_[u].size()));
+    fault_point("zero_gather");
   } else {
     std::memcpy(g.buf.data(), mine, pbytes(slice_[u]));
   }
@@ -456,6 +462,7 @@ void ZeroEngine::launch_reduce(int u) {
     stats_.bytes += double(g.size - 1) / g.size * double(pbytes(units_[u].size()));
   }
   reducing_.push_back({u, std::move(buf), std::move(w), half16});
+  if (reducing_.back().work) fault_point("zero_reduce");
   reducing_elements_ += units_[u].size();
   if (!config_.overlap_comm)
     while (!reducing_.empty()) drain_one();
@@ -584,11 +591,11 @@ void ZeroEngine::sum_grads(int64_t begin, int64_t end, ProcessGroup& group) {
   wait_all(works, &stats_.exposed_s, &stats_.comm_s);
 }
 
-double ZeroEngine::clip_grad_norm(double max_norm) {
+double ZeroEngine::grad_norm() {
   const bool tp = tp_ && tp_->size() > 1;
   const bool ep = experts_.ep_size() > 1;
   if (config_.stage < 2 && !tp && !ep && !half())
-    return loom::clip_grad_norm(store_.grads(), store_.num_params(), max_norm);
+    return std::sqrt(cpu::sum_squares(store_.grads(), store_.num_params()));
   double ss = 0;
   if (!tp && !ep) {
     if (half())
@@ -607,34 +614,26 @@ double ZeroEngine::clip_grad_norm(double max_norm) {
       for (double x : all) ss += x;
     }
   } else {
-    auto [split, whole] = split_sum_squares();
-    if (group_ && config_.stage >= 2) {
-      const double mine[2] = {split, whole};
-      const std::vector<double> all = all_gather_words(*group_, mine, 2);
-      split = whole = 0;
-      for (size_t r = 0; r < all.size(); r += 2) split += all[r], whole += all[r + 1];
-    }
-    // Slices add over the tensor-parallel group; whole parameters, the same
-    // on every rank of it, count once.
-    ss = whole;
-    if (tp) {
-      const std::vector<double> all = all_gather_words(*tp_, &split, 1);
-      for (double x : all) ss += x;
-    } else {
-      ss += split;
-    }
+    const auto [split, whole] = grad_sum_squares();
+    ss = tp ? tensor_parallel_sum(*tp_, split, whole) : split + whole;
   }
-  const double norm = std::sqrt(ss);
-  if (max_norm > 0 && norm > max_norm) {
-    const float scale = static_cast<float>(max_norm / (norm + 1e-6));
-    if (half())
-      grad_factor_ *= scale;
-    else if (config_.stage >= 2)
-      cpu::scale_inplace(shard_grads(), shard_elements_, scale);
-    else
-      cpu::scale_inplace(store_.grads(), store_.num_params(), scale);
-  }
-  return norm;
+  return std::sqrt(ss);
+}
+
+double tensor_parallel_sum(ProcessGroup& tp, double split, double whole) {
+  // Slices add over the group, in rank order; a whole parameter is one
+  // tensor replicated on every rank of it: its squares count once, taken
+  // from rank 0, so every rank gets the same sum even where the replicas'
+  // gradients differ in their last bits.
+  const double mine[2] = {split, whole};
+  const std::vector<double> all = all_gather_words(tp, mine, 2);
+  double ss = all[1];
+  for (size_t r = 0; r < all.size(); r += 2) ss += all[r];
+  return ss;
+}
+
+void ZeroEngine::clip_grads(double norm, double max_norm) {
+  if (max_norm > 0 && norm > max_norm) scale_grads(static_cast<float>(max_norm / (norm + 1e-6)));
 }
 
 void ZeroEngine::step(double lr, int64_t step) {
@@ -754,6 +753,40 @@ void ZeroEngine::gather_full_params() {
   }
   wait_all(works);
   full_ = true;
+}
+
+std::vector<float> ZeroEngine::gather_grads() {
+  std::vector<float> out(static_cast<size_t>(store_.num_params()), 0.0f);
+  const float f = grad_factor_;  // 16-bit mode: the factor still pending
+  // n elements of the reduced gradients from element `at` of what this rank
+  // holds, widened and scaled to the values the optimizer will use.
+  auto read = [&](int64_t at, int64_t n, float* dst) {
+    if (half()) {
+      cpu::widen_16(grads16() + at, dst, n, config_.dtype);
+      for (int64_t i = 0; i < n; ++i) dst[i] *= f;
+    } else {
+      std::memcpy(dst, (config_.stage >= 2 ? shard_grads() : store_.grads()) + at, bytes_of(n));
+    }
+  };
+  if (config_.stage < 2) {
+    read(0, store_.num_params(), out.data());
+    return out;
+  }
+  std::vector<WorkPtr> works;
+  std::vector<std::vector<float>> slices(static_cast<size_t>(num_units()));
+  for (int u = 0; u < num_units(); ++u) {
+    std::vector<float>& mine = slices[static_cast<size_t>(u)];
+    mine.resize(static_cast<size_t>(slice_[u]));
+    read(shard_off_[u], slice_[u], mine.data());
+    float* unit = out.data() + units_[u].begin;
+    if (const UnitGroup& g = ug(u); g.group && g.shards > 1)
+      works.push_back(
+          g.group->all_gather(mine.data(), unit, static_cast<size_t>(slice_[u]), DType::kF32));
+    else
+      std::memcpy(unit, mine.data(), bytes_of(slice_[u]));
+  }
+  wait_all(works);
+  return out;
 }
 
 void ZeroEngine::release_full_params(bool keep_changes) {

@@ -96,13 +96,22 @@ class ZeroEngine {
   // After the micro-batch's backward (or forward alone): waits for its
   // gradient reductions.
   void end_micro_batch();
-  // The global L2 norm of the averaged gradients; scales them by
-  // max_norm / norm when norm > max_norm > 0. With a tensor-parallel group
-  // the parameters split over it (ShardSpec) add their slices' squares over
-  // the group; the others, the same on every rank of it, count once.
-  double clip_grad_norm(double max_norm);
+  // The global L2 norm of the averaged gradients this engine's model part
+  // holds (collective over the data-parallel group when sharded, and the
+  // tensor-parallel group). With a tensor-parallel group the parameters
+  // split over it (ShardSpec) add their slices' squares over the group; the
+  // others, replicated on every rank of it, count once (rank 0's). The
+  // trainer agrees on one value over the job before clipping with it.
+  double grad_norm();
+  // Scales the gradients by max_norm / norm when norm > max_norm > 0.
+  void clip_grads(double norm, double max_norm);
   void set_tensor_parallel(std::shared_ptr<ProcessGroup> tp) { tp_ = std::move(tp); }
-  // The pieces of clip_grad_norm for a model split over several engines (a
+  // The reduced gradients of the whole part (laid out like its flat
+  // parameters, padding zero), as the optimizer will use them: gathered
+  // from the shards at stages 2-3 (collective over each unit's group),
+  // widened in 16-bit mode. For tests and tools; allocates.
+  std::vector<float> gather_grads();
+  // The pieces of grad_norm for a model split over several engines (a
   // pipeline's stages and chunks): this rank's sums of squares of the
   // reduced gradients, {parameters split over the tensor-parallel group,
   // whole ones}, added over the data-parallel group when sharded (collective
@@ -269,5 +278,10 @@ class ZeroEngine {
 
   CommStats stats_;
 };
+
+// The sum of squares of a model part split over a tensor-parallel group:
+// each rank's {split, whole} sums, the slices added over the group and the
+// replicated parameters counted once, from rank 0. Collective over `tp`.
+double tensor_parallel_sum(ProcessGroup& tp, double split, double whole);
 
 }  // namespace loom
