@@ -48,9 +48,12 @@ void run_train(const TrainArgs& args, MpiRuntime& rt, Run& run) {
   options.init_from = args.init_from;
   std::shared_ptr<MpiProcessGroup> group;
   if (world > 1) {
+    // Before anything is built from it: every rank the same job, checked on
+    // a group of default options (comm.debug may be what differs).
+    CommOptions plain;
+    plain.timeout_s = config.comm.timeout_s;
+    check_same_job(*rt.world(plain), config.resolved, build_identity());
     group = rt.world(config.comm);
-    // Before anything is built from it: every rank the same job.
-    check_same_job(*group, config.resolved, build_identity());
   }
   // The grid from the parallel.* keys (parse_config checked they fit the job).
   const GridShape shape{world, config.parallel.tensor, config.parallel.pipeline,

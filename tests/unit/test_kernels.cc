@@ -13,6 +13,7 @@
 #include "loom/kernels/cpu/cross_entropy.h"
 #include "loom/kernels/cpu/elementwise.h"
 #include "loom/kernels/cpu/encoder.h"
+#include "loom/kernels/cpu/gemm_backend.h"
 #include "loom/kernels/cpu/layernorm.h"
 #include "loom/kernels/cpu/matmul.h"
 #include "reference.h"
@@ -27,6 +28,8 @@ using ForwardF = std::function<void(const Vecs<float>&, Vecs<float>&)>;
 // (inputs, outputs of forward, gradients of outputs) -> gradients of inputs (zeroed on entry)
 using Backward = std::function<void(const Vecs<double>&, const Vecs<double>&, const Vecs<double>&,
                                     Vecs<double>&)>;
+using BackwardF =
+    std::function<void(const Vecs<float>&, const Vecs<float>&, const Vecs<float>&, Vecs<float>&)>;
 
 struct Op {
   std::string name;
@@ -36,7 +39,9 @@ struct Op {
   ForwardF forward_f;
   Forward forward_d;
   Backward backward_d;
+  BackwardF backward_f;  // the f32 path that trains (GEMM backend, vectorised exp/tanh)
   double fwd_tol = 2e-5;
+  bool accumulates = true;  // backward adds into the input gradients (else overwrites them)
   std::function<void(Vecs<double>&)> adjust_inputs = nullptr;
 };
 
@@ -105,11 +110,12 @@ std::vector<Op> make_ops() {
     };
     op.forward_f = fwd;
     op.forward_d = fwd;
-    op.backward_d = [=](const Vecs<double>& in, const Vecs<double>&, const Vecs<double>& d,
-                        Vecs<double>& g) {
+    auto bwd = [=](const auto& in, const auto&, const auto& d, auto& g) {
       cpu::matmul_backward(g[0].data(), g[1].data(), g[2].data(), d[0].data(), in[0].data(),
                            in[1].data(), N, C, OC);
     };
+    op.backward_d = bwd;
+    op.backward_f = bwd;
     ops.push_back(op);
   }
   {
@@ -126,11 +132,12 @@ std::vector<Op> make_ops() {
     };
     op.forward_f = fwd;
     op.forward_d = fwd;
-    op.backward_d = [=](const Vecs<double>& in, const Vecs<double>&, const Vecs<double>& d,
-                        Vecs<double>& g) {
+    auto bwd = [=](const auto& in, const auto&, const auto& d, auto& g) {
       cpu::matmul_nt_backward(g[0].data(), g[1].data(), d[0].data(), in[0].data(), in[1].data(), N,
                               C, V);
     };
+    op.backward_d = bwd;
+    op.backward_f = bwd;
     ops.push_back(op);
   }
   {
@@ -147,10 +154,11 @@ std::vector<Op> make_ops() {
     };
     op.forward_f = fwd;
     op.forward_d = fwd;
-    op.backward_d = [=](const Vecs<double>&, const Vecs<double>&, const Vecs<double>& d,
-                        Vecs<double>& g) {
+    auto bwd = [=](const auto&, const auto&, const auto& d, auto& g) {
       cpu::encoder_backward(g[0].data(), g[1].data(), d[0].data(), tokens.data(), B, T, C);
     };
+    op.backward_d = bwd;
+    op.backward_f = bwd;
     ops.push_back(op);
   }
   {
@@ -165,11 +173,12 @@ std::vector<Op> make_ops() {
     };
     op.forward_f = fwd;
     op.forward_d = fwd;
-    op.backward_d = [=](const Vecs<double>& in, const Vecs<double>& out, const Vecs<double>& d,
-                        Vecs<double>& g) {
+    auto bwd = [=](const auto& in, const auto& out, const auto& d, auto& g) {
       cpu::layernorm_backward(g[0].data(), g[1].data(), g[2].data(), d[0].data(), in[0].data(),
                               in[1].data(), out[1].data(), out[2].data(), N, C);
     };
+    op.backward_d = bwd;
+    op.backward_f = bwd;
     ops.push_back(op);
   }
   {
@@ -186,10 +195,11 @@ std::vector<Op> make_ops() {
     };
     op.forward_f = fwd;
     op.forward_d = fwd;
-    op.backward_d = [=](const Vecs<double>& in, const Vecs<double>&, const Vecs<double>& d,
-                        Vecs<double>& g) {
+    auto bwd = [=](const auto& in, const auto&, const auto& d, auto& g) {
       cpu::gelu_backward(g[0].data(), in[0].data(), d[0].data(), n);
     };
+    op.backward_d = bwd;
+    op.backward_f = bwd;
     ops.push_back(op);
   }
   {
@@ -203,11 +213,12 @@ std::vector<Op> make_ops() {
     };
     op.forward_f = fwd;
     op.forward_d = fwd;
-    op.backward_d = [=](const Vecs<double>&, const Vecs<double>&, const Vecs<double>& d,
-                        Vecs<double>& g) {
+    auto bwd = [=](const auto&, const auto&, const auto& d, auto& g) {
       cpu::add_inplace(g[0].data(), d[0].data(), n);
       cpu::add_inplace(g[1].data(), d[0].data(), n);
     };
+    op.backward_d = bwd;
+    op.backward_f = bwd;
     ops.push_back(op);
   }
   for (float p : {0.0f, 0.25f}) {
@@ -224,17 +235,19 @@ std::vector<Op> make_ops() {
     };
     op.forward_f = fwd;
     op.forward_d = fwd;
-    op.backward_d = [=](const Vecs<double>& in, const Vecs<double>& out, const Vecs<double>& d,
-                        Vecs<double>& g) {
+    auto bwd = [=](const auto& in, const auto& out, const auto& d, auto& g) {
       cpu::attention_backward(g[0].data(), d[0].data(), in[0].data(), out[0].data(), out[1].data(),
                               kB, kT, kC, kNH, drop);
     };
+    op.backward_d = bwd;
+    op.backward_f = bwd;
     ops.push_back(op);
   }
   {
     const int64_t N = 10, V = 50, Vp = 64;
     auto targets = make_tokens(N, static_cast<int32_t>(V), 3);
     Op op = make_op("cross_entropy (padded vocab)", {N * Vp}, {N, N}, {true, false});
+    op.accumulates = false;  // overwrites the logits with their gradient
     op.adjust_inputs = [=](Vecs<double>& in) {
       for (int64_t n = 0; n < N; ++n)  // padding may hold anything; it must not count
         for (int64_t v = V; v < Vp; ++v) in[0][n * Vp + v] = 100.0;
@@ -248,12 +261,13 @@ std::vector<Op> make_ops() {
     };
     op.forward_f = fwd;
     op.forward_d = fwd;
-    op.backward_d = [=](const Vecs<double>& in, const Vecs<double>& out, const Vecs<double>& d,
-                        Vecs<double>& g) {
+    auto bwd = [=](const auto& in, const auto& out, const auto& d, auto& g) {
       g[0] = in[0];
       cpu::cross_entropy_backward(g[0].data(), out[1].data(), targets.data(), d[0].data(), N, V,
                                   Vp);
     };
+    op.backward_d = bwd;
+    op.backward_f = bwd;
     ops.push_back(op);
   }
   return ops;
@@ -315,6 +329,74 @@ TEST_P(KernelTest, BackwardMatchesFiniteDifferences) {
           << op.name << " input " << k << " element " << i;
     }
   }
+}
+
+// The f32 kernels that train, against central differences of their own f32
+// forward, on every GEMM backend: what the double test above cannot see (in
+// double the GEMMs take dgemm and exp/tanh fall back to libm). h = 1e-2 on
+// inputs O(1): truncation O(h^2) ~ 1e-4 and f32 rounding of the loss / 2h ~
+// 1e-4, so a bound of 3e-3 (1 + |fd|) holds while a wrong factor or a
+// missing term (O(1)) does not.
+TEST_P(KernelTest, BackwardF32MatchesFiniteDifferencesOnEveryGemmBackend) {
+  const Op op = make_ops()[GetParam()];
+  const cpu::GemmBackend saved = cpu::gemm_backend();
+  for (cpu::GemmBackend b : {cpu::GemmBackend::kOpenBlas, cpu::GemmBackend::kOneDnn}) {
+    if (!cpu::gemm_backend_available(b)) continue;
+    cpu::set_gemm_backend(b);
+    const Vecs<float> in = to_float(random_inputs(op, 4));
+    Vecs<float> out = sized<float>(op.out_sizes);
+    op.forward_f(in, out);
+    Vecs<double> r = sized<double>(op.out_sizes);
+    std::mt19937 gen(5);
+    std::normal_distribution<double> dist;
+    for (size_t o = 0; o < r.size(); ++o)
+      if (op.in_loss[o])
+        for (auto& x : r[o]) x = dist(gen);
+    Vecs<float> grads = sized<float>(op.in_sizes);
+    op.backward_f(in, out, to_float(r), grads);
+    auto loss = [&](const Vecs<float>& x) {
+      Vecs<float> o = sized<float>(op.out_sizes);
+      op.forward_f(x, o);
+      Vecs<double> od;
+      for (const auto& v : o) od.emplace_back(v.begin(), v.end());
+      return loss_of(op, od, r);
+    };
+    const float h = 1e-2f;
+    for (size_t k = 0; k < in.size(); ++k) {
+      const size_t n = in[k].size(), stride = std::max<size_t>(1, n / 40);
+      for (size_t i = 0; i < n; i += stride) {
+        Vecs<float> plus = in, minus = in;
+        plus[k][i] += h;
+        minus[k][i] -= h;
+        const double fd = (loss(plus) - loss(minus)) / (double(plus[k][i]) - minus[k][i]);
+        ASSERT_NEAR(grads[k][i], fd, 3e-3 * (1 + std::abs(fd)))
+            << op.name << " (" << cpu::gemm_backend_name(b) << ") input " << k << " element " << i;
+      }
+    }
+  }
+  cpu::set_gemm_backend(saved);
+}
+
+// Backward adds into gradient buffers that already hold something (the
+// accumulation over micro-batches and over a parameter's several uses relies
+// on it): from random starting gradients, the result is start + the
+// gradients computed from zero.
+TEST_P(KernelTest, BackwardAddsIntoGradientsThatAreNotZero) {
+  const Op op = make_ops()[GetParam()];
+  if (!op.accumulates) GTEST_SKIP() << op.name << " overwrites its input's gradient by contract";
+  const Vecs<double> in = random_inputs(op, 6);
+  Vecs<double> out = sized<double>(op.out_sizes);
+  op.forward_d(in, out);
+  const Vecs<double> r = random_inputs(make_op("r", op.out_sizes, {}, {}), 7);
+  Vecs<double> from_zero = sized<double>(op.in_sizes);
+  op.backward_d(in, out, r, from_zero);
+  const Vecs<double> start = random_inputs(make_op("g", op.in_sizes, {}, {}), 8);
+  Vecs<double> added = start;
+  op.backward_d(in, out, r, added);
+  for (size_t k = 0; k < in.size(); ++k)
+    for (size_t i = 0; i < in[k].size(); ++i)
+      ASSERT_NEAR(added[k][i], start[k][i] + from_zero[k][i], 1e-12 * (1 + std::abs(added[k][i])))
+          << op.name << " input " << k << " element " << i;
 }
 
 INSTANTIATE_TEST_SUITE_P(AllOps, KernelTest, ::testing::Range<size_t>(0, make_ops().size()),

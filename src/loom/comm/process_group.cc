@@ -26,27 +26,24 @@ bool Work::test() const {
 Work::Work(std::string what, double timeout_s) : what_(std::move(what)), timeout_s_(timeout_s) {}
 
 void Work::wait() {
-  if (timeout_s_ <= 0) {
+  if (timeout_s_ > 0) {
+    // No caller deadline while the operation waits in the worker's queue:
+    // the worker enforces the deadline of whatever runs ahead of it, and a
+    // healthy op may wait there longer than timeout_s behind a slow peer.
+    // Once started it has timeout_s + kWaitSlackS.
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [this] { return done_; });
-    if (!error_.empty()) throw Error(ErrorKind::kComm, error_);
-    return;
-  }
-  // The deadline moves once the worker starts the operation; re-read it on
-  // every wake-up.
-  for (;;) {
-    std::unique_lock<std::mutex> lock(mu_);
-    const auto from = started_set_ ? started_ : issued_;
-    const auto deadline =
-        from + std::chrono::duration_cast<Clock::duration>(
-                   std::chrono::duration<double>(std::min(timeout_s_, 1e9) + kWaitSlackS));
-    if (cv_.wait_until(lock, deadline, [this] { return done_; })) break;
-    if ((started_set_ ? started_ : issued_) == from) {
+    cv_.wait(lock, [this] { return done_ || started_set_; });
+    if (!done_) {
+      const auto deadline =
+          started_ + std::chrono::duration_cast<Clock::duration>(
+                         std::chrono::duration<double>(std::min(timeout_s_, 1e9) + kWaitSlackS));
       lock.unlock();
-      wait_until(Clock::now(), timeout_s_);  // throws: nothing moved since the deadline was set
+      wait_until(deadline, timeout_s_ + kWaitSlackS);
+      return;
     }
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return done_; });
   if (!error_.empty()) throw Error(ErrorKind::kComm, error_);
 }
 
@@ -58,13 +55,18 @@ void Work::wait(double timeout_s) {
 
 void Work::wait_until(Clock::time_point deadline, double timeout_s) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (!cv_.wait_until(lock, deadline, [this] { return done_; }))
-    throw Error(ErrorKind::kComm,
-                format("comm timeout: {} did not complete within {} s of waiting ({}); this "
-                       "rank's communication worker did not finish it (blocked in an earlier "
-                       "operation or a blocking call)",
-                       what_.empty() ? "an operation" : what_, timeout_s,
-                       started_set_ ? "started on the worker" : "never started on the worker"));
+  if (!cv_.wait_until(lock, deadline, [this] { return done_; })) {
+    const std::string message = format(
+        "comm timeout: {} did not complete within {} s of waiting ({}); this rank's "
+        "communication worker did not finish it",
+        what_.empty() ? "an operation" : what_, timeout_s,
+        started_set_ ? "started on the worker" : "never started on the worker");
+    lock.unlock();
+    // The worker still owns the caller's buffers: a parallel job ends here
+    // rather than unwind under it.
+    fail_fast(message);
+    throw Error(ErrorKind::kComm, message);
+  }
   if (!error_.empty()) throw Error(ErrorKind::kComm, error_);
 }
 

@@ -27,8 +27,9 @@ const char* reduce_op_name(ReduceOp op);
 
 // Completion of one asynchronous operation. A Work made with a description
 // and a timeout has a deadline: wait() gives up timeout_s + kWaitSlackS after
-// the operation started on the backend's worker (or, while it has not
-// started, after it was issued) and throws Error(kComm) naming it. The
+// the operation started on the backend's worker (queued behind others, it
+// waits for the worker, which enforces their deadlines) and, in a parallel
+// job, ends it (fail_fast), else throws Error(kComm) naming it. The
 // worker enforces the operation's own deadline first, with a report of the
 // ranks that did not answer; the caller's deadline covers a worker that is
 // itself stuck.

@@ -1,22 +1,17 @@
 #include "loom/core/error.h"
 
 #include <atomic>
-#include <mutex>
 
 namespace loom {
 
 namespace {
 std::atomic<FatalHandler> g_fatal{nullptr};
-std::mutex g_last_mu;
-std::string& last_message() {
-  static std::string s;
-  return s;
-}
+// Per thread: what a destructor reached while this thread unwinds names.
+thread_local std::string t_last;
 }  // namespace
 
 Error::Error(ErrorKind kind, const std::string& what) : std::runtime_error(what), kind_(kind) {
-  std::lock_guard<std::mutex> lock(g_last_mu);
-  last_message() = what;
+  t_last = what;
 }
 
 void set_fatal_handler(FatalHandler handler) {
@@ -28,8 +23,7 @@ void fail_fast(const std::string& message) {
 }
 
 std::string last_error() {
-  std::lock_guard<std::mutex> lock(g_last_mu);
-  return last_message();
+  return t_last;
 }
 
 void throw_check_failure(ErrorKind kind, const char* file, int line, const char* cond,

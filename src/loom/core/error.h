@@ -32,8 +32,8 @@ using FatalHandler = void (*)(const std::string& message);
 void set_fatal_handler(FatalHandler handler);
 // Ends the job with `message` when a handler is installed; returns otherwise.
 void fail_fast(const std::string& message);
-// The message of the latest Error constructed in this process ("" if none):
-// what a destructor reached while unwinding can name as the cause.
+// The message of the latest Error constructed on this thread ("" if none):
+// what a destructor reached while the thread unwinds names as the cause.
 std::string last_error();
 
 namespace detail {

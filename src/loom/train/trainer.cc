@@ -104,11 +104,15 @@ Trainer::Trainer(Config config, RunOptions options, ThreadConfig threads)
     if (world) world->broadcast(&peak, 1, DType::kF32, 0)->wait();
     peak_gflops_ = peak;
   }
-  // The job's peak counts the cores its ranks really have: ranks sharing a
-  // host's cores (4 ranks of 1 thread on 2 cores) share its peak.
+  // The job's peak counts the cores its ranks really have: the per-rank
+  // peak, measured with this rank's threads (at most the cores), per core,
+  // times the cores the host's ranks can keep busy, per host. Ranks sharing
+  // a host's cores (4 ranks of 1 thread on 2 cores) share its peak.
   const int ranks = options_.parallel.world ? options_.parallel.world->size() : 1;
-  const double busy = double(threads_.ranks_on_node) * double(threads_.threads);
-  job_peak_gflops_ = peak_gflops_ * ranks * std::min(1.0, double(threads_.cores) / busy);
+  const double per_core = peak_gflops_ / std::min(threads_.threads, threads_.cores);
+  const double host_cores =
+      std::min(double(threads_.cores), double(threads_.ranks_on_node) * threads_.threads);
+  job_peak_gflops_ = per_core * host_cores * double(ranks) / double(threads_.ranks_on_node);
   progress_ = std::make_unique<Progress>(config_.train.steps, config_.log.every, options_.quiet,
                                          !options_.quiet && isatty(STDOUT_FILENO));
 }

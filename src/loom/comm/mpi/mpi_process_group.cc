@@ -391,10 +391,17 @@ void MpiProcessGroup::cancel_p2p() {
       p.work->finish(since(p.start));
       continue;
     }
-    // A receive is cancelled; a send is released to finish on its own (MPI
-    // may not be able to cancel it, and nobody waits for it any more).
-    if (p.op.kind == "recv") MPI_Cancel(&p.req);
-    MPI_Request_free(&p.req);
+    // A receive is cancelled (it completes locally). A send would go on
+    // reading a buffer its caller is about to free: a parallel job ends
+    // instead, while the buffer is alive.
+    if (p.op.kind == "recv") {
+      MPI_Cancel(&p.req);
+      MPI_Wait(&p.req, MPI_STATUS_IGNORE);
+    } else {
+      fail_fast(format("group '{}' rank {}: destroyed with {} in flight ({})", name_, rank_,
+                       p.op.describe(), last_error()));
+      MPI_Request_free(&p.req);
+    }
     p.work->fail(format("group '{}' rank {}: {}: cancelled: the group was destroyed", name_, rank_,
                         p.op.describe()));
   }

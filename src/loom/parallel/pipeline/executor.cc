@@ -1,5 +1,7 @@
 #include "loom/parallel/pipeline/executor.h"
 
+#include <exception>
+
 #include "loom/comm/algorithms/allreduce.h"
 #include "loom/core/error.h"
 #include "loom/core/fault.h"
@@ -97,6 +99,23 @@ int Executor::take_slot(Chunk& c) {
   s->busy = true;
   c.slots.push_back(std::move(s));
   return static_cast<int>(c.slots.size()) - 1;
+}
+
+Executor::~Executor() {
+  std::vector<WorkPtr> open;
+  for (const Pooled& p : pool_)
+    if (p.pending) open.push_back(p.pending);
+  for (const Chunk& c : chunks_)
+    for (const auto& s : c.slots)
+      if (s && s->pending_send) open.push_back(s->pending_send);
+  for (const WorkPtr& w : open) {
+    if (!w->test() && std::uncaught_exceptions() > 0)
+      fail_fast(format("{} (a pipeline message was still in flight)", last_error()));
+    try {
+      w->wait();
+    } catch (...) {  // reported where it failed
+    }
+  }
 }
 
 void Executor::post_recv(const Instr& in) {

@@ -71,6 +71,12 @@ class Executor {
   // micro-batch shape.
   Executor(Schedule schedule, int stage, std::vector<ChunkRef> chunks,
            std::shared_ptr<ProcessGroup> group, int64_t B, int64_t Tn);
+  // An error unwinding past messages still in flight (a receive posted
+  // ahead writes into the pool) ends a parallel job here, while the buffers
+  // are alive (fail_fast); otherwise waits for them.
+  ~Executor();
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
 
   const Schedule& schedule() const { return schedule_; }
   // Runs the step's list. loss_scale multiplies each micro-batch's mean

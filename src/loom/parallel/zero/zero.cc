@@ -623,8 +623,8 @@ double ZeroEngine::grad_norm() {
 double tensor_parallel_sum(ProcessGroup& tp, double split, double whole) {
   // Slices add over the group, in rank order; a whole parameter is one
   // tensor replicated on every rank of it: its squares count once, taken
-  // from rank 0, so every rank gets the same sum even where the replicas'
-  // gradients differ in their last bits.
+  // from rank 0, so every rank gets the same sum from the same bits (the
+  // replicas themselves are checked bitwise equal at checkpoints).
   const double mine[2] = {split, whole};
   const std::vector<double> all = all_gather_words(tp, mine, 2);
   double ss = all[1];
