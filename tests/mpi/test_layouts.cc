@@ -494,7 +494,10 @@ std::vector<std::string> gradient_mismatches(const std::map<std::string, std::ve
 
 std::string joined(const std::vector<std::string>& names) {
   std::string s;
-  for (const std::string& n : names) s += (s.empty() ? "" : ", ") + n;
+  for (const std::string& n : names) {
+    if (!s.empty()) s += ", ";
+    s += n;
+  }
   return s;
 }
 

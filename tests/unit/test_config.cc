@@ -105,6 +105,19 @@ TEST(Config, BatchIdentity) {
   EXPECT_HAS(error_of(kBase, {"parallel.data=2"}), "parallel.data is 2 but the job has 1 rank(s)");
 }
 
+// Each batch key is checked alone against ~9e15; their products are
+// checked for overflow instead of wrapping into a wrong identity.
+TEST(Config, BatchProductsThatOverflowAreErrors) {
+  EXPECT_HAS(error_of(kBase, {"train_micro_batch_size_per_gpu=3000000000000000",
+                              "gradient_accumulation_steps=3000000000000000"}),
+             "micro x accumulation x data-parallel = 3000000000000000 x 3000000000000000 "
+             "overflows a 64-bit count");
+  EXPECT_HAS(
+      error_of(kBase, {"train_micro_batch_size_per_gpu=3000000000000000", "model.seq_len=1048576"}),
+      "tokens per step: train_batch_size x model.seq_len = 3000000000000000 x 1048576 "
+      "overflows");
+}
+
 TEST(Config, OverridesApplyAndAreValidated) {
   Config c = parse_config(kBase, "cfg.json", {"model.n_layer=5", "train.name=abc", "log.every=7"});
   EXPECT_EQ(c.model.n_layer, 5);

@@ -1,13 +1,16 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "loom/core/dtype.h"
 #include "loom/core/error.h"
 #include "loom/core/memory.h"
 #include "loom/core/rng.h"
 #include "loom/core/tensor.h"
+#include "loom/core/threads.h"
 
 namespace loom {
 namespace {
@@ -136,6 +139,44 @@ TEST(Rng, InitIsAFunctionOfSeedNameAndIndexOnly) {
   }
   EXPECT_NEAR(mean, 0.0, 0.01);
   EXPECT_NEAR(var, 1.0, 0.02);
+}
+
+// Dropout sites: no two (layer, place, head) of the largest model the
+// config allows share a site id, so no mask repeats across layers (with 8
+// bits for the layer they repeated every 256 layers).
+TEST(Rng, DropoutSitesAreDistinctForEveryLayerPlaceAndHead) {
+  std::vector<uint32_t> ids;
+  for (int layer = -1; layer < 4096; ++layer)
+    for (DropoutSite s : {DropoutSite::kEmbedding, DropoutSite::kAttnProbs, DropoutSite::kAttnResid,
+                          DropoutSite::kMlpResid})
+      for (uint32_t head : {0u, 1u, 65535u}) ids.push_back(dropout_site(layer, s, head));
+  std::sort(ids.begin(), ids.end());
+  EXPECT_EQ(std::adjacent_find(ids.begin(), ids.end()), ids.end());
+  // Layers 0 and 256 draw different masks.
+  DropoutStream d(7, 1, 0.5f);
+  std::vector<float> a(64), b(64);
+  d.row(0, dropout_site(0, DropoutSite::kMlpResid), 3, 0, 64, a.data());
+  d.row(0, dropout_site(256, DropoutSite::kMlpResid), 3, 0, 64, b.data());
+  EXPECT_NE(a, b);
+  // Positions 4096 apart too (the position has its own counter word).
+  d.row(0, dropout_site(0, DropoutSite::kMlpResid), 3 + 4096, 0, 64, b.data());
+  EXPECT_NE(a, b);
+}
+
+// MFU's denominator counts the cores the ranks have: 4 ranks of 1 thread on
+// a 2-core host share its peak (not 4 x the 1-thread peak), one rank of 4
+// threads on 2 cores gets the 2 cores' peak, 2 hosts of 2 ranks x 1 thread
+// on 2 cores each have 4 cores in all.
+TEST(Threads, JobPeakCountsTheCoresTheRanksHave) {
+  ThreadConfig t;
+  t.cores = 2, t.threads = 1, t.ranks_on_node = 4;
+  EXPECT_DOUBLE_EQ(job_peak_gflops(150, t, 4), 300);
+  t.threads = 4, t.ranks_on_node = 1;
+  EXPECT_DOUBLE_EQ(job_peak_gflops(300, t, 1), 300);
+  t.threads = 1, t.ranks_on_node = 2;
+  EXPECT_DOUBLE_EQ(job_peak_gflops(150, t, 4), 600);
+  t.threads = 2, t.ranks_on_node = 1;
+  EXPECT_DOUBLE_EQ(job_peak_gflops(300, t, 1), 300);
 }
 
 }  // namespace

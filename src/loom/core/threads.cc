@@ -50,6 +50,14 @@ ThreadConfig configure_threads(int ranks_on_node) {
   return t;
 }
 
+double job_peak_gflops(double per_rank_peak, const ThreadConfig& t, int ranks) {
+  const int cores = std::max(1, t.cores), threads = std::max(1, t.threads);
+  const int on_node = std::max(1, t.ranks_on_node);
+  const double per_core = per_rank_peak / std::min(threads, cores);
+  const double host_cores = std::min(double(cores), double(on_node) * threads);
+  return per_core * host_cores * double(ranks) / double(on_node);
+}
+
 std::string describe(const ThreadConfig& t) {
   return format("threads: {}{} ({} cores, {} rank(s) on node, affinity {} cores)", t.threads,
                 t.from_env ? " from OMP_NUM_THREADS" : "", t.cores, t.ranks_on_node,

@@ -20,6 +20,13 @@ struct ThreadConfig {
 // 0 reads the launcher's environment instead (programs without MPI).
 ThreadConfig configure_threads(int ranks_on_node = 0);
 
+// The peak GFLOP/s of a job of `ranks` ranks like this one (MFU's
+// denominator), from the per-rank peak measured with t.threads threads:
+// per core, times the cores the ranks of a host can keep busy, per host.
+// Ranks sharing a host's cores (4 ranks of 1 thread on 2 cores) share its
+// peak; a rank with more threads than cores gets no more than the cores.
+double job_peak_gflops(double per_rank_peak, const ThreadConfig& t, int ranks);
+
 // One line for the log: "threads: 2 (2 cores, 1 rank on node, affinity 2 cores)".
 std::string describe(const ThreadConfig& t);
 

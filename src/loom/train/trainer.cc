@@ -109,10 +109,7 @@ Trainer::Trainer(Config config, RunOptions options, ThreadConfig threads)
   // times the cores the host's ranks can keep busy, per host. Ranks sharing
   // a host's cores (4 ranks of 1 thread on 2 cores) share its peak.
   const int ranks = options_.parallel.world ? options_.parallel.world->size() : 1;
-  const double per_core = peak_gflops_ / std::min(threads_.threads, threads_.cores);
-  const double host_cores =
-      std::min(double(threads_.cores), double(threads_.ranks_on_node) * threads_.threads);
-  job_peak_gflops_ = per_core * host_cores * double(ranks) / double(threads_.ranks_on_node);
+  job_peak_gflops_ = loom::job_peak_gflops(peak_gflops_, threads_, ranks);
   progress_ = std::make_unique<Progress>(config_.train.steps, config_.log.every, options_.quiet,
                                          !options_.quiet && isatty(STDOUT_FILENO));
 }
