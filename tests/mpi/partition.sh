@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# A partitioned host: dp 4 over two hosts of the test cluster
+# (scripts/cluster.sh: network namespaces with their own TCP stacks, Open
+# MPI over TCP between them), the link of host 1 taken down mid-run.
+#  A. With the launcher told to notice a lost host (Open MPI's out-of-band
+#     TCP keepalive, shorter than comm.timeout_s, as scripts/cluster.sh and
+#     docs/comm.md set it): mpirun exits non-zero within comm.timeout_s +
+#     30 s, with no rank and no daemon left on either host.
+#  B. Without it: mpirun cannot reach the cut-off daemon, but no rank
+#     outlives the failure: every rank on both sides times out and ends
+#     itself within comm.timeout_s + 30 s. (mpirun itself ends once the link
+#     is back.)
+# Needs root and network namespaces; exits 77 (skipped) where they are not
+# available.
+set -euo pipefail
+LOOM=${LOOM:?}
+CLUSTER=$(cd "$(dirname "$0")/../.." && pwd)/scripts/cluster.sh
+export OMP_NUM_THREADS=1
+WORK=$(mktemp -d)
+export XDG_CACHE_HOME="$WORK/cache"
+cleanup() {
+  "$CLUSTER" down 2> /dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+if ! ip netns add loom-probe 2> /dev/null; then
+  echo "SKIP: network namespaces are not available here"
+  exit 77
+fi
+ip netns del loom-probe
+"$CLUSTER" up 2
+
+TIMEOUT=10
+cat > "$WORK/train.json" <<JSON
+{"train_batch_size": 8, "model": {"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 256, "seq_len": 32},
+ "data": {"synthetic": true}, "train": {"steps": 100000000}, "comm": {"timeout_s": $TIMEOUT},
+ "log": {"peak_gflops": 100, "every": 100000}}
+JSON
+hosts=(--host 10.233.7.1:2,10.233.7.2:2 -np 4 -x OMP_NUM_THREADS)
+ranks_left() { pgrep -f -- "--out $WORK/$1" | grep -v "^$job\$" | xargs -r ps -o pid=,comm= -p | grep -c loom || true; }
+
+# start NAME MPIRUN-OPTIONS...: trains across both hosts; waits for step 2.
+start() {
+  local name=$1
+  shift
+  "$CLUSTER" mpirun "$@" "${hosts[@]}" "$LOOM" train --config "$WORK/train.json" \
+    --out "$WORK/$name" > "$WORK/$name.txt" 2>&1 &
+  job=$!
+  for _ in $(seq 1 120); do
+    grep -q "step 2/" "$WORK/$name.txt" 2> /dev/null && return
+    kill -0 "$job" 2> /dev/null || fail "$name: the job ended before training: $(cat "$WORK/$name.txt")"
+    sleep 0.5
+  done
+  fail "$name: no step 2 within 60 s: $(cat "$WORK/$name.txt")"
+}
+
+# A. Keepalive: 2 s idle, then 3 probes 1 s apart (the loss is noticed in
+# about 5 s, before loom's own timeout of 10 s).
+start keepalive --mca oob_tcp_keepalive_time 2 --mca oob_tcp_keepalive_intvl 1 \
+  --mca oob_tcp_keepalive_probes 3
+t0=$SECONDS
+"$CLUSTER" cut 1
+while kill -0 "$job" 2> /dev/null; do
+  ((SECONDS - t0 <= TIMEOUT + 30)) || fail "A: mpirun still running $((TIMEOUT + 30)) s after the cut"
+  sleep 0.5
+done
+rc=0
+wait "$job" || rc=$?
+((rc != 0)) || fail "A: mpirun exited 0"
+took=$((SECONDS - t0))
+sleep 1
+[[ $(ranks_left keepalive) == 0 ]] || fail "A: ranks left running: $(pgrep -af -- "--out $WORK/keepalive")"
+! pgrep -f "orted.*ess_base_jobid" > /dev/null || fail "A: a daemon left running: $(pgrep -af orted)"
+first=$(grep -m1 -E "lost communication with a remote daemon|loom: rank [0-9]+:" "$WORK/keepalive.txt" || true)
+echo "ok: A. partition with keepalive: mpirun exited $rc in $took s after the cut; first report: $first"
+"$CLUSTER" heal 1
+
+# B. No keepalive: every rank ends itself.
+start plain
+t0=$SECONDS
+"$CLUSTER" cut 1
+until [[ $(ranks_left plain) == 0 ]]; do
+  ((SECONDS - t0 <= TIMEOUT + 30)) || fail "B: ranks still running $((TIMEOUT + 30)) s after the cut: $(pgrep -af -- "--out $WORK/plain")"
+  sleep 0.5
+done
+took=$((SECONDS - t0))
+grep -q "comm timeout: .* did not complete within comm.timeout_s = $TIMEOUT s; .*ranks that did not answer: 2 (world 2), 3 (world 3)" \
+  "$WORK/plain.txt" || fail "B: no timeout report naming the cut-off ranks: $(cat "$WORK/plain.txt")"
+echo "ok: B. partition without keepalive: no rank left $took s after the cut (the reachable side named ranks 2, 3)"
+"$CLUSTER" heal 1
+t0=$SECONDS
+while kill -0 "$job" 2> /dev/null; do
+  ((SECONDS - t0 <= 120)) || { kill -9 "$job"; fail "B: mpirun still running 120 s after the link came back"; }
+  sleep 0.5
+done
+rc=0
+wait "$job" || rc=$?
+((rc != 0)) || fail "B: mpirun exited 0"
+echo "ok: B. mpirun exited $rc $((SECONDS - t0)) s after the link came back"
+echo PASS
