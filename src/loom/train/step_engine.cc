@@ -544,8 +544,11 @@ void StepEngine::inject_nonfinite(int64_t step) {
   const size_t colon = s.find(':');
   if (colon == std::string::npos) return;
   // STEPS is one step or a comma-separated list.
-  const std::string steps = "," + s.substr(0, colon) + ",";
-  if (steps.find("," + std::to_string(step + 1) + ",") == std::string::npos) return;
+  // (Built by appending: GCC 12 warns falsely on "," + string + ",".)
+  std::string steps = ",", want = ",";
+  steps.append(s, 0, colon).append(",");
+  want.append(std::to_string(step + 1)).append(",");
+  if (steps.find(want) == std::string::npos) return;
   const std::string name = s.substr(colon + 1);
   for (Chunk& c : chunks_) {
     const Param* p = c.stage->layout().find_or_null(name);
