@@ -19,32 +19,44 @@ export OMP_NUM_THREADS=1
 WORK=$(mktemp -d)
 export XDG_CACHE_HOME="$WORK/cache"
 cleanup() {
+  if [[ -n ${job:-} ]]; then kill -9 "$job" 2> /dev/null || true; fi
   "$CLUSTER" down 2> /dev/null || true
   rm -rf "$WORK"
 }
 trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
-if ! ip netns add loom-probe 2> /dev/null; then
-  echo "SKIP: network namespaces are not available here"
+if ! "$CLUSTER" up 2 > "$WORK/up.txt" 2>&1; then
+  echo "SKIP: no test cluster here (network namespaces, veth, bridge): $(cat "$WORK/up.txt")"
   exit 77
 fi
-ip netns del loom-probe
-"$CLUSTER" up 2
 
 TIMEOUT=10
 cat > "$WORK/train.json" <<JSON
 {"train_batch_size": 8, "model": {"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 256, "seq_len": 32},
- "data": {"synthetic": true}, "train": {"steps": 100000000}, "comm": {"timeout_s": $TIMEOUT},
+ "data": {"synthetic": true}, "train": {"steps": 20000}, "comm": {"timeout_s": $TIMEOUT},
  "log": {"peak_gflops": 100, "every": 100000}}
 JSON
 hosts=(--host 10.233.7.1:2,10.233.7.2:2 -np 4 -x OMP_NUM_THREADS)
-ranks_left() { pgrep -f -- "--out $WORK/$1" | grep -v "^$job\$" | xargs -r ps -o pid=,comm= -p | grep -c loom || true; }
+# loom processes of run $1 (not the launcher's, whose command line names it too).
+ranks_left() { pgrep -f -- "--out $WORK/$1" | xargs -r ps -o pid=,comm= -p | grep -c ' loom$' || true; }
+# Anything still running inside the cluster's hosts (ranks, daemons).
+in_hosts() { for h in loom-h0 loom-h1; do ip netns pids "$h"; done | wc -l; }
+# until_within SECONDS CMD...: polls CMD until it succeeds; fails after SECONDS.
+until_within() {
+  local limit=$1 t0=$SECONDS
+  shift
+  until "$@"; do
+    ((SECONDS - t0 <= limit)) || return 1
+    sleep 0.5
+  done
+}
 
 # start NAME MPIRUN-OPTIONS...: trains across both hosts; waits for step 2.
 start() {
   local name=$1
   shift
-  "$CLUSTER" mpirun "$@" "${hosts[@]}" "$LOOM" train --config "$WORK/train.json" \
+  # (timeout: nothing outlives the test, whatever happens)
+  timeout -k 5 150 "$CLUSTER" mpirun "$@" "${hosts[@]}" "$LOOM" train --config "$WORK/train.json" \
     --out "$WORK/$name" > "$WORK/$name.txt" 2>&1 &
   job=$!
   for _ in $(seq 1 120); do
@@ -69,9 +81,8 @@ rc=0
 wait "$job" || rc=$?
 ((rc != 0)) || fail "A: mpirun exited 0"
 took=$((SECONDS - t0))
-sleep 1
-[[ $(ranks_left keepalive) == 0 ]] || fail "A: ranks left running: $(pgrep -af -- "--out $WORK/keepalive")"
-! pgrep -f "orted.*ess_base_jobid" > /dev/null || fail "A: a daemon left running: $(pgrep -af orted)"
+until_within 10 test "$(in_hosts)" -eq 0 ||
+  fail "A: left running in the hosts: $(for h in loom-h0 loom-h1; do ip netns pids "$h"; done | xargs -r ps -o pid=,args= -p)"
 first=$(grep -m1 -E "lost communication with a remote daemon|loom: rank [0-9]+:" "$WORK/keepalive.txt" || true)
 echo "ok: A. partition with keepalive: mpirun exited $rc in $took s after the cut; first report: $first"
 "$CLUSTER" heal 1
@@ -91,7 +102,7 @@ echo "ok: B. partition without keepalive: no rank left $took s after the cut (th
 "$CLUSTER" heal 1
 t0=$SECONDS
 while kill -0 "$job" 2> /dev/null; do
-  ((SECONDS - t0 <= 120)) || { kill -9 "$job"; fail "B: mpirun still running 120 s after the link came back"; }
+  ((SECONDS - t0 <= 60)) || fail "B: mpirun still running 60 s after the link came back"
   sleep 0.5
 done
 rc=0

@@ -68,7 +68,9 @@ TEST(Verdicts, ANonFiniteGradientOnOneRankIsSkippedByEveryRank) {
     ASSERT_EQ(got.size(), 5u);
     for (size_t k = 0; k < got.size(); ++k)
       EXPECT_EQ(got[k].skipped_steps, k >= 2 ? 1 : 0) << precision << " step " << k + 1;
-    if (precision == "fp16") EXPECT_EQ(got[3].loss_scale, got[2].loss_scale / 2) << "halved";
+    if (precision == "fp16") {
+      EXPECT_EQ(got[3].loss_scale, got[2].loss_scale / 2) << "the overflow halves the scale";
+    }
     // Every rank took the same decisions: the replicas are still one.
     const uint64_t mine = digest(*t);
     const std::vector<uint64_t> all = all_gather_words(*world, &mine, 1);
@@ -85,13 +87,11 @@ TEST(Verdicts, ReplicatedParametersThatDivergeAreNamed) {
   t->engine().check_replicas();  // equal after a step
   // One element of a replicated LayerNorm weight, changed on tensor rank 1.
   const std::string name = "transformer.h.0.ln_1.weight";
-  if (t->engine().context().tp->rank() == 1) {
-    const Param& p = t->model().layout().find(name);
-    const ZeroEngine::StateRange r =
-        t->zero().held(ZeroEngine::State::kParams)[static_cast<size_t>(p.unit)];
-    ASSERT_TRUE(r.begin <= p.offset && p.offset < r.end);
-    r.data[p.offset - r.begin] += 1e-6f;
-  }
+  const Param& p = t->model().layout().find(name);
+  const ZeroEngine::StateRange r =
+      t->zero().held(ZeroEngine::State::kParams)[static_cast<size_t>(p.unit)];
+  ASSERT_TRUE(r.begin <= p.offset && p.offset < r.end);  // on every rank alike
+  if (t->engine().context().tp->rank() == 1) r.data[p.offset - r.begin] += 1e-6f;
   try {
     t->engine().check_replicas();
     ADD_FAILURE() << "the divergence went unnoticed";

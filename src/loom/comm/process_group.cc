@@ -71,9 +71,12 @@ void Work::wait_until(Clock::time_point deadline, double timeout_s) {
 }
 
 void Work::mark_started() {
-  std::lock_guard<std::mutex> lock(mu_);
-  started_ = Clock::now();
-  started_set_ = true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    started_ = Clock::now();
+    started_set_ = true;
+  }
+  cv_.notify_all();  // a waiter takes up the deadline from here
 }
 
 double Work::seconds() const {

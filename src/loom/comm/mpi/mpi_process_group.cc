@@ -239,6 +239,8 @@ MpiProcessGroup::MpiProcessGroup(MpiRuntime* runtime, MPI_Comm comm, std::string
 MpiProcessGroup::~MpiProcessGroup() {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    // What the destroying thread is unwinding from, for the worker's report.
+    abandon_cause_ = last_error();
     stop_ = true;
   }
   abandoned_ = true;
@@ -394,12 +396,26 @@ void MpiProcessGroup::cancel_p2p() {
     // A receive is cancelled (it completes locally). A send would go on
     // reading a buffer its caller is about to free: a parallel job ends
     // instead, while the buffer is alive.
+    // (A receive already matched to a message still arriving cannot be
+    // cancelled: it gets comm.timeout_s to complete, then the job ends.)
     if (p.op.kind == "recv") {
       MPI_Cancel(&p.req);
-      MPI_Wait(&p.req, MPI_STATUS_IGNORE);
+      const auto t0 = Clock::now();
+      int completed = 0;
+      while (MPI_Test(&p.req, &completed, MPI_STATUS_IGNORE), !completed) {
+        if (since(t0) > options_.timeout_s) {
+          fail_fast(
+              format("group '{}' rank {}: destroyed with {} that could not be cancelled "
+                     "({})",
+                     name_, rank_, p.op.describe(), abandon_cause_));
+          MPI_Request_free(&p.req);  // no handler (one process): left to MPI
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
     } else {
       fail_fast(format("group '{}' rank {}: destroyed with {} in flight ({})", name_, rank_,
-                       p.op.describe(), last_error()));
+                       p.op.describe(), abandon_cause_));
       MPI_Request_free(&p.req);
     }
     p.work->fail(format("group '{}' rank {}: {}: cancelled: the group was destroyed", name_, rank_,

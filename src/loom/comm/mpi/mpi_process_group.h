@@ -186,6 +186,7 @@ class MpiProcessGroup : public ProcessGroup {
   std::deque<Task> queue_;
   bool stop_ = false;
   std::atomic<bool> abandoned_{false};  // the destructor runs: a collective in flight gives up
+  std::string abandon_cause_;           // last_error() of the destroying thread (under mu_)
   std::thread worker_;
 };
 
