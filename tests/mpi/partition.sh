@@ -67,6 +67,21 @@ start() {
   fail "$name: no step 2 within 60 s: $(cat "$WORK/$name.txt")"
 }
 
+# 0. Across hosts, a rank that throws (on host 1, mid-backward with
+# reductions in flight) still ends the job at once with its own message.
+t0=$SECONDS
+rc=0
+LOOM_TEST_THROW=backward:2:3 timeout -k 5 60 "$CLUSTER" mpirun "${hosts[@]}" -x LOOM_TEST_THROW \
+  "$LOOM" train --config "$WORK/train.json" --out "$WORK/throw" > "$WORK/throw.txt" 2>&1 || rc=$?
+took=$((SECONDS - t0))
+((rc != 0 && rc != 124)) || fail "throw: exit $rc: $(cat "$WORK/throw.txt")"
+((took <= 15)) || fail "throw: the job took $took s: $(cat "$WORK/throw.txt")"
+first=$(grep -o -m1 "loom: rank [0-9]*: .*" "$WORK/throw.txt" || true)
+[[ $first == "loom: rank 2: test fault: backward at step 3 (LOOM_TEST_THROW)" ]] ||
+  fail "throw: first report is '$first': $(cat "$WORK/throw.txt")"
+until_within 10 test "$(in_hosts)" -eq 0 || fail "throw: processes left in the hosts"
+echo "ok: a rank on host 1 that throws ends the job in $took s (start to exit) with its message"
+
 # A. Keepalive: 2 s idle, then 3 probes 1 s apart (the loss is noticed in
 # about 5 s, before loom's own timeout of 10 s).
 start keepalive --mca oob_tcp_keepalive_time 2 --mca oob_tcp_keepalive_intvl 1 \

@@ -6,12 +6,12 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "loom/core/error.h"
+#include "loom/core/rng.h"
 #include "loom/train/config.h"
 #include "loom/train/trainer.h"
 #include "mpi_main.h"
@@ -43,13 +43,7 @@ std::unique_ptr<Trainer> make(const std::vector<std::string>& overrides,
 // data-parallel rank holds it all).
 uint64_t digest(Trainer& t) {
   const std::vector<float> p = t.gather_params();
-  uint64_t h = 1469598103934665603ull;
-  for (float x : p) {
-    uint32_t bits;
-    std::memcpy(&bits, &x, sizeof(bits));
-    h = (h ^ bits) * 1099511628211ull;
-  }
-  return h;
+  return name_hash({reinterpret_cast<const char*>(p.data()), p.size() * sizeof(float)});
 }
 
 TEST(Verdicts, ANonFiniteGradientOnOneRankIsSkippedByEveryRank) {

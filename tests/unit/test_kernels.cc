@@ -86,6 +86,17 @@ double loss_of(const Op& op, const Vecs<double>& out, const Vecs<double>& r) {
   return L;
 }
 
+// The r of L = sum_o <out_o, r_o>: normal, zero for outputs not in the loss.
+Vecs<double> loss_weights(const Op& op, uint32_t seed) {
+  Vecs<double> r = sized<double>(op.out_sizes);
+  std::mt19937 gen(seed);
+  std::normal_distribution<double> dist;
+  for (size_t o = 0; o < r.size(); ++o)
+    if (op.in_loss[o])
+      for (auto& x : r[o]) x = dist(gen);
+  return r;
+}
+
 // --- the table -------------------------------------------------------------
 
 constexpr int64_t kB = 2, kT = 70, kC = 16, kNH = 2;  // T > one 64-wide block
@@ -304,12 +315,7 @@ TEST_P(KernelTest, BackwardMatchesFiniteDifferences) {
       ASSERT_NEAR(out[o][i], want[o][i], 1e-9 * (1 + std::abs(want[o][i]))) << op.name;
   }
 
-  Vecs<double> r = sized<double>(op.out_sizes);
-  std::mt19937 gen(3);
-  std::normal_distribution<double> dist;
-  for (size_t o = 0; o < r.size(); ++o)
-    if (op.in_loss[o])
-      for (auto& x : r[o]) x = dist(gen);
+  const Vecs<double> r = loss_weights(op, 3);
   Vecs<double> grads = sized<double>(op.in_sizes);
   op.backward_d(in, out, r, grads);
 
@@ -339,19 +345,18 @@ TEST_P(KernelTest, BackwardMatchesFiniteDifferences) {
 // missing term (O(1)) does not.
 TEST_P(KernelTest, BackwardF32MatchesFiniteDifferencesOnEveryGemmBackend) {
   const Op op = make_ops()[GetParam()];
-  const cpu::GemmBackend saved = cpu::gemm_backend();
+  // Put back even when an assertion returns early.
+  struct Restore {
+    cpu::GemmBackend b = cpu::gemm_backend();
+    ~Restore() { cpu::set_gemm_backend(b); }
+  } restore;
   for (cpu::GemmBackend b : {cpu::GemmBackend::kOpenBlas, cpu::GemmBackend::kOneDnn}) {
     if (!cpu::gemm_backend_available(b)) continue;
     cpu::set_gemm_backend(b);
     const Vecs<float> in = to_float(random_inputs(op, 4));
     Vecs<float> out = sized<float>(op.out_sizes);
     op.forward_f(in, out);
-    Vecs<double> r = sized<double>(op.out_sizes);
-    std::mt19937 gen(5);
-    std::normal_distribution<double> dist;
-    for (size_t o = 0; o < r.size(); ++o)
-      if (op.in_loss[o])
-        for (auto& x : r[o]) x = dist(gen);
+    const Vecs<double> r = loss_weights(op, 5);
     Vecs<float> grads = sized<float>(op.in_sizes);
     op.backward_f(in, out, to_float(r), grads);
     auto loss = [&](const Vecs<float>& x) {
@@ -374,7 +379,6 @@ TEST_P(KernelTest, BackwardF32MatchesFiniteDifferencesOnEveryGemmBackend) {
       }
     }
   }
-  cpu::set_gemm_backend(saved);
 }
 
 // Backward adds into gradient buffers that already hold something (the
@@ -387,10 +391,14 @@ TEST_P(KernelTest, BackwardAddsIntoGradientsThatAreNotZero) {
   const Vecs<double> in = random_inputs(op, 6);
   Vecs<double> out = sized<double>(op.out_sizes);
   op.forward_d(in, out);
-  const Vecs<double> r = random_inputs(make_op("r", op.out_sizes, {}, {}), 7);
+  const Vecs<double> r = loss_weights(op, 7);
   Vecs<double> from_zero = sized<double>(op.in_sizes);
   op.backward_d(in, out, r, from_zero);
-  const Vecs<double> start = random_inputs(make_op("g", op.in_sizes, {}, {}), 8);
+  Vecs<double> start = sized<double>(op.in_sizes);
+  std::mt19937 gen(8);
+  std::normal_distribution<double> dist;
+  for (auto& v : start)
+    for (auto& x : v) x = dist(gen);
   Vecs<double> added = start;
   op.backward_d(in, out, r, added);
   for (size_t k = 0; k < in.size(); ++k)

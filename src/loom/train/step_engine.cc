@@ -4,13 +4,13 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
 #include <limits>
 #include <optional>
 #include <string>
 
 #include "loom/core/error.h"
 #include "loom/core/fault.h"
+#include "loom/core/rng.h"
 #include "loom/kernels/cpu/precision.h"
 #include "loom/parallel/expert/all_to_all.h"
 #include "loom/parallel/tensor/factory.h"
@@ -600,13 +600,10 @@ void StepEngine::check_replicas() {
       if (p.shard.sharded()) continue;
       const ZeroEngine::StateRange& r = held[static_cast<size_t>(p.unit)];
       const int64_t lo = std::max(r.begin, p.offset), hi = std::min(r.end, p.offset + p.numel);
-      uint64_t h = 1469598103934665603ull;  // FNV-1a over the f32 bits
-      for (int64_t i = lo; i < hi; ++i) {
-        uint32_t bits;
-        std::memcpy(&bits, r.data + (i - r.begin), sizeof(bits));
-        h = (h ^ bits) * 1099511628211ull;
-      }
-      digests.push_back(h);
+      // FNV-1a over the elements' bytes (empty when this rank holds none).
+      const float* x = r.data + (lo - r.begin);
+      const size_t bytes = lo < hi ? static_cast<size_t>(hi - lo) * sizeof(float) : 0;
+      digests.push_back(name_hash({reinterpret_cast<const char*>(x), bytes}));
       params.push_back(&p);
     }
   }
