@@ -601,9 +601,9 @@ void StepEngine::check_replicas() {
       const ZeroEngine::StateRange& r = held[static_cast<size_t>(p.unit)];
       const int64_t lo = std::max(r.begin, p.offset), hi = std::min(r.end, p.offset + p.numel);
       // FNV-1a over the elements' bytes (empty when this rank holds none).
-      const float* x = r.data + (lo - r.begin);
-      const size_t bytes = lo < hi ? static_cast<size_t>(hi - lo) * sizeof(float) : 0;
-      digests.push_back(name_hash({reinterpret_cast<const char*>(x), bytes}));
+      const bool held = lo < hi;
+      const char* x = held ? reinterpret_cast<const char*>(r.data + (lo - r.begin)) : "";
+      digests.push_back(name_hash({x, held ? static_cast<size_t>(hi - lo) * sizeof(float) : 0}));
       params.push_back(&p);
     }
   }
