@@ -71,7 +71,7 @@ start() {
 # reductions in flight) still ends the job at once with its own message.
 t0=$SECONDS
 rc=0
-LOOM_TEST_THROW=backward:2:3 timeout -k 5 60 "$CLUSTER" mpirun "${hosts[@]}" -x LOOM_TEST_THROW \
+LOOM_CLUSTER_KEEPALIVE="2 1 3" LOOM_TEST_THROW=backward:2:3 timeout -k 5 60 "$CLUSTER" mpirun "${hosts[@]}" -x LOOM_TEST_THROW \
   "$LOOM" train --config "$WORK/train.json" --out "$WORK/throw" > "$WORK/throw.txt" 2>&1 || rc=$?
 took=$((SECONDS - t0))
 ((rc != 0 && rc != 124)) || fail "throw: exit $rc: $(cat "$WORK/throw.txt")"
@@ -84,8 +84,7 @@ echo "ok: a rank on host 1 that throws ends the job in $took s (start to exit) w
 
 # A. Keepalive: 2 s idle, then 3 probes 1 s apart (the loss is noticed in
 # about 5 s, before loom's own timeout of 10 s).
-start keepalive --mca oob_tcp_keepalive_time 2 --mca oob_tcp_keepalive_intvl 1 \
-  --mca oob_tcp_keepalive_probes 3
+LOOM_CLUSTER_KEEPALIVE="2 1 3" start keepalive
 t0=$SECONDS
 "$CLUSTER" cut 1
 while kill -0 "$job" 2> /dev/null; do
@@ -103,7 +102,7 @@ echo "ok: A. partition with keepalive: mpirun exited $rc in $took s after the cu
 "$CLUSTER" heal 1
 
 # B. No keepalive: every rank ends itself.
-start plain
+LOOM_CLUSTER_KEEPALIVE=off start plain
 t0=$SECONDS
 "$CLUSTER" cut 1
 until [[ $(ranks_left plain) == 0 ]]; do

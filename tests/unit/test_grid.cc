@@ -6,6 +6,7 @@
 #include <set>
 
 #include "loom/comm/grid.h"
+#include "loom/comm/topology.h"
 #include "loom/core/error.h"
 
 namespace loom {
@@ -97,3 +98,62 @@ TEST(Grid, InvalidShapesGiveNumbersAndNearestChoices) {
 
 }  // namespace
 }  // namespace loom
+
+// --- topology: which ranks share a host, and where they sit on the grid ---
+
+namespace {
+loom::Topology hosts_of(std::vector<int> host_of, int hosts) {
+  loom::Topology t;
+  t.host_of = std::move(host_of);
+  for (int h = 0; h < hosts; ++h) t.names.push_back("node" + std::to_string(h));
+  return t;
+}
+}  // namespace
+
+TEST(Topology, RoundRobinLaunchIsPlacedHostByHost) {
+  // mpirun --map-by node on 2 hosts x 2 slots: ranks 0, 2 on node0; 1, 3 on node1.
+  loom::Topology t = hosts_of({0, 1, 0, 1}, 2);
+  EXPECT_EQ(t.describe(), "2 hosts: node0 (ranks 0, 2), node1 (ranks 1, 3)");
+  std::vector<int> order = loom::topology_order(t);
+  EXPECT_EQ(order, (std::vector<int>{0, 2, 1, 3}));
+  // tp 2: grid ranks {0,1} and {2,3} are launch ranks {0,2} (node0) and {1,3} (node1).
+  loom::Grid g(loom::GridShape{4, 2});
+  EXPECT_TRUE(loom::groups_spanning_hosts(g.all_groups("tp"), t, order).empty());
+  // In launch order they would both span the hosts.
+  std::vector<int> launch = {0, 1, 2, 3};
+  EXPECT_EQ(loom::groups_spanning_hosts(g.all_groups("tp"), t, launch),
+            (std::vector<std::string>{"ranks 0, 1 (node0, node1)", "ranks 2, 3 (node0, node1)"}));
+}
+
+TEST(Topology, SlotOrderIsKeptAndRankZeroStaysFirst) {
+  loom::Topology t = hosts_of({0, 0, 1, 1, 2, 2}, 3);
+  EXPECT_EQ(loom::topology_order(t), (std::vector<int>{0, 1, 2, 3, 4, 5}));
+  // Unequal hosts (3 + 1): a tp group of 2 spans them and is named.
+  loom::Topology u = hosts_of({0, 0, 0, 1}, 2);
+  std::vector<int> order = loom::topology_order(u);
+  EXPECT_EQ(order.front(), 0);
+  loom::Grid g(loom::GridShape{4, 2});
+  EXPECT_EQ(loom::groups_spanning_hosts(g.all_groups("tp"), u, order),
+            (std::vector<std::string>{"ranks 2, 3 (node0, node1)"}));
+}
+
+TEST(Topology, RanksPerNodeMustRefineTheHosts) {
+  loom::Topology one = loom::single_host(4);
+  loom::check_ranks_per_node(2, one, loom::topology_order(one));  // emulated nodes inside a host
+  loom::check_ranks_per_node(0, one, loom::topology_order(one));
+  loom::Topology two = hosts_of({0, 0, 1, 1}, 2);
+  loom::check_ranks_per_node(1, two, loom::topology_order(two));
+  loom::check_ranks_per_node(2, two, loom::topology_order(two));
+  try {
+    loom::check_ranks_per_node(4, two, loom::topology_order(two));
+    FAIL() << "no error";
+  } catch (const loom::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "comm.ranks_per_node = 4 contradicts the hosts of this job: a node of 4 ranks "
+                  "would hold ranks 0, 1, 2, 3 (node0, node1), but the job has 2 hosts: node0 "
+                  "(ranks 0, 1), node1 (ranks 2, 3)"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(loom::check_ranks_per_node(3, two, loom::topology_order(two)), loom::Error);
+}

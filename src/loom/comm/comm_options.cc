@@ -30,6 +30,10 @@ void apply_comm_overrides(CommOptions& o, const std::vector<std::string>& items)
       LOOM_CHECK_KIND(kConfig, end != value.c_str() && *end == '\0' && v >= 0,
                       "comm.ranks_per_node: expected an integer >= 0, got '{}'", value);
       o.ranks_per_node = static_cast<int>(v);
+    } else if (key == "comm.placement") {
+      LOOM_CHECK_KIND(kConfig, value == "topology" || value == "launcher",
+                      "comm.placement: unknown value '{}' (expected topology or launcher)", value);
+      o.placement = value;
     } else if (key == "comm.debug") {
       LOOM_CHECK_KIND(kConfig, value == "true" || value == "false",
                       "comm.debug: expected true or false, got '{}'", value);
@@ -37,7 +41,7 @@ void apply_comm_overrides(CommOptions& o, const std::vector<std::string>& items)
     } else {
       LOOM_FAIL(kConfig,
                 "unknown key '{}' (comm keys: timeout_s, allreduce, ranks_per_node, "
-                "debug)",
+                "placement, debug)",
                 key);
     }
   }

@@ -4,16 +4,27 @@
 #pragma once
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "loom/comm/grid.h"
 #include "loom/comm/process_group.h"
+#include "loom/comm/topology.h"
 
 namespace loom {
 
 struct ParallelContext {
   Grid grid{GridShape{}};
-  int rank = 0;  // in the world
+  int rank = 0;         // grid rank: the rank in `world`
+  int launch_rank = 0;  // the rank the launcher gave this process
+  // The world in grid order (grid rank g is launch rank order[g]); the hosts
+  // of the launch ranks; what the placement did, and the groups it could
+  // not keep inside a host, for the log.
   std::shared_ptr<ProcessGroup> world;
+  std::vector<int> order{0};
+  Topology topology = single_host(1);
+  std::string placement;
+  std::vector<std::string> warnings;
   std::shared_ptr<ProcessGroup> dp, tp, pp, ep, ep_dp;
   std::shared_ptr<ProcessGroup> embedding;       // first and last pipeline stage
   std::shared_ptr<ProcessGroup> model_parallel;  // tp x pp ranks of one replica
@@ -29,6 +40,10 @@ struct ParallelContext {
 // over `world` when a group must be split off (every rank calls it with the
 // same shape); a group of the whole world reuses `world`, except the
 // expert-parallel group, which always gets a communicator of its own.
+// With comm.placement "topology" (the default) the ranks are placed on the
+// grid host by host (topology_order), so tensor- and expert-parallel groups
+// stay inside a host; "launcher" keeps the launcher's order. Throws
+// Error(kConfig) when comm.ranks_per_node contradicts the hosts.
 ParallelContext make_parallel_context(std::shared_ptr<ProcessGroup> world, GridShape shape);
 
 }  // namespace loom

@@ -60,6 +60,7 @@ const std::vector<KeySpec>& schema() {
       {"comm.allreduce", Kind::kString, 0, 0, {"mpi", "ring", "rhd", "hierarchical", "auto"}},
       {"comm.timeout_s", Kind::kNumber, 0, 1e300, {}, true},
       {"comm.ranks_per_node", Kind::kInt, 0, 1 << 20},
+      {"comm.placement", Kind::kString, 0, 0, {"topology", "launcher"}},
       {"comm.debug", Kind::kBool},
       {"fp16.enabled", Kind::kBool},
       {"fp16.loss_scale", Kind::kNumber, 0, 1e300},
@@ -648,6 +649,7 @@ json to_json(const Config& c) {
   j["comm"] = {{"allreduce", c.comm.allreduce},
                {"timeout_s", c.comm.timeout_s},
                {"ranks_per_node", c.comm.ranks_per_node},
+               {"placement", c.comm.placement},
                {"debug", c.comm.debug}};
   j["log"] = {{"every", c.log.every}, {"peak_gflops", c.log.peak_gflops}, {"trace", c.log.trace}};
   j["kernels"] = {{"gemm", c.kernels.gemm}, {"gemm_inputs", c.kernels.gemm_inputs}};
@@ -858,6 +860,7 @@ Config parse_config(const std::string& text, const std::string& source,
   c.comm.allreduce = get_or<std::string>(j, "comm.allreduce", "mpi");
   c.comm.timeout_s = get_or<double>(j, "comm.timeout_s", 600.0);
   c.comm.ranks_per_node = get_or<int>(j, "comm.ranks_per_node", 0);
+  c.comm.placement = get_or<std::string>(j, "comm.placement", "topology");
   c.comm.debug = get_or<bool>(j, "comm.debug", false);
   c.checkpoint.dir = get_or<std::string>(j, "checkpoint.dir", "");
   c.checkpoint.every = get_or<int64_t>(j, "checkpoint.every", 0);

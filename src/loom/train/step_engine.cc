@@ -57,7 +57,7 @@ StepEngine::StepEngine(const Config& config, ParallelContext ctx)
       layers_(layers_for(tp_, config.parallel.sequence_parallel, moe_split_, experts_)) {
   if (config_.precision == DType::kF16)
     scaler_ = std::make_unique<LossScaler>(config_.loss_scaling);
-  set_fault_rank(ctx_.world ? ctx_.world->rank() : 0);
+  set_fault_rank(ctx_.launch_rank);
   const int tp = ctx_.tp ? ctx_.tp->size() : 1;
   const int p = ctx_.pp ? ctx_.pp->size() : 1;
   LOOM_CHECK_KIND(kConfig, config_.parallel.tensor == tp,

@@ -539,6 +539,10 @@ void Trainer::describe_run() const {
                 std::string(dtype_name(cpu::gemm_inputs())).c_str(),
                 cpu::gemm_16_path(cpu::gemm_inputs()));
   std::printf("loom: grid %s\n", options_.parallel.grid.describe().c_str());
+  if (!options_.parallel.placement.empty())
+    std::printf("loom: hosts %s\n", options_.parallel.placement.c_str());
+  for (const std::string& w : options_.parallel.warnings)
+    std::printf("loom: warning: %s\n", w.c_str());
   if (config_.parallel.tensor > 1)
     std::printf(
         "loom: tensor parallel over %d ranks: each holds %d of %d heads, %d of %d MLP features and "

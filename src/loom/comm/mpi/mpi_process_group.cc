@@ -108,10 +108,7 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
     abort(format("this MPI library provides thread level {} but loom needs MPI_THREAD_MULTIPLE",
                  provided));
   MPI_Comm_dup(MPI_COMM_WORLD, &control_);
-  MPI_Comm node;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank_, MPI_INFO_NULL, &node);
-  MPI_Comm_size(node, &node_size_);
-  MPI_Comm_free(&node);
+  discover_topology();
   g_runtime = this;
   if (world_size_ > 1) {
     // Library code that would otherwise wait on peers while an error
@@ -130,6 +127,37 @@ MpiRuntime::~MpiRuntime() {
   MPI_Barrier(control_);
   MPI_Comm_free(&control_);
   MPI_Finalize();
+}
+
+// The hosts of the job: MPI's shared-memory split says which ranks share a
+// host (a host is identified by its lowest rank), the processor name of that
+// rank names it. Collective over the world, once, at start.
+void MpiRuntime::discover_topology() {
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank_, MPI_INFO_NULL, &node);
+  MPI_Comm_size(node, &node_size_);
+  int leader = world_rank_;
+  MPI_Bcast(&leader, 1, MPI_INT, 0, node);  // node rank 0 is the lowest world rank (key)
+  MPI_Comm_free(&node);
+  char name[MPI_MAX_PROCESSOR_NAME] = {};
+  int len = 0;
+  MPI_Get_processor_name(name, &len);
+  const auto n = static_cast<size_t>(world_size_);
+  std::vector<int> leaders(n);
+  std::vector<char> names(n * MPI_MAX_PROCESSOR_NAME);
+  MPI_Allgather(&leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, MPI_COMM_WORLD);
+  MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, names.data(), MPI_MAX_PROCESSOR_NAME,
+                MPI_CHAR, MPI_COMM_WORLD);
+  topology_.host_of.assign(n, -1);
+  std::vector<int> host_of_leader(n, -1);
+  for (size_t r = 0; r < n; ++r) {
+    auto l = static_cast<size_t>(leaders[r]);
+    if (host_of_leader[l] < 0) {
+      host_of_leader[l] = topology_.hosts();
+      topology_.names.emplace_back(&names[l * MPI_MAX_PROCESSOR_NAME]);
+    }
+    topology_.host_of[r] = host_of_leader[l];
+  }
 }
 
 std::shared_ptr<MpiProcessGroup> MpiRuntime::world(const CommOptions& options) {

@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "loom/comm/process_group.h"
+#include "loom/comm/topology.h"
 
 namespace loom {
 
@@ -47,6 +48,7 @@ struct CommOptions {
   double timeout_s = 600;         // comm.timeout_s
   std::string allreduce = "mpi";  // comm.allreduce: mpi | ring | rhd | hierarchical | auto
   int ranks_per_node = 0;         // comm.ranks_per_node; 0: MPI's shared-memory split
+  std::string placement = "topology";  // comm.placement: topology | launcher (grid.h, topology.h)
   bool debug = false;             // comm.debug: descriptor exchange before each collective
 };
 
@@ -65,6 +67,8 @@ class MpiRuntime {
   int world_size() const { return world_size_; }
   // Ranks of this job on this host (MPI's shared-memory split).
   int node_size() const { return node_size_; }
+  // Which launch ranks share a host, and the hosts' names.
+  const Topology& topology() const { return topology_; }
   // The group of all ranks.
   std::shared_ptr<MpiProcessGroup> world(const CommOptions& options);
   // Ends the job from any rank with this message (printed first). Should
@@ -78,7 +82,9 @@ class MpiRuntime {
   void register_group(MpiProcessGroup* g);
   void unregister_group(MpiProcessGroup* g);
   void serve_queries();
+  void discover_topology();
 
+  Topology topology_;
   int world_rank_ = 0, world_size_ = 1, node_size_ = 1;
   MPI_Comm control_ = MPI_COMM_NULL;  // watchdog queries and answers
   std::mutex groups_mu_;
@@ -99,6 +105,7 @@ class MpiProcessGroup : public ProcessGroup {
   const CommOptions& options() const { return options_; }
   // Global (world) rank of each member, in group order.
   const std::vector<int>& members() const { return members_; }
+  MpiRuntime* runtime() const { return runtime_; }
 
   // Splits this group into the groups listed (each a list of ranks of this
   // group, disjoint); collective over this group, which every
