@@ -25,6 +25,7 @@ struct CommBenchArgs {
   std::vector<std::string> algos = {"mpi", "ring", "rhd", "hierarchical"};
   std::string min = "4K", max = "64M";
   int iters = 20, warmup = 3;
+  double budget_s = 0;  // > 0: fewer iterations where one takes long
   std::vector<std::string> overrides;
   bool json = false;
   bool overlap = false;
@@ -73,11 +74,20 @@ double time_op(MpiProcessGroup& g, const CommBenchArgs& a, const std::string& al
       g.all_to_all(in.data(), counts, out.data(), counts, DType::kF32)->wait();
     }
   };
-  for (int i = 0; i < a.warmup; ++i) run();
+  int iters = a.iters;
+  for (int i = 0; i < a.warmup; ++i) {
+    auto t0 = Clock::now();
+    run();
+    if (i > 0 || a.budget_s <= 0) continue;
+    // Every rank must run the same count: the slowest rank's first run decides.
+    double first = since(t0), worst = 0;
+    MPI_Allreduce(&first, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    iters = std::clamp(static_cast<int>(a.budget_s / worst), 2, a.iters);
+  }
   g.barrier()->wait();
   auto t0 = Clock::now();
-  for (int i = 0; i < a.iters; ++i) run();
-  double local = since(t0) / a.iters, slowest = 0;
+  for (int i = 0; i < iters; ++i) run();
+  double local = since(t0) / iters, slowest = 0;
   MPI_Allreduce(&local, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   return slowest;
 }
@@ -149,8 +159,10 @@ void run_comm_bench(const CommBenchArgs& a) {
     std::vector<std::string> algos =
         a.op == "allreduce" ? a.algos : std::vector<std::string>{"mpi"};
     if (g->rank() == 0 && !a.json) {
-      std::printf("# loom bench comm: %s, %d ranks, %d iterations after %d warm-up\n", a.op.c_str(),
-                  p, a.iters, a.warmup);
+      std::printf("# loom bench comm: %s, %d ranks, %d iterations after %d warm-up%s\n",
+                  a.op.c_str(), p, a.iters, a.warmup,
+                  a.budget_s > 0 ? format(" (fewer past {} s a size)", a.budget_s).c_str() : "");
+      std::printf("# %s\n", rt.topology().describe().c_str());
       std::printf("%12s %12s %14s %12s %12s %12s\n", "size(B)", "count(f32)", "algo", "time(us)",
                   "algbw(GB/s)", "busbw(GB/s)");
     }
@@ -164,8 +176,10 @@ void run_comm_bench(const CommBenchArgs& a) {
         double algbw = double(b) / t / 1e9, busbw = algbw * bus_factor(a.op, p);
         if (g->rank() != 0) continue;
         if (a.json) {
-          nlohmann::json j = {{"op", a.op},  {"algo", algo},   {"ranks", p},    {"bytes", b},
-                              {"time_s", t}, {"algbw", algbw}, {"busbw", busbw}};
+          nlohmann::json j = {{"op", a.op},       {"algo", algo},   {"ranks", p},
+                              {"bytes", b},       {"time_s", t},    {"algbw", algbw},
+                              {"busbw", busbw},   {"hosts", rt.topology().hosts()}};
+          if (algo == "auto") j["chosen"] = g->choose_algorithm(b);
           std::printf("%s\n", j.dump().c_str());
         } else {
           std::printf("%12zu %12zu %14s %12.1f %12.3f %12.3f\n", b, n, algo.c_str(), t * 1e6, algbw,
@@ -193,6 +207,9 @@ void add_bench_comm_command(CLI::App& bench) {
   cmd->add_option("--min", a->min, "Smallest message, bytes (4K, 1M, ...)");
   cmd->add_option("--max", a->max, "Largest message, bytes");
   cmd->add_option("--iters", a->iters, "Timed iterations per size")->check(CLI::PositiveNumber);
+  cmd->add_option("--budget-s", a->budget_s,
+                  "Seconds per size and algorithm: fewer iterations where one is slow")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--warmup", a->warmup, "Untimed iterations per size")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--set", a->overrides,

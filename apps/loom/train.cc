@@ -23,6 +23,8 @@ struct TrainArgs {
   bool overwrite = false;
   std::string resume;
   std::string init_from;
+  int restart = 0;
+  std::string restart_cause;
 };
 
 // What a run holds while it trains. It lives outside the error handler's
@@ -46,6 +48,8 @@ void run_train(const TrainArgs& args, MpiRuntime& rt, Run& run) {
   options.overwrite = args.overwrite;
   options.resume = args.resume;
   options.init_from = args.init_from;
+  options.restart = args.restart;
+  options.restart_cause = args.restart_cause;
   std::shared_ptr<MpiProcessGroup> group;
   if (world > 1) {
     // Before anything is built from it: every rank the same job, checked on
@@ -76,6 +80,11 @@ void add_train_command(CLI::App& app) {
                   "Continue from a checkpoint folder, or 'latest' in the run's checkpoint dir");
   cmd->add_option("--init-from", args->init_from,
                   "Start from Hugging Face GPT-2 weights (a .safetensors file)");
+  cmd->add_option("--restart", args->restart,
+                  "Set by loom launch: this run restarts the job for the Nth time (metrics.jsonl "
+                  "marks it)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--restart-cause", args->restart_cause, "Set by loom launch: why it restarted");
   cmd->callback([args] {
     MpiRuntime rt(nullptr, nullptr);
     Run run;

@@ -36,7 +36,7 @@ cat > "$WORK/train.json" <<JSON
  "data": {"synthetic": true}, "train": {"steps": 20000}, "comm": {"timeout_s": $TIMEOUT},
  "log": {"peak_gflops": 100, "every": 100000}}
 JSON
-hosts=(--host 10.233.7.1:2,10.233.7.2:2 -np 4 -x OMP_NUM_THREADS)
+hosts=(--host node0:2,node1:2 -np 4 -x OMP_NUM_THREADS)
 # loom processes of run $1 (not the launcher's, whose command line names it too).
 ranks_left() { pgrep -f -- "--out $WORK/$1" | xargs -r ps -o pid=,comm= -p | grep -c ' loom$' || true; }
 # Anything still running inside the cluster's hosts (ranks, daemons).
@@ -110,7 +110,7 @@ until [[ $(ranks_left plain) == 0 ]]; do
   sleep 0.5
 done
 took=$((SECONDS - t0))
-grep -q "comm timeout: .* did not complete within comm.timeout_s = $TIMEOUT s; .*ranks that did not answer: 2 (world 2), 3 (world 3)" \
+grep -q "comm timeout: .* did not complete within comm.timeout_s = $TIMEOUT s; .*ranks that did not answer: 2 (world 2 on node1), 3 (world 3 on node1); unreachable host: node1" \
   "$WORK/plain.txt" || fail "B: no timeout report naming the cut-off ranks: $(cat "$WORK/plain.txt")"
 echo "ok: B. partition without keepalive: no rank left $took s after the cut (the reachable side named ranks 2, 3)"
 "$CLUSTER" heal 1

@@ -578,12 +578,25 @@ void expect_like_one_process(const Layout& layout) {
   }
 }
 
-// LOOM_TEST_LAYOUTS=TEXT runs only the layouts whose name contains TEXT.
+// LOOM_TEST_LAYOUTS=TEXT|TEXT... runs only the layouts whose name contains
+// one of the TEXTs (the cross-host run picks its layouts so).
 TEST(Layouts, TrainExactlyLikeOneProcess) {
   const char* only = std::getenv("LOOM_TEST_LAYOUTS");
-  for (const Layout& layout : layouts(runtime().world_size()))
-    if (only == nullptr || layout.name.find(only) != std::string::npos)
-      expect_like_one_process(layout);
+  std::vector<std::string> wanted;
+  for (std::string rest = only ? only : ""; !rest.empty();) {
+    const size_t bar = rest.find('|');
+    wanted.push_back(rest.substr(0, bar));
+    rest = bar == std::string::npos ? "" : rest.substr(bar + 1);
+  }
+  int ran = 0;
+  for (const Layout& layout : layouts(runtime().world_size())) {
+    bool pick = wanted.empty();
+    for (const std::string& w : wanted) pick |= layout.name.find(w) != std::string::npos;
+    if (!pick) continue;
+    expect_like_one_process(layout);
+    ++ran;
+  }
+  EXPECT_GT(ran, 0) << "LOOM_TEST_LAYOUTS=" << (only ? only : "") << " picks no layout";
 }
 
 // The gradient check can fail: a layout whose one tensor's gradient is off

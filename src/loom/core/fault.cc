@@ -1,9 +1,11 @@
 #include "loom/core/fault.h"
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "loom/core/error.h"
 
@@ -35,6 +37,19 @@ const FaultSpec& spec() {
   return s;
 }
 
+// LOOM_TEST_SLOW=RANK:MS: {rank, ms}; rank -1 when unset.
+std::pair<int, int> slow_spec() {
+  static const std::pair<int, int> s = [] {
+    const char* v = std::getenv("LOOM_TEST_SLOW");
+    if (v == nullptr || *v == '\0') return std::pair<int, int>{-1, 0};
+    const std::string text(v);
+    const size_t a = text.find(':');
+    LOOM_CHECK(a != std::string::npos, "LOOM_TEST_SLOW='{}': expected RANK:MS", text);
+    return std::pair<int, int>{std::stoi(text.substr(0, a)), std::stoi(text.substr(a + 1))};
+  }();
+  return s;
+}
+
 std::atomic<int> g_rank{0};
 std::atomic<int64_t> g_step{0};
 }  // namespace
@@ -54,6 +69,11 @@ void fault_point(const char* phase) {
     return;
   throw Error(ErrorKind::kInternal,
               format("test fault: {} at step {} (LOOM_TEST_THROW)", phase, f.step));
+}
+
+void fault_delay() {
+  const auto [rank, ms] = slow_spec();
+  if (rank == g_rank.load() && ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
 }
 
 }  // namespace loom

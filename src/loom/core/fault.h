@@ -10,7 +10,10 @@
 //   zero_reduce right after a ZeRO-2/3 gradient reduce-scatter was launched
 //   checkpoint  while a checkpoint is being written (its folder incomplete)
 //   eval        inside an evaluation pass
-// Without the variable every fault point is a load and a compare.
+// LOOM_TEST_SLOW=RANK:MS makes world rank RANK sleep MS milliseconds at
+// the start of every optimizer step: a straggler, for the tests of the
+// straggler report.
+// Without the variables every fault point is a load and a compare.
 #pragma once
 
 #include <cstdint>
@@ -23,5 +26,7 @@ void set_fault_rank(int world_rank);
 void set_fault_step(int64_t step);
 // Throws when LOOM_TEST_THROW names this phase, rank and step.
 void fault_point(const char* phase);
+// Sleeps when LOOM_TEST_SLOW names this rank.
+void fault_delay();
 
 }  // namespace loom

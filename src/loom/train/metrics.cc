@@ -69,6 +69,10 @@ void MetricsLog::write(const StepResult& r) {
   j["bubble_fraction"] = r.bubble_fraction;
   if (r.val_loss) j["val_loss"] = *r.val_loss;
   j["comm_bytes"] = r.comm_bytes;
+  if (!r.rank_compute.empty())
+    j["ranks"] = {{"compute", r.rank_compute}, {"wait", r.rank_wait}, {"score", r.rank_score}};
+  if (r.restart > 0)
+    j["restart"] = {{"count", r.restart}, {"cause", r.restart_cause}, {"world", r.world}};
   j["gemm_backend"] = r.gemm_backend;
   j["peak_gflops"] = r.peak_gflops;
   if (!r.moe.empty()) {

@@ -40,6 +40,15 @@ struct StepResult {
   double peak_gflops = 0;    // the MFU denominator
   MemStats mem;              // peaks: the maximum over ranks of each category
   std::vector<MoeLayerStats> moe;
+  // Per rank, in grid order (parallel jobs): seconds computing (the step
+  // less the time waiting on communication) and waiting, and the straggler
+  // score (straggler.h).
+  std::vector<double> rank_compute, rank_wait, rank_score;
+  // The first step after `loom launch` restarted the job: which restart,
+  // why, and on how many ranks it runs now.
+  int restart = 0;
+  std::string restart_cause;
+  int world = 1;
 };
 
 // metrics.jsonl: one JSON object per step.

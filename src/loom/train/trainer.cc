@@ -172,6 +172,7 @@ StepResult Trainer::train_step() {
   StepResult r;
   r.step = step_ + 1;
   set_fault_step(step_);
+  fault_delay();
   // A skipped step does not advance the schedule (as DeepSpeed's scheduler
   // is not stepped on an overflow); its data is consumed.
   r.lr = learning_rate(config_.scheduler, config_.optimizer.lr, step_ - engine_->skipped_steps());
@@ -211,8 +212,49 @@ StepResult Trainer::train_step() {
   r.mfu = engine_->flops_per_token() * r.tokens_per_s / (job_peak_gflops_ * 1e9);
   r.gemm_backend = cpu::gemm_backend_name(gemm_.backend);
   r.peak_gflops = peak_gflops_;
+  gather_rank_times(r);
   ++step_;
   return r;
+}
+
+void Trainer::gather_rank_times(StepResult& r) {
+  const ParallelContext& ctx = options_.parallel;
+  if (!ctx.world) return;
+  const int n = ctx.world->size();
+  const float mine[2] = {static_cast<float>(std::max(0.0, r.t_step - r.t_comm_exposed)),
+                         static_cast<float>(r.t_comm_exposed)};
+  std::vector<float> all(2 * static_cast<size_t>(n));
+  ctx.world->all_gather(mine, all.data(), 2, DType::kF32)->wait();
+  for (int g = 0; g < n; ++g) {
+    r.rank_compute.push_back(all[2 * static_cast<size_t>(g)]);
+    r.rank_wait.push_back(all[2 * static_cast<size_t>(g) + 1]);
+  }
+  if (!stragglers_) stragglers_ = std::make_unique<StragglerDetector>(n);
+  r.rank_score = stragglers_->add(r.rank_compute);
+  const std::vector<int> slow = stragglers_->slow();
+  if (slow == slow_ranks_) return;
+  if (writer_ && !options_.quiet) {
+    if (progress_->tty()) std::printf("\r\033[K");
+    auto where = [&](int g) {
+      const int launch = ctx.order[static_cast<size_t>(g)];
+      return format("rank {} on {}", launch,
+                    ctx.topology.names[static_cast<size_t>(ctx.topology.host_of[static_cast<size_t>(launch)])]);
+    };
+    for (int g : slow)
+      if (std::find(slow_ranks_.begin(), slow_ranks_.end(), g) == slow_ranks_.end())
+        std::printf(
+            "loom: warning: step %ld: straggler: %s computes for %.3f s a step, %.2fx the median "
+            "rank over the last %d steps (score %.2f < %.2f)\n",
+            long(r.step), where(g).c_str(), r.rank_compute[static_cast<size_t>(g)],
+            1.0 / r.rank_score[static_cast<size_t>(g)], stragglers_->window(),
+            r.rank_score[static_cast<size_t>(g)], stragglers_->threshold());
+    for (int g : slow_ranks_)
+      if (std::find(slow.begin(), slow.end(), g) == slow.end())
+        std::printf("loom: step %ld: %s is no longer a straggler (score %.2f)\n", long(r.step),
+                    where(g).c_str(), r.rank_score[static_cast<size_t>(g)]);
+    std::fflush(stdout);
+  }
+  slow_ranks_ = slow;
 }
 
 double Trainer::evaluate() {
@@ -450,6 +492,9 @@ std::vector<StepResult> Trainer::run() {
   if (!options_.quiet) describe_run();
   std::vector<StepResult> results;
   const auto t0 = std::chrono::steady_clock::now();
+  if (options_.restart > 0 && !options_.quiet)
+    std::printf("loom: restart %d (loom launch): %s\n", options_.restart,
+                options_.restart_cause.c_str());
   if (step_ > 0 && !options_.quiet)
     std::printf("loom: resumed from %s at step %ld (verified and read in %.3f s)\n",
                 options_.resume.c_str(), long(step_), resume_s_);
@@ -459,6 +504,11 @@ std::vector<StepResult> Trainer::run() {
   const bool tracing = config_.log.trace && engine_->pipelined();
   while (step_ < total) {
     StepResult r = train_step();
+    if (results.empty() && options_.restart > 0) {
+      r.restart = options_.restart;
+      r.restart_cause = options_.restart_cause;
+      r.world = options_.parallel.world ? options_.parallel.world->size() : 1;
+    }
     if (tracing) keep_trace(r.step);
     const int64_t eval = config_.train.eval_every;
     if (eval > 0 && (r.step % eval == 0 || r.step == total)) r.val_loss = evaluate();

@@ -18,6 +18,7 @@
 #include "loom/train/gemm_choice.h"
 #include "loom/train/metrics.h"
 #include "loom/train/step_engine.h"
+#include "loom/train/straggler.h"
 
 namespace loom {
 
@@ -27,6 +28,8 @@ struct RunOptions {
   bool quiet = false;      // no progress output
   std::string resume;      // checkpoint folder or "latest"; "" starts fresh
   std::string init_from;   // Hugging Face GPT-2 safetensors to start from
+  int restart = 0;         // loom launch: this run is restart number N, for this reason
+  std::string restart_cause;
   // The rank grid and its groups (make_parallel_context); the default is
   // one process. World rank 0 alone writes the run folder, metrics,
   // checkpoints and progress.
@@ -69,6 +72,10 @@ class Trainer {
 
  private:
   void load_initial_state(uint64_t seed);
+  // Every rank's compute and wait seconds of step `r` into it (collective
+  // over the world), its straggler scores, and a warning when a rank turns
+  // (or stops being) persistently slow.
+  void gather_rank_times(StepResult& r);
   // What a checkpoint of the current step records besides the tensors.
   TrainerState trainer_state(double lr) const;
   // checkpoint.format whole; return the folder (on the writer).
@@ -103,6 +110,8 @@ class Trainer {
   bool writer_ = true;                    // world rank 0: writes outputs, shows progress
   double peak_gflops_ = 0;
   double job_peak_gflops_ = 0;
+  std::unique_ptr<StragglerDetector> stragglers_;
+  std::vector<int> slow_ranks_;  // those last warned about
   int64_t step_ = 0;
   double resume_s_ = 0;  // verifying and reading the checkpoint resumed from (this rank)
   MetricsLog metrics_;

@@ -129,6 +129,8 @@ class MpiProcessGroup : public ProcessGroup {
                const std::string& what = {}) override;
   WorkPtr barrier() override;
 
+  // What comm.allreduce "auto" runs for a message of `bytes` on this group.
+  std::string choose_algorithm(size_t bytes) const;
   // Collectives this group has started (watchdog answers use it).
   uint64_t started() const { return started_.load(); }
   int id() const { return id_; }
@@ -161,7 +163,6 @@ class MpiProcessGroup : public ProcessGroup {
   void ring_all_reduce(float* data, size_t count, const Op& op);
   void rhd_all_reduce(float* data, size_t count, const Op& op);
   void hierarchical_all_reduce(float* data, size_t count, const Op& op);
-  std::string choose_algorithm(size_t bytes) const;
 
   MpiRuntime* runtime_;
   MPI_Comm comm_;
@@ -173,6 +174,7 @@ class MpiProcessGroup : public ProcessGroup {
   uint64_t next_seq_ = 0;      // collectives, caller side
   uint64_t next_p2p_seq_ = 0;  // sends and receives, caller side
   bool equal_nodes_ = false;   // every node of this group has the same size
+  int node_size_ = 1;          // members of this group on this rank's node
   // Node structure for the hierarchical all-reduce (sub-communicators of comm_).
   MPI_Comm node_comm_ = MPI_COMM_NULL, cross_comm_ = MPI_COMM_NULL;
 

@@ -1,0 +1,414 @@
+#include "loom/train/launch.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <regex>
+#include <set>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "loom/core/error.h"
+#include "loom/io/fs.h"
+
+namespace loom {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+std::vector<HostSlots> parse_hosts(const std::string& spec) {
+  std::vector<HostSlots> hosts;
+  std::set<std::string> seen;
+  size_t begin = 0;
+  while (begin <= spec.size()) {
+    size_t end = spec.find(',', begin);
+    if (end == std::string::npos) end = spec.size();
+    const std::string item = spec.substr(begin, end - begin);
+    begin = end + 1;
+    HostSlots h;
+    size_t colon = item.find(':');
+    h.name = item.substr(0, colon);
+    LOOM_CHECK_KIND(kConfig, !h.name.empty(), "--hosts {}: empty host name in '{}'", spec, item);
+    if (colon != std::string::npos) {
+      const std::string n = item.substr(colon + 1);
+      char* e = nullptr;
+      long v = std::strtol(n.c_str(), &e, 10);
+      LOOM_CHECK_KIND(kConfig, !n.empty() && *e == '\0' && v >= 1 && v <= 1 << 16,
+                      "--hosts {}: '{}' has slots '{}' (expected HOST or HOST:N, N >= 1)", spec,
+                      item, n);
+      h.slots = static_cast<int>(v);
+    }
+    LOOM_CHECK_KIND(kConfig, seen.insert(h.name).second, "--hosts {}: host {} is listed twice",
+                    spec, h.name);
+    hosts.push_back(h);
+  }
+  return hosts;
+}
+
+std::string hosts_arg(const std::vector<HostSlots>& hosts) {
+  std::string s;
+  for (const auto& h : hosts) s += format("{}{}:{}", s.empty() ? "" : ",", h.name, h.slots);
+  return s;
+}
+
+int total_slots(const std::vector<HostSlots>& hosts) {
+  int n = 0;
+  for (const auto& h : hosts) n += h.slots;
+  return n;
+}
+
+std::optional<RestartLayout> fit_layout(const BatchLayout& b, int slots) {
+  const int mp = b.tp * b.pp;
+  for (int world = slots; world >= mp; --world) {
+    if (world % mp != 0) continue;
+    const int dp = world / mp;
+    if (dp % b.ep != 0 || b.train_batch_size % (b.micro_batch * dp) != 0) continue;
+    return RestartLayout{world, dp, b.train_batch_size / (b.micro_batch * dp)};
+  }
+  return std::nullopt;
+}
+
+namespace {
+
+std::string sh_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+std::string seconds(double s) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f", s);
+  return b;
+}
+
+void say(const std::string& line) {
+  std::fprintf(stderr, "loom launch: %s\n", line.c_str());
+  std::fflush(stderr);
+}
+
+// The process group of the child running now: a signal to the launcher
+// goes to it (mpirun then ends its ranks).
+volatile sig_atomic_t g_child_group = 0;
+void forward_signal(int sig) {
+  if (g_child_group > 0) kill(-g_child_group, sig);
+}
+
+struct Outcome {
+  int status = 0;  // exit code; 128 + signal when killed
+  std::vector<std::string> head;  // the first lines of its stderr
+  double seconds = 0;
+};
+
+// Runs `cmd` with /bin/sh in a process group of its own, its stderr read
+// line by line (passed through unless `quiet`), for at most `limit_s`
+// seconds (0: no limit; then the group is killed).
+Outcome run_shell(const std::string& cmd, bool quiet, double limit_s) {
+  int fds[2];
+  LOOM_CHECK_KIND(kIo, pipe(fds) == 0, "loom launch: pipe: {}", std::strerror(errno));
+  const auto t0 = Clock::now();
+  pid_t pid = fork();
+  LOOM_CHECK_KIND(kIo, pid >= 0, "loom launch: fork: {}", std::strerror(errno));
+  if (pid == 0) {
+    setpgid(0, 0);
+    dup2(fds[1], 2);
+    if (quiet) dup2(fds[1], 1);
+    close(fds[0]);
+    close(fds[1]);
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  setpgid(pid, pid);
+  g_child_group = pid;
+  close(fds[1]);
+  fcntl(fds[0], F_SETFL, O_NONBLOCK);
+  Outcome out;
+  std::string partial;
+  bool open = true, killed = false;
+  int status = 0;
+  for (;;) {
+    char buf[4096];
+    ssize_t n = open ? read(fds[0], buf, sizeof buf) : -1;
+    if (n > 0) {
+      if (!quiet) {
+        fwrite(buf, 1, static_cast<size_t>(n), stderr);
+        std::fflush(stderr);
+      }
+      partial.append(buf, static_cast<size_t>(n));
+      for (size_t nl; (nl = partial.find('\n')) != std::string::npos;) {
+        if (out.head.size() < 200) out.head.push_back(partial.substr(0, nl));
+        partial.erase(0, nl + 1);
+      }
+      continue;
+    }
+    if (n == 0) open = false;
+    if (waitpid(pid, &status, WNOHANG) == pid) break;
+    const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (limit_s > 0 && elapsed > limit_s && !killed) {
+      kill(-pid, SIGKILL);
+      killed = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  g_child_group = 0;
+  if (!partial.empty() && out.head.size() < 200) out.head.push_back(partial);
+  close(fds[0]);
+  // What mpirun left in its group (a daemon it could not reach) goes too.
+  kill(-pid, SIGKILL);
+  out.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  out.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  if (killed) out.status = 124;
+  return out;
+}
+
+struct Cause {
+  std::string report;  // the first failure report, as printed
+  std::string host;    // the host it names, when it names one
+};
+
+// The first loom report ("loom: rank N: ..."), else mpirun's own account
+// (its most telling line); and the host it names: a lost peer or daemon, a
+// rank killed there.
+Cause read_cause(const std::vector<std::string>& head) {
+  static const std::regex loom_line(R"(loom: rank \d+: .*)");
+  static const std::vector<std::regex> mpi_lines = {
+      std::regex(R"(peer process has unexpectedly disconnected)"),
+      std::regex(R"(lost communication with a remote daemon)"),
+      std::regex(R"(noticed that process rank .*)"),
+      std::regex(R"(MPI_ABORT was invoked .*)"),
+      std::regex(R"(unable to reliably start one or more daemons)"),
+  };
+  static const std::vector<std::regex> host_lines = {
+      std::regex(R"(Peer host:\s+(\S+))"),
+      std::regex(R"(Remote daemon: .* on node (\S+))"),
+      std::regex(R"(on node (\S+) (exited|killed))"),
+  };
+  Cause c;
+  std::smatch m;
+  for (const std::string& l : head)
+    if (std::regex_search(l, m, loom_line)) {
+      c.report = m.str(0);
+      break;
+    }
+  for (size_t k = 0; k < mpi_lines.size() && c.report.empty(); ++k)
+    for (const std::string& l : head)
+      if (std::regex_search(l, mpi_lines[k])) {
+        c.report = "mpirun: " + l.substr(l.find_first_not_of(' '));
+        break;
+      }
+  for (const auto& re : host_lines)
+    for (const std::string& l : head)
+      if (c.host.empty() && std::regex_search(l, m, re)) c.host = m.str(1);
+  return c;
+}
+
+std::string shell_command(const std::vector<std::string>& words) {
+  std::string s;
+  for (const auto& w : words) s += (s.empty() ? "" : " ") + sh_quote(w);
+  return s;
+}
+
+// The value of option `name` in a train command ("--out DIR" or "--out=DIR").
+std::string option_value(const std::vector<std::string>& cmd, const std::string& name) {
+  for (size_t i = 0; i < cmd.size(); ++i) {
+    if (cmd[i] == name && i + 1 < cmd.size()) return cmd[i + 1];
+    if (cmd[i].rfind(name + "=", 0) == 0) return cmd[i].substr(name.size() + 1);
+  }
+  return {};
+}
+
+// The command without `name` (and its value, when it takes one).
+std::vector<std::string> without(const std::vector<std::string>& cmd, const std::string& name,
+                                 bool has_value) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < cmd.size(); ++i) {
+    if (cmd[i] == name) {
+      i += has_value ? 1 : 0;
+      continue;
+    }
+    if (cmd[i].rfind(name + "=", 0) == 0) continue;
+    out.push_back(cmd[i]);
+  }
+  return out;
+}
+
+class Launcher {
+ public:
+  explicit Launcher(const LaunchOptions& o) : o_(o) {}
+
+  int run() {
+    validate();
+    std::vector<HostSlots> alive = hosts_;
+    int world = o_.np > 0 ? o_.np : total_slots(hosts_);
+    const auto t_start = Clock::now();
+    for (int attempt = 0;; ++attempt) {
+      std::vector<std::string> cmd = o_.command;
+      if (attempt > 0) cmd = restart_command(attempt, world);
+      say(format("{} {} rank{} on {}", attempt == 0 ? "starting" : "restarted:", world,
+                 world == 1 ? "" : "s", hosts_arg(alive)));
+      Outcome r = run_shell(mpirun(alive, world) + " " + shell_command(cmd), false, 0);
+      if (r.status == 0) {
+        say(format("the job trained ({} restart{}, {} s in all)", attempt,
+                   attempt == 1 ? "" : "s",
+                   seconds(std::chrono::duration<double>(Clock::now() - t_start).count())));
+        return 0;
+      }
+      Cause c = read_cause(r.head);
+      std::string cause = format("exit {} after {} s", r.status, seconds(r.seconds));
+      if (!c.report.empty()) cause += ": " + c.report;
+      if (!c.host.empty()) cause += format(" (host {})", c.host);
+      say("the job failed: " + cause);
+      if (attempt >= o_.max_restarts) {
+        say(format("no restarts left (--max-restarts {})", o_.max_restarts));
+        return r.status;
+      }
+      // Which hosts are still there.
+      std::vector<HostSlots> next;
+      std::string lost;
+      for (const HostSlots& h : alive) {
+        std::string why = probe(h.name);
+        if (why.empty()) {
+          next.push_back(h);
+        } else {
+          lost += (lost.empty() ? "" : ", ") + h.name;
+          say(format("host {} is unreachable: {}", h.name, why));
+        }
+      }
+      if (!lost.empty()) cause += format("; unreachable: {}", lost);
+      LOOM_CHECK_KIND(kComm, static_cast<int>(next.size()) >= o_.min_hosts,
+                      "loom launch: {} host{} left ({}), fewer than --min-hosts {}; giving up",
+                      next.size(), next.size() == 1 ? "" : "s", hosts_arg(next), o_.min_hosts);
+      alive = next;
+      world = restart_world(alive, world);
+      last_cause_ = cause;
+    }
+  }
+
+ private:
+  void validate() {
+    hosts_ = parse_hosts(o_.hosts);
+    const int slots = total_slots(hosts_);
+    LOOM_CHECK_KIND(kConfig, o_.min_hosts >= 1 && o_.min_hosts <= static_cast<int>(hosts_.size()),
+                    "--min-hosts {} is more than the {} host{} of --hosts {}", o_.min_hosts,
+                    hosts_.size(), hosts_.size() == 1 ? "" : "s", o_.hosts);
+    LOOM_CHECK_KIND(kConfig, o_.np <= slots,
+                    "--np {} is more than the {} slots of --hosts {} (one rank per slot)", o_.np,
+                    slots, o_.hosts);
+    LOOM_CHECK_KIND(kConfig, o_.max_restarts >= 0, "--max-restarts {}: expected >= 0",
+                    o_.max_restarts);
+    LOOM_CHECK_KIND(kConfig, !o_.command.empty() && o_.command.front() == "train",
+                    "loom launch runs training: expected `-- train ARGS...` after the options{}",
+                    o_.command.empty() ? "" : format(", got `{}`", o_.command.front()));
+    out_ = option_value(o_.command, "--out");
+    LOOM_CHECK_KIND(kConfig, !out_.empty() || o_.max_restarts == 0,
+                    "loom launch --max-restarts: the train command needs --out DIR (a restart "
+                    "resumes from that run's checkpoints)");
+    for (const HostSlots& h : hosts_) {
+      std::string why = probe(h.name);
+      LOOM_CHECK_KIND(kConfig, why.empty(), "--hosts: host {} cannot be reached: {}", h.name, why);
+    }
+  }
+
+  std::string mpirun(const std::vector<HostSlots>& hosts, int np) const {
+    return format("exec {} {} --host {} -np {} {}", sh_quote(o_.mpirun), o_.mpirun_args,
+                  sh_quote(hosts_arg(hosts)), np, sh_quote(o_.loom));
+  }
+
+  // Empty when a one-rank job starts on the host and ends; else why not.
+  std::string probe(const std::string& host) const {
+    const std::string cmd = format("exec {} {} --host {} -np 1 true", sh_quote(o_.mpirun),
+                                   o_.mpirun_args, sh_quote(host + ":1"));
+    Outcome r = run_shell(cmd, true, o_.probe_timeout_s);
+    if (r.status == 0) return {};
+    if (r.status == 124)
+      return format("a one-rank job there did not finish within {} s (--probe-timeout)",
+                    o_.probe_timeout_s);
+    std::string first;
+    for (const auto& l : r.head)
+      if (l.find_first_not_of(" -*") != std::string::npos) {
+        first = l.substr(l.find_first_not_of(' '));
+        break;
+      }
+    return format("a one-rank job there exited {}{}", r.status, first.empty() ? "" : ": " + first);
+  }
+
+  nlohmann::json resolved_config() const {
+    const fs::path p = fs::path(out_) / "config.resolved.json";
+    std::error_code ec;
+    LOOM_CHECK_KIND(kComm, fs::exists(p, ec),
+                    "loom launch: cannot restart: {} is missing (the job failed before it "
+                    "wrote its run folder)",
+                    p.string());
+    return read_json_file(p.string());
+  }
+
+  // The ranks of the next attempt: all the slots left, fitted to the batch.
+  int restart_world(const std::vector<HostSlots>& alive, int world) const {
+    const int slots = total_slots(alive);
+    if (slots >= world) return world;
+    const nlohmann::json j = resolved_config();
+    BatchLayout b;
+    b.train_batch_size = j.at("train_batch_size").get<int64_t>();
+    b.micro_batch = j.at("train_micro_batch_size_per_gpu").get<int64_t>();
+    b.tp = j.at("parallel").at("tensor").get<int>();
+    b.pp = j.at("parallel").at("pipeline").get<int>();
+    b.ep = j.at("parallel").value("expert", 1);
+    auto fit = fit_layout(b, slots);
+    LOOM_CHECK_KIND(kComm, fit.has_value(),
+                    "loom launch: no layout of at most {} ranks keeps train_batch_size {} with "
+                    "micro-batch {}, tensor {} x pipeline {} (expert {}); giving up",
+                    slots, b.train_batch_size, b.micro_batch, b.tp, b.pp, b.ep);
+    return fit->world;
+  }
+
+  std::vector<std::string> restart_command(int attempt, int world) const {
+    std::vector<std::string> cmd = without(without(o_.command, "--resume", true), "--overwrite", false);
+    const nlohmann::json j = resolved_config();
+    const std::string dir = j.contains("checkpoint") && !j["checkpoint"].value("dir", "").empty()
+                                ? j["checkpoint"]["dir"].get<std::string>()
+                                : (fs::path(out_) / "checkpoints").string();
+    std::error_code ec;
+    if (fs::exists(fs::path(dir) / "latest", ec)) {
+      cmd.insert(cmd.end(), {"--resume", "latest"});
+    } else {
+      say(format("no checkpoint in {} yet: the restart starts from step 0", dir));
+      cmd.push_back("--overwrite");
+    }
+    // The global batch and micro-batch as the run had them; accumulation
+    // and the data-parallel size follow from the ranks.
+    const int mp = j.at("parallel").at("tensor").get<int>() * j.at("parallel").at("pipeline").get<int>();
+    const int64_t tbs = j.at("train_batch_size").get<int64_t>();
+    const int64_t mb = j.at("train_micro_batch_size_per_gpu").get<int64_t>();
+    const int dp = world / mp;
+    cmd.insert(cmd.end(), {"--set", format("train_batch_size={}", tbs), "--set",
+                           format("train_micro_batch_size_per_gpu={}", mb), "--set",
+                           format("gradient_accumulation_steps={}", tbs / (mb * dp)), "--set",
+                           format("parallel.data={}", dp), "--restart",
+                           format("{}", attempt), "--restart-cause", last_cause_});
+    return cmd;
+  }
+
+  const LaunchOptions& o_;
+  std::vector<HostSlots> hosts_;
+  std::string out_, last_cause_;
+};
+
+}  // namespace
+
+int run_launch(const LaunchOptions& options) {
+  struct sigaction sa {};
+  sa.sa_handler = forward_signal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  return Launcher(options).run();
+}
+
+}  // namespace loom
