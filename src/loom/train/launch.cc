@@ -201,7 +201,10 @@ Cause read_cause(const std::vector<std::string>& head) {
   for (size_t k = 0; k < mpi_lines.size() && c.report.empty(); ++k)
     for (const std::string& l : head)
       if (std::regex_search(l, mpi_lines[k])) {
-        c.report = "mpirun: " + l.substr(l.find_first_not_of(' '));
+        // The first sentence of mpirun's paragraph.
+        std::string line = l.substr(l.find_first_not_of(' '));
+        const size_t stop = line.find(". ");
+        c.report = "mpirun: " + (stop == std::string::npos ? line : line.substr(0, stop + 1));
         break;
       }
   for (const auto& re : host_lines)
@@ -331,9 +334,10 @@ class Launcher {
     if (r.status == 124)
       return format("a one-rank job there did not finish within {} s (--probe-timeout)",
                     o_.probe_timeout_s);
+    // What the launcher said about the host (not a warning about options).
     std::string first;
     for (const auto& l : r.head)
-      if (l.find_first_not_of(" -*") != std::string::npos) {
+      if (l.find_first_not_of(" -*") != std::string::npos && l.find("Warning") == std::string::npos) {
         first = l.substr(l.find_first_not_of(' '));
         break;
       }

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The layout-equivalence harness across hosts: 2 hosts x 2 ranks of the test
+# cluster (TCP between the hosts, shared memory inside), the ranks dealt
+# round-robin over the hosts (--map-by node) so that loom's placement must
+# move them to keep the tensor- and expert-parallel groups inside a host.
+# Data parallel, ZeRO-3, tp x dp, pp x dp, ep x dp and 16-bit layouts train
+# like one process, as on one host.
+set -euo pipefail
+LAYOUT_TESTS=${LAYOUT_TESTS:?path of loom_layout_tests}
+source "$(dirname "$0")/cluster_lib.sh"
+cluster_up 2
+export LOOM_TEST_LAYOUTS="dp, one bucket per layer|zero-3, prefetch one unit|tp 2 x dp 2, zero-1|pp 2 x dp 2, zero-1|moe, ep 2 x dp 2, zero-3|records, zero-2"
+timeout -k 5 400 "$CLUSTER" mpirun --host node0:2,node1:2 -np 4 --map-by node -x OMP_NUM_THREADS \
+  -x LOOM_TEST_LAYOUTS "$LAYOUT_TESTS" --gtest_filter=Layouts.TrainExactlyLikeOneProcess \
+  > "$WORK/out.txt" 2>&1 || fail "the harness across hosts failed: $(cat "$WORK/out.txt")"
+grep "layout \]" "$WORK/out.txt"
+n=$(grep -c "layout \]" "$WORK/out.txt")
+((n >= 9)) || fail "only $n layouts ran: $(cat "$WORK/out.txt")"
+echo PASS
