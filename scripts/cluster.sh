@@ -135,7 +135,7 @@ case ${1:-} in
   throttle) throttle "$(index_of "${2:?host}")" "${3:?rate or none}" ;;
   cut) ip -n "$(host "$(index_of "$2")")" link set "h$(index_of "$2")" down ;;
   heal) ip -n "$(host "$(index_of "$2")")" link set "h$(index_of "$2")" up ;;
-  kill) ip netns pids "$(host "$(index_of "$2")")" | xargs -r kill -9 ;;
+  kill) ip netns pids "$(host "$(index_of "$2")")" | xargs -r kill -9 2> /dev/null || true ;;
   agent)
     # Open MPI calls: AGENT [options] HOST CMD...; options before the host
     # (ssh-style) are ignored.
@@ -151,7 +151,7 @@ case ${1:-} in
     on_host 0 mpirun "${mpirun_args[@]}" "$@"
     ;;
   *)
-    sed -n '2,32p' "$self"
+    sed -n '2,34p' "$self"
     exit 2
     ;;
 esac

@@ -82,7 +82,7 @@ double time_op(MpiProcessGroup& g, const CommBenchArgs& a, const std::string& al
     // Every rank must run the same count: the slowest rank's first run decides.
     double first = since(t0), worst = 0;
     MPI_Allreduce(&first, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    iters = std::clamp(static_cast<int>(a.budget_s / worst), 2, a.iters);
+    iters = static_cast<int>(std::clamp(a.budget_s / worst, 2.0, double(a.iters)));
   }
   g.barrier()->wait();
   auto t0 = Clock::now();
@@ -152,6 +152,8 @@ void run_comm_bench(const CommBenchArgs& a) {
   CommOptions options;
   apply_comm_overrides(options, a.overrides);
   const size_t lo = parse_size(a.min, "--min"), hi = parse_size(a.max, "--max");
+  LOOM_CHECK_KIND(kConfig, a.budget_s <= 0 || a.warmup >= 1,
+                  "--budget-s needs --warmup 1 or more (the first warm-up run is timed)");
   MpiRuntime rt(nullptr, nullptr);
   try {
     auto g = rt.world(options);

@@ -9,7 +9,7 @@ WORK=$(mktemp -d)
 export XDG_CACHE_HOME="$WORK/cache"
 JOBS=()
 cluster_cleanup() {
-  for j in "${JOBS[@]}"; do kill -9 "$j" 2> /dev/null || true; done
+  for j in ${JOBS[@]+"${JOBS[@]}"}; do kill -9 "$j" 2> /dev/null || true; done
   "$CLUSTER" down 2> /dev/null || true
   rm -rf "$WORK"
 }

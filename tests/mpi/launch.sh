@@ -77,10 +77,16 @@ start() {
   T_FAULT=$SECONDS
   "$CLUSTER" "$@"
 }
+# finish NAME: waits for the restart and the end; prints the time from the
+# fault to the resumed run's first step and what the checkpoint folder holds.
 finish() {
   local name=$1 rc=0
+  until_within 120 grep -aq "loom: resumed from latest" "$WORK/$name.txt" ||
+    fail "$name: no resumed run: $(cat "$WORK/$name.txt")"
+  local resumed=$((SECONDS - T_FAULT))
   wait "$job" || rc=$?
   ((rc == 0)) || fail "$name: launch exited $rc: $(cat "$WORK/$name.txt")"
+  echo "$name: fault to resumed: ${resumed} s; checkpoints: $(ls "$WORK/$name/checkpoints" | tr '\n' ' ')"
 }
 restart_mark() {
   python3 -c 'import json,sys

@@ -56,7 +56,7 @@ TEST(Launch, RestartKeepsTheGlobalBatchAndRaisesAccumulation) {
 }
 
 TEST(Stragglers, ASlowRankScoresBelowTheThresholdAndRecoversWithHysteresis) {
-  StragglerDetector d(4, 5, 0.8);
+  StragglerDetector d(4, {}, 5, 0.8);
   for (int s = 0; s < 4; ++s) d.add({1.0, 1.0, 1.0, 2.0});
   EXPECT_TRUE(d.slow().empty());  // the window is not full yet
   d.add({1.0, 1.02, 0.98, 2.0});
@@ -72,9 +72,17 @@ TEST(Stragglers, ASlowRankScoresBelowTheThresholdAndRecoversWithHysteresis) {
   for (int s = 0; s < 5; ++s) d.add({1.0, 1.0, 1.0, 1.05});
   EXPECT_TRUE(d.slow().empty());
   // Noise of a few percent is never a straggler.
-  StragglerDetector n(3, 5, 0.8);
+  StragglerDetector n(3, {}, 5, 0.8);
   for (int s = 0; s < 20; ++s) n.add({1.0 + 0.05 * (s % 3), 1.0, 1.05});
   EXPECT_TRUE(n.slow().empty());
+  // Peers are the ranks of the same stage: a last stage that computes
+  // twice as long as the first, by design, is no straggler; one slow rank
+  // among its stage's peers is.
+  StragglerDetector pp(4, {0, 0, 1, 1}, 3, 0.8);
+  for (int s = 0; s < 3; ++s) pp.add({1.0, 1.0, 2.0, 2.0});
+  EXPECT_TRUE(pp.slow().empty());
+  for (int s = 0; s < 3; ++s) pp.add({1.0, 1.0, 2.0, 4.0});
+  EXPECT_EQ(pp.slow(), (std::vector<int>{3}));
 }
 
 }  // namespace

@@ -56,6 +56,7 @@ ParallelContext make_parallel_context(std::shared_ptr<ProcessGroup> world, GridS
   shape.world = world ? world->size() : 1;
   ParallelContext ctx;
   ctx.grid = Grid(shape);
+  ctx.launch_world = world;
   if (auto mpi = std::dynamic_pointer_cast<MpiProcessGroup>(world); mpi && mpi->size() > 1)
     world = place(mpi, ctx);
   ctx.rank = world ? world->rank() : 0;

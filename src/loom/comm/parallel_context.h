@@ -21,6 +21,7 @@ struct ParallelContext {
   // of the launch ranks; what the placement did, and the groups it could
   // not keep inside a host, for the log.
   std::shared_ptr<ProcessGroup> world;
+  std::shared_ptr<ProcessGroup> launch_world;  // the world in launch order, kept with the context
   std::vector<int> order{0};
   Topology topology = single_host(1);
   std::string placement;

@@ -96,10 +96,12 @@ void Checkpointer::save(const TrainerState& state, const json& config) {
 
   const int rank = ctx.rank;
   const int64_t step = state.step;
-  auto write = [folder = p->folder, rank, step](const std::vector<PieceOut>& pieces,
-                                                const std::atomic<bool>* stop) {
+  // (Test crash points name the launch rank, as LOOM_TEST_THROW does.)
+  const int fault_rank = ctx.launch_rank;
+  auto write = [folder = p->folder, rank, fault_rank, step](const std::vector<PieceOut>& pieces,
+                                                            const std::atomic<bool>* stop) {
     return write_shard_file(
-        folder, rank, pieces, [&] { checkpoint_fault_point("partial", step, rank); }, stop);
+        folder, rank, pieces, [&] { checkpoint_fault_point("partial", step, fault_rank); }, stop);
   };
   if (!cfg.checkpoint.async) {
     p->info = write(p->pieces, nullptr);

@@ -2,13 +2,16 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <regex>
 #include <set>
@@ -98,15 +101,39 @@ void say(const std::string& line) {
 // The process group of the child running now: a signal to the launcher
 // goes to it (mpirun then ends its ranks).
 volatile sig_atomic_t g_child_group = 0;
+volatile sig_atomic_t g_stop_signal = 0;  // a signal asked the launcher to stop
 void forward_signal(int sig) {
+  g_stop_signal = sig;
   if (g_child_group > 0) kill(-g_child_group, sig);
 }
 
 struct Outcome {
   int status = 0;  // exit code; 128 + signal when killed
-  std::vector<std::string> head;  // the first lines of its stderr
+  // Its stderr: the first lines and the last (a failure report may come
+  // after many warnings), and the first loom report wherever it came.
+  std::vector<std::string> head;
+  std::deque<std::string> tail;
+  std::string loom_report;
   double seconds = 0;
+  std::vector<std::string> lines() const {
+    std::vector<std::string> all = head;
+    all.insert(all.end(), tail.begin(), tail.end());
+    return all;
+  }
 };
+
+constexpr size_t kKeepLines = 400;
+
+void keep_line(Outcome& out, std::string line) {
+  if (out.loom_report.empty() && line.find("loom: rank ") != std::string::npos)
+    out.loom_report = line.substr(line.find("loom: rank "));
+  if (out.head.size() < kKeepLines) {
+    out.head.push_back(std::move(line));
+    return;
+  }
+  out.tail.push_back(std::move(line));
+  if (out.tail.size() > kKeepLines) out.tail.pop_front();
+}
 
 // Runs `cmd` with /bin/sh in a process group of its own, its stderr read
 // line by line (passed through unless `quiet`), for at most `limit_s`
@@ -114,11 +141,21 @@ struct Outcome {
 Outcome run_shell(const std::string& cmd, bool quiet, double limit_s) {
   int fds[2];
   LOOM_CHECK_KIND(kIo, pipe(fds) == 0, "loom launch: pipe: {}", std::strerror(errno));
+  // No signal between fork and the child's group being known here.
+  sigset_t block, old_mask;
+  sigemptyset(&block);
+  sigaddset(&block, SIGINT);
+  sigaddset(&block, SIGTERM);
+  sigprocmask(SIG_BLOCK, &block, &old_mask);
   const auto t0 = Clock::now();
   pid_t pid = fork();
-  LOOM_CHECK_KIND(kIo, pid >= 0, "loom launch: fork: {}", std::strerror(errno));
   if (pid == 0) {
     setpgid(0, 0);
+    // The job goes when the launcher does, however it ends.
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    sigprocmask(SIG_SETMASK, &old_mask, nullptr);
     dup2(fds[1], 2);
     if (quiet) dup2(fds[1], 1);
     close(fds[0]);
@@ -126,40 +163,49 @@ Outcome run_shell(const std::string& cmd, bool quiet, double limit_s) {
     execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
     _exit(127);
   }
-  setpgid(pid, pid);
-  g_child_group = pid;
+  if (pid > 0) {
+    setpgid(pid, pid);
+    g_child_group = pid;
+  }
+  sigprocmask(SIG_SETMASK, &old_mask, nullptr);
+  LOOM_CHECK_KIND(kIo, pid >= 0, "loom launch: fork: {}", std::strerror(errno));
   close(fds[1]);
   fcntl(fds[0], F_SETFL, O_NONBLOCK);
   Outcome out;
   std::string partial;
-  bool open = true, killed = false;
+  bool killed = false, exited = false;
   int status = 0;
-  for (;;) {
+  // Reads what is there; false once the pipe is drained or closed.
+  auto drain = [&] {
     char buf[4096];
-    ssize_t n = open ? read(fds[0], buf, sizeof buf) : -1;
-    if (n > 0) {
-      if (!quiet) {
-        fwrite(buf, 1, static_cast<size_t>(n), stderr);
-        std::fflush(stderr);
-      }
-      partial.append(buf, static_cast<size_t>(n));
-      for (size_t nl; (nl = partial.find('\n')) != std::string::npos;) {
-        if (out.head.size() < 200) out.head.push_back(partial.substr(0, nl));
-        partial.erase(0, nl + 1);
-      }
-      continue;
+    ssize_t n = read(fds[0], buf, sizeof buf);
+    if (n <= 0) return false;
+    if (!quiet) {
+      fwrite(buf, 1, static_cast<size_t>(n), stderr);
+      std::fflush(stderr);
     }
-    if (n == 0) open = false;
-    if (waitpid(pid, &status, WNOHANG) == pid) break;
+    partial.append(buf, static_cast<size_t>(n));
+    for (size_t nl; (nl = partial.find('\n')) != std::string::npos;) {
+      keep_line(out, partial.substr(0, nl));
+      partial.erase(0, nl + 1);
+    }
+    return true;
+  };
+  while (!exited) {
+    if (drain()) continue;
+    exited = waitpid(pid, &status, WNOHANG) == pid;
     const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (limit_s > 0 && elapsed > limit_s && !killed) {
+    if (!exited && limit_s > 0 && elapsed > limit_s && !killed) {
       kill(-pid, SIGKILL);
       killed = true;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (!exited) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  // What it wrote just before it exited.
+  while (drain()) {
   }
   g_child_group = 0;
-  if (!partial.empty() && out.head.size() < 200) out.head.push_back(partial);
+  if (!partial.empty()) keep_line(out, partial);
   close(fds[0]);
   // What mpirun left in its group (a daemon it could not reach) goes too.
   kill(-pid, SIGKILL);
@@ -177,8 +223,8 @@ struct Cause {
 // The first loom report ("loom: rank N: ..."), else mpirun's own account
 // (its most telling line); and the host it names: a lost peer or daemon, a
 // rank killed there.
-Cause read_cause(const std::vector<std::string>& head) {
-  static const std::regex loom_line(R"(loom: rank \d+: .*)");
+Cause read_cause(const Outcome& out) {
+  const std::vector<std::string> head = out.lines();
   static const std::vector<std::regex> mpi_lines = {
       std::regex(R"(peer process has unexpectedly disconnected)"),
       std::regex(R"(lost communication with a remote daemon)"),
@@ -193,11 +239,7 @@ Cause read_cause(const std::vector<std::string>& head) {
   };
   Cause c;
   std::smatch m;
-  for (const std::string& l : head)
-    if (std::regex_search(l, m, loom_line)) {
-      c.report = m.str(0);
-      break;
-    }
+  c.report = out.loom_report;
   for (size_t k = 0; k < mpi_lines.size() && c.report.empty(); ++k)
     for (const std::string& l : head)
       if (std::regex_search(l, mpi_lines[k])) {
@@ -251,20 +293,23 @@ class Launcher {
     validate();
     std::vector<HostSlots> alive = hosts_;
     int world = o_.np > 0 ? o_.np : total_slots(hosts_);
+    std::vector<std::string> cmd = o_.command;
     const auto t_start = Clock::now();
     for (int attempt = 0;; ++attempt) {
-      std::vector<std::string> cmd = o_.command;
-      if (attempt > 0) cmd = restart_command(attempt, world);
       say(format("{} {} rank{} on {}", attempt == 0 ? "starting" : "restarted:", world,
                  world == 1 ? "" : "s", hosts_arg(alive)));
       Outcome r = run_shell(mpirun(alive, world) + " " + shell_command(cmd), false, 0);
+      if (g_stop_signal != 0) {
+        say(format("stopped by signal {}; no restart", int(g_stop_signal)));
+        return 128 + g_stop_signal;
+      }
       if (r.status == 0) {
         say(format("the job trained ({} restart{}, {} s in all)", attempt,
                    attempt == 1 ? "" : "s",
                    seconds(std::chrono::duration<double>(Clock::now() - t_start).count())));
         return 0;
       }
-      Cause c = read_cause(r.head);
+      Cause c = read_cause(r);
       std::string cause = format("exit {} after {} s", r.status, seconds(r.seconds));
       if (!c.report.empty()) cause += ": " + c.report;
       if (!c.host.empty()) cause += format(" (host {})", c.host);
@@ -273,29 +318,40 @@ class Launcher {
         say(format("no restarts left (--max-restarts {})", o_.max_restarts));
         return r.status;
       }
-      // Which hosts are still there.
-      std::vector<HostSlots> next;
-      std::string lost;
-      for (const HostSlots& h : alive) {
-        std::string why = probe(h.name);
-        if (why.empty()) {
-          next.push_back(h);
-        } else {
-          lost += (lost.empty() ? "" : ", ") + h.name;
-          say(format("host {} is unreachable: {}", h.name, why));
-        }
+      try {
+        alive = reachable(alive, cause);
+        LOOM_CHECK_KIND(kComm, static_cast<int>(alive.size()) >= o_.min_hosts,
+                        "{} host{} left ({}), fewer than --min-hosts {}", alive.size(),
+                        alive.size() == 1 ? "" : "s", hosts_arg(alive), o_.min_hosts);
+        world = restart_world(alive, world);
+        last_cause_ = cause;
+        cmd = restart_command(attempt + 1, world);
+      } catch (const Error& e) {
+        say(format("giving up: {}", e.what()));
+        return r.status;
       }
-      if (!lost.empty()) cause += format("; unreachable: {}", lost);
-      LOOM_CHECK_KIND(kComm, static_cast<int>(next.size()) >= o_.min_hosts,
-                      "loom launch: {} host{} left ({}), fewer than --min-hosts {}; giving up",
-                      next.size(), next.size() == 1 ? "" : "s", hosts_arg(next), o_.min_hosts);
-      alive = next;
-      world = restart_world(alive, world);
-      last_cause_ = cause;
     }
   }
 
  private:
+  // The hosts of `hosts` that a one-rank job still starts on; the lost ones
+  // are logged and appended to `cause`.
+  std::vector<HostSlots> reachable(const std::vector<HostSlots>& hosts, std::string& cause) const {
+    std::vector<HostSlots> next;
+    std::string lost;
+    for (const HostSlots& h : hosts) {
+      std::string why = probe(h.name);
+      if (why.empty()) {
+        next.push_back(h);
+      } else {
+        lost += (lost.empty() ? "" : ", ") + h.name;
+        say(format("host {} is unreachable: {}", h.name, why));
+      }
+    }
+    if (!lost.empty()) cause += format("; unreachable: {}", lost);
+    return next;
+  }
+
   void validate() {
     hosts_ = parse_hosts(o_.hosts);
     const int slots = total_slots(hosts_);
@@ -327,6 +383,7 @@ class Launcher {
 
   // Empty when a one-rank job starts on the host and ends; else why not.
   std::string probe(const std::string& host) const {
+    if (g_stop_signal != 0) return "the launcher was stopped";
     const std::string cmd = format("exec {} {} --host {} -np 1 true", sh_quote(o_.mpirun),
                                    o_.mpirun_args, sh_quote(host + ":1"));
     Outcome r = run_shell(cmd, true, o_.probe_timeout_s);
@@ -348,8 +405,8 @@ class Launcher {
     const fs::path p = fs::path(out_) / "config.resolved.json";
     std::error_code ec;
     LOOM_CHECK_KIND(kComm, fs::exists(p, ec),
-                    "loom launch: cannot restart: {} is missing (the job failed before it "
-                    "wrote its run folder)",
+                    "cannot restart: {} is missing (the job failed before it wrote its run "
+                    "folder)",
                     p.string());
     return read_json_file(p.string());
   }
@@ -367,24 +424,30 @@ class Launcher {
     b.ep = j.at("parallel").value("expert", 1);
     auto fit = fit_layout(b, slots);
     LOOM_CHECK_KIND(kComm, fit.has_value(),
-                    "loom launch: no layout of at most {} ranks keeps train_batch_size {} with "
-                    "micro-batch {}, tensor {} x pipeline {} (expert {}); giving up",
+                    "no layout of at most {} ranks keeps train_batch_size {} with micro-batch {}, "
+                    "tensor {} x pipeline {} (expert {})",
                     slots, b.train_batch_size, b.micro_batch, b.tp, b.pp, b.ep);
     return fit->world;
   }
 
   std::vector<std::string> restart_command(int attempt, int world) const {
-    std::vector<std::string> cmd = without(without(o_.command, "--resume", true), "--overwrite", false);
+    std::vector<std::string> cmd = o_.command;
     const nlohmann::json j = resolved_config();
     const std::string dir = j.contains("checkpoint") && !j["checkpoint"].value("dir", "").empty()
                                 ? j["checkpoint"]["dir"].get<std::string>()
                                 : (fs::path(out_) / "checkpoints").string();
     std::error_code ec;
     if (fs::exists(fs::path(dir) / "latest", ec)) {
+      // What the run saved supersedes where it started from.
+      cmd = without(without(without(cmd, "--resume", true), "--init-from", true), "--overwrite",
+                    false);
       cmd.insert(cmd.end(), {"--resume", "latest"});
+    } else if (option_value(cmd, "--resume").empty()) {
+      say(format("no checkpoint in {} yet: the restart starts again from the beginning", dir));
+      if (std::find(cmd.begin(), cmd.end(), "--overwrite") == cmd.end()) cmd.push_back("--overwrite");
     } else {
-      say(format("no checkpoint in {} yet: the restart starts from step 0", dir));
-      cmd.push_back("--overwrite");
+      say(format("no checkpoint in {} yet: the restart resumes from {} again", dir,
+                 option_value(cmd, "--resume")));
     }
     // The global batch and micro-batch as the run had them; accumulation
     // and the data-parallel size follow from the ranks.

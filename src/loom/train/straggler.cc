@@ -1,26 +1,31 @@
 #include "loom/train/straggler.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "loom/core/error.h"
 
 namespace loom {
 
 namespace {
+// The median; of an even count the lower middle value, so that of two
+// peers the faster one is the measure.
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
-  const size_t mid = v.size() / 2;
+  const size_t mid = (v.size() - 1) / 2;
   std::nth_element(v.begin(), v.begin() + static_cast<long>(mid), v.end());
-  if (v.size() % 2 == 1) return v[mid];
-  const double hi = v[mid];
-  return (hi + *std::max_element(v.begin(), v.begin() + static_cast<long>(mid))) / 2;
+  return v[mid];
 }
 }  // namespace
 
-StragglerDetector::StragglerDetector(int ranks, int window, double threshold)
-    : ranks_(ranks), window_(window), threshold_(threshold),
+StragglerDetector::StragglerDetector(int ranks, std::vector<int> classes, int window,
+                                     double threshold)
+    : ranks_(ranks), classes_(std::move(classes)), window_(window), threshold_(threshold),
       scores_(static_cast<size_t>(ranks), 1.0) {
   LOOM_CHECK(ranks >= 1 && window >= 1, "straggler detector: {} ranks, window {}", ranks, window);
+  if (classes_.empty()) classes_.assign(static_cast<size_t>(ranks), 0);
+  LOOM_CHECK(static_cast<int>(classes_.size()) == ranks, "straggler detector: {} classes for {} ranks",
+             classes_.size(), ranks);
 }
 
 const std::vector<double>& StragglerDetector::add(const std::vector<double>& compute) {
@@ -34,8 +39,12 @@ const std::vector<double>& StragglerDetector::add(const std::vector<double>& com
     for (const auto& step : history_) t.push_back(step[static_cast<size_t>(r)]);
     per_rank[static_cast<size_t>(r)] = median(t);
   }
-  const double typical = median(per_rank);
   for (int r = 0; r < ranks_; ++r) {
+    std::vector<double> peers;
+    for (int q = 0; q < ranks_; ++q)
+      if (classes_[static_cast<size_t>(q)] == classes_[static_cast<size_t>(r)])
+        peers.push_back(per_rank[static_cast<size_t>(q)]);
+    const double typical = median(peers);
     const double mine = per_rank[static_cast<size_t>(r)];
     scores_[static_cast<size_t>(r)] = mine > 0 ? std::min(1.0, typical / mine) : 1.0;
   }

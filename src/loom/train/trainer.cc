@@ -229,7 +229,12 @@ void Trainer::gather_rank_times(StepResult& r) {
     r.rank_compute.push_back(all[2 * static_cast<size_t>(g)]);
     r.rank_wait.push_back(all[2 * static_cast<size_t>(g) + 1]);
   }
-  if (!stragglers_) stragglers_ = std::make_unique<StragglerDetector>(n);
+  if (!stragglers_) {
+    // Peers: the ranks of the same pipeline stage.
+    std::vector<int> stage(static_cast<size_t>(n));
+    for (int g = 0; g < n; ++g) stage[static_cast<size_t>(g)] = ctx.grid.coord(g).pp;
+    stragglers_ = std::make_unique<StragglerDetector>(n, std::move(stage));
+  }
   r.rank_score = stragglers_->add(r.rank_compute);
   const std::vector<int> slow = stragglers_->slow();
   if (slow == slow_ranks_) return;
@@ -244,7 +249,7 @@ void Trainer::gather_rank_times(StepResult& r) {
       if (std::find(slow_ranks_.begin(), slow_ranks_.end(), g) == slow_ranks_.end())
         std::printf(
             "loom: warning: step %ld: straggler: %s computes for %.3f s a step, %.2fx the median "
-            "rank over the last %d steps (score %.2f < %.2f)\n",
+            "peer over the last %d steps (score %.2f < %.2f)\n",
             long(r.step), where(g).c_str(), r.rank_compute[static_cast<size_t>(g)],
             1.0 / r.rank_score[static_cast<size_t>(g)], stragglers_->window(),
             r.rank_score[static_cast<size_t>(g)], stragglers_->threshold());

@@ -244,12 +244,21 @@ MpiProcessGroup::MpiProcessGroup(MpiRuntime* runtime, MPI_Comm comm, std::string
   MPI_Group_translate_ranks(mine, size_, local.data(), world, members_.data());
   MPI_Group_free(&mine);
   MPI_Group_free(&world);
-  // Nodes: MPI's shared-memory split, or blocks of comm.ranks_per_node to
-  // emulate several nodes on one machine.
-  if (options_.ranks_per_node > 0)
-    MPI_Comm_split(comm_, rank_ / options_.ranks_per_node, rank_, &node_comm_);
-  else
-    MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node_comm_);
+  // Nodes: the hosts (MPI's shared-memory split); with comm.ranks_per_node,
+  // blocks of that many of this group's ranks inside each host, to emulate
+  // smaller nodes (never one spanning hosts).
+  MPI_Comm host_comm;
+  MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &host_comm);
+  int host_rank = 0, host_size = 0;
+  MPI_Comm_rank(host_comm, &host_rank);
+  MPI_Comm_size(host_comm, &host_size);
+  spans_hosts_ = host_size < size_;
+  if (options_.ranks_per_node > 0) {
+    MPI_Comm_split(host_comm, host_rank / options_.ranks_per_node, rank_, &node_comm_);
+    MPI_Comm_free(&host_comm);
+  } else {
+    node_comm_ = host_comm;
+  }
   int local_rank = 0;
   MPI_Comm_rank(node_comm_, &local_rank);
   MPI_Comm_split(comm_, local_rank, rank_, &cross_comm_);
@@ -591,7 +600,7 @@ std::string MpiProcessGroup::choose_algorithm(size_t bytes) const {
   // file): the hierarchical all-reduce sends each byte over the network
   // once per host instead of once per rank and wins from 128 KiB; below,
   // MPI's latency-bound algorithm is as fast or faster.
-  if (equal_nodes_ && node_size_ > 1 && node_size_ < size_)
+  if (spans_hosts_ && equal_nodes_ && node_size_ > 1)
     return bytes >= (size_t{128} << 10) ? "hierarchical" : "mpi";
   return bytes >= (size_t{1} << 20) ? "ring" : "mpi";
 }

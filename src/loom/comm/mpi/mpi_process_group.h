@@ -175,6 +175,7 @@ class MpiProcessGroup : public ProcessGroup {
   uint64_t next_p2p_seq_ = 0;  // sends and receives, caller side
   bool equal_nodes_ = false;   // every node of this group has the same size
   int node_size_ = 1;          // members of this group on this rank's node
+  bool spans_hosts_ = false;   // the group has members on more than one host
   // Node structure for the hierarchical all-reduce (sub-communicators of comm_).
   MPI_Comm node_comm_ = MPI_COMM_NULL, cross_comm_ = MPI_COMM_NULL;
 
