@@ -143,7 +143,9 @@ case ${1:-} in
     while [[ $1 == -* ]]; do shift; done
     h=$1
     shift
-    on_host "$h" sh -c "$*"
+    # Not exec'd: like ssh, the agent stays, with its host among its
+    # arguments, until the daemon ends (loom launch watches for that).
+    (on_host "$h" sh -c "$*")
     ;;
   mpirun-args) printf '%q ' "${mpirun_args[@]}" && echo ;;
   mpirun)

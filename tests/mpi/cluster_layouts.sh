@@ -4,11 +4,18 @@
 # round-robin over the hosts (--map-by node) so that loom's placement must
 # move them to keep the tensor- and expert-parallel groups inside a host.
 # Data parallel, ZeRO-3, tp x dp, pp x dp, ep x dp and 16-bit layouts train
-# like one process, as on one host.
+# like one process, as on one host. (And the cluster's hosts have no
+# address outside its /24 and no route out.)
 set -euo pipefail
 LAYOUT_TESTS=${LAYOUT_TESTS:?path of loom_layout_tests}
 source "$(dirname "$0")/cluster_lib.sh"
 cluster_up 2
+# The cluster keeps to its /24: no default route, no other address.
+for h in 0 1; do
+  [[ -z $(ip -n "loom-h$h" route show default) ]] || fail "host $h has a default route"
+  addrs=$(ip -n "loom-h$h" -4 -o addr show | awk '{print $4}' | sort | tr '\n' ' ')
+  [[ $addrs == "10.233.7.$((h + 1))/24 127.0.0.1/8 " ]] || fail "host $h has addresses $addrs"
+done
 export LOOM_TEST_LAYOUTS="dp, one bucket per layer|zero-3, prefetch one unit|tp 2 x dp 2, zero-1|pp 2 x dp 2, zero-1|moe, ep 2 x dp 2, zero-3|records, zero-2"
 timeout -k 5 400 "$CLUSTER" mpirun --host node0:2,node1:2 -np 4 --map-by node -x OMP_NUM_THREADS \
   -x LOOM_TEST_LAYOUTS "$LAYOUT_TESTS" --gtest_filter=Layouts.TrainExactlyLikeOneProcess \

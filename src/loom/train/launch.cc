@@ -13,8 +13,11 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <regex>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -114,6 +117,7 @@ struct Outcome {
   std::vector<std::string> head;
   std::deque<std::string> tail;
   std::string loom_report;
+  std::string first_lost_agent;  // the host whose daemon's agent ended first (AgentWatch)
   double seconds = 0;
   std::vector<std::string> lines() const {
     std::vector<std::string> all = head;
@@ -135,10 +139,73 @@ void keep_line(Outcome& out, std::string line) {
   if (out.tail.size() > kKeepLines) out.tail.pop_front();
 }
 
+// The agents mpirun started to launch its daemons (ssh, or the
+// plm_rsh_agent): one per host it reaches directly, its host among its
+// arguments. A whole host lost (every process killed, the machine gone)
+// ends its agent first, before mpirun tears the job down; mpirun's own
+// account of that ("unable to reliably start one or more daemons") names
+// no host, so the first agent to end names it.
+class AgentWatch {
+ public:
+  AgentWatch(pid_t mpirun, std::vector<std::string> hosts)
+      : mpirun_(mpirun), hosts_(std::move(hosts)) {}
+
+  // Call while mpirun runs.
+  void poll() {
+    std::set<pid_t> seen;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator("/proc", ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+      const pid_t pid = std::stoi(name);
+      if (parent_of(pid) != mpirun_) continue;
+      seen.insert(pid);
+      if (live_.count(pid) == 0) live_[pid] = host_in_cmdline(pid);
+    }
+    for (auto it = live_.begin(); it != live_.end();) {
+      if (seen.count(it->first) == 0) {
+        if (first_lost_.empty()) first_lost_ = it->second;
+        it = live_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  const std::string& first_lost() const { return first_lost_; }
+
+ private:
+  static pid_t parent_of(pid_t pid) {
+    std::ifstream f(format("/proc/{}/stat", pid));
+    std::string stat;
+    std::getline(f, stat);
+    const size_t close = stat.rfind(')');  // the command name may hold spaces
+    if (close == std::string::npos) return -1;
+    std::istringstream rest(stat.substr(close + 1));
+    std::string state;
+    pid_t ppid = -1;
+    rest >> state >> ppid;
+    return ppid;
+  }
+  std::string host_in_cmdline(pid_t pid) const {
+    std::ifstream f(format("/proc/{}/cmdline", pid), std::ios::binary);
+    std::string arg;
+    while (std::getline(f, arg, '\0'))
+      for (const std::string& h : hosts_)
+        if (arg == h) return h;
+    return {};
+  }
+
+  pid_t mpirun_;
+  std::vector<std::string> hosts_;
+  std::map<pid_t, std::string> live_;  // agent pid -> its host ("" when none is named)
+  std::string first_lost_;
+};
+
 // Runs `cmd` with /bin/sh in a process group of its own, its stderr read
 // line by line (passed through unless `quiet`), for at most `limit_s`
 // seconds (0: no limit; then the group is killed).
-Outcome run_shell(const std::string& cmd, bool quiet, double limit_s) {
+Outcome run_shell(const std::string& cmd, bool quiet, double limit_s,
+                  const std::vector<std::string>& watch_hosts = {}) {
   int fds[2];
   LOOM_CHECK_KIND(kIo, pipe(fds) == 0, "loom launch: pipe: {}", std::strerror(errno));
   // No signal between fork and the child's group being known here.
@@ -191,8 +258,14 @@ Outcome run_shell(const std::string& cmd, bool quiet, double limit_s) {
     }
     return true;
   };
+  AgentWatch agents(pid, watch_hosts);
+  auto last_poll = Clock::now() - std::chrono::seconds(1);
   while (!exited) {
     if (drain()) continue;
+    if (!watch_hosts.empty() && Clock::now() - last_poll > std::chrono::milliseconds(50)) {
+      agents.poll();
+      last_poll = Clock::now();
+    }
     exited = waitpid(pid, &status, WNOHANG) == pid;
     const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
     if (!exited && limit_s > 0 && elapsed > limit_s && !killed) {
@@ -209,6 +282,7 @@ Outcome run_shell(const std::string& cmd, bool quiet, double limit_s) {
   close(fds[0]);
   // What mpirun left in its group (a daemon it could not reach) goes too.
   kill(-pid, SIGKILL);
+  out.first_lost_agent = agents.first_lost();
   out.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   out.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   if (killed) out.status = 124;
@@ -252,6 +326,9 @@ Cause read_cause(const Outcome& out) {
   for (const auto& re : host_lines)
     for (const std::string& l : head)
       if (c.host.empty() && std::regex_search(l, m, re)) c.host = m.str(1);
+  // A rank's own report means the job ended on purpose (the agents then
+  // end in any order); without one, the first daemon lost names the host.
+  if (c.host.empty() && out.loom_report.empty()) c.host = out.first_lost_agent;
   return c;
 }
 
@@ -298,7 +375,9 @@ class Launcher {
     for (int attempt = 0;; ++attempt) {
       say(format("{} {} rank{} on {}", attempt == 0 ? "starting" : "restarted:", world,
                  world == 1 ? "" : "s", hosts_arg(alive)));
-      Outcome r = run_shell(mpirun(alive, world) + " " + shell_command(cmd), false, 0);
+      std::vector<std::string> names;
+      for (const HostSlots& h : alive) names.push_back(h.name);
+      Outcome r = run_shell(mpirun(alive, world) + " " + shell_command(cmd), false, 0, names);
       if (g_stop_signal != 0) {
         say(format("stopped by signal {}; no restart", int(g_stop_signal)));
         return 128 + g_stop_signal;
