@@ -10,7 +10,8 @@
 #  - host 1's link cut mid-run: the launcher finds the host unreachable and
 #    restarts on host 0 alone (dp 4 -> 2, accumulation 2 -> 4, the global
 #    batch kept); the run continues bit for bit like `train --resume` from
-#    that checkpoint at dp 2.
+#    that checkpoint at dp 2;
+#  - SIGTERM to the launcher stops the job without a restart.
 # Needs root and network namespaces; exits 77 (skipped) where they are not
 # available.
 set -euo pipefail
@@ -132,4 +133,20 @@ diff <(losses "$WORK/ref" | awk -v f="$from" '$1 <= f') <(losses "$WORK/cut" | a
   > /dev/null || fail "cut: losses before the failure differ from the reference"
 echo "ok: link cut: restarted at step $((from + 1)) on node0 at dp 2, losses bitwise like a resume at dp 2"
 until_within 60 test "$(in_hosts)" -eq 0 || fail "processes left in the hosts"
+
+# SIGTERM to the launcher stops the job; it is no failure to restart from.
+"$CLUSTER" exec 0 "$LOOM" launch --hosts node0:2,node1:2 --max-restarts 3 --mpirun-args "$ARGS" \
+  -- train --config "$WORK/train.json" --out "$WORK/stop" --set train.steps=5000 > "$WORK/stop.txt" 2>&1 &
+job=$!
+JOBS+=("$job")
+until_within 60 grep -aq "step 3/" "$WORK/stop.txt" || fail "stop: no step 3: $(cat "$WORK/stop.txt")"
+launcher=$(pgrep -f -- "launch --hosts node0:2,node1:2 --max-restarts 3" | head -1)
+kill -TERM "$launcher"
+rc=0
+wait "$job" || rc=$?
+((rc == 143)) || fail "stop: exit $rc, not 143: $(tail -5 "$WORK/stop.txt")"
+grep -aq "loom launch: stopped by signal 15; no restart" "$WORK/stop.txt" || fail "stop: no final word"
+! grep -aq "loom launch: restarted" "$WORK/stop.txt" || fail "stop: it restarted"
+until_within 30 test "$(in_hosts)" -eq 0 || fail "stop: processes left in the hosts"
+echo "ok: SIGTERM to loom launch: the job stopped (exit 143), no restart, nothing left"
 echo PASS

@@ -106,8 +106,10 @@ void say(const std::string& line) {
 volatile sig_atomic_t g_child_group = 0;
 volatile sig_atomic_t g_stop_signal = 0;  // a signal asked the launcher to stop
 void forward_signal(int sig) {
+  const int saved = errno;
   g_stop_signal = sig;
   if (g_child_group > 0) kill(-g_child_group, sig);
+  errno = saved;
 }
 
 struct Outcome {
@@ -215,11 +217,14 @@ Outcome run_shell(const std::string& cmd, bool quiet, double limit_s,
   sigaddset(&block, SIGTERM);
   sigprocmask(SIG_BLOCK, &block, &old_mask);
   const auto t0 = Clock::now();
+  const pid_t parent = getpid();
   pid_t pid = fork();
   if (pid == 0) {
     setpgid(0, 0);
-    // The job goes when the launcher does, however it ends.
+    // The job goes when the launcher does, however it ends (also when it
+    // ended before the request was made).
     prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(1);
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
     sigprocmask(SIG_SETMASK, &old_mask, nullptr);
@@ -235,7 +240,12 @@ Outcome run_shell(const std::string& cmd, bool quiet, double limit_s,
     g_child_group = pid;
   }
   sigprocmask(SIG_SETMASK, &old_mask, nullptr);
-  LOOM_CHECK_KIND(kIo, pid >= 0, "loom launch: fork: {}", std::strerror(errno));
+  if (pid < 0) {
+    const int err = errno;
+    close(fds[0]);
+    close(fds[1]);
+    LOOM_FAIL(kIo, "loom launch: fork: {}", std::strerror(err));
+  }
   close(fds[1]);
   fcntl(fds[0], F_SETFL, O_NONBLOCK);
   Outcome out;
@@ -266,7 +276,8 @@ Outcome run_shell(const std::string& cmd, bool quiet, double limit_s,
       agents.poll();
       last_poll = Clock::now();
     }
-    exited = waitpid(pid, &status, WNOHANG) == pid;
+    const pid_t w = waitpid(pid, &status, WNOHANG);
+    exited = w == pid || (w < 0 && errno != EINTR);
     const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
     if (!exited && limit_s > 0 && elapsed > limit_s && !killed) {
       kill(-pid, SIGKILL);
@@ -274,14 +285,14 @@ Outcome run_shell(const std::string& cmd, bool quiet, double limit_s,
     }
     if (!exited) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  // What it wrote just before it exited.
+  // What mpirun left in its group (a daemon it could not reach) goes too;
+  // then what was written just before the end is read.
+  kill(-pid, SIGKILL);
+  g_child_group = 0;
   while (drain()) {
   }
-  g_child_group = 0;
   if (!partial.empty()) keep_line(out, partial);
   close(fds[0]);
-  // What mpirun left in its group (a daemon it could not reach) goes too.
-  kill(-pid, SIGKILL);
   out.first_lost_agent = agents.first_lost();
   out.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   out.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
@@ -307,6 +318,7 @@ Cause read_cause(const Outcome& out) {
       std::regex(R"(unable to reliably start one or more daemons)"),
   };
   static const std::vector<std::regex> host_lines = {
+      std::regex(R"(unreachable hosts?: ([^;,\s]+))"),
       std::regex(R"(Peer host:\s+(\S+))"),
       std::regex(R"(Remote daemon: .* on node (\S+))"),
       std::regex(R"(on node (\S+) (exited|killed))"),
@@ -314,6 +326,7 @@ Cause read_cause(const Outcome& out) {
   Cause c;
   std::smatch m;
   c.report = out.loom_report;
+  bool daemon_lost = false;
   for (size_t k = 0; k < mpi_lines.size() && c.report.empty(); ++k)
     for (const std::string& l : head)
       if (std::regex_search(l, mpi_lines[k])) {
@@ -321,14 +334,16 @@ Cause read_cause(const Outcome& out) {
         std::string line = l.substr(l.find_first_not_of(' '));
         const size_t stop = line.find(". ");
         c.report = "mpirun: " + (stop == std::string::npos ? line : line.substr(0, stop + 1));
+        daemon_lost = k == 1 || k == 4;  // a lost daemon, one that "could not start"
         break;
       }
   for (const auto& re : host_lines)
     for (const std::string& l : head)
       if (c.host.empty() && std::regex_search(l, m, re)) c.host = m.str(1);
-  // A rank's own report means the job ended on purpose (the agents then
-  // end in any order); without one, the first daemon lost names the host.
-  if (c.host.empty() && out.loom_report.empty()) c.host = out.first_lost_agent;
+  // Only when mpirun says a daemon was lost does the first agent to end
+  // name the host (otherwise the agents end in any order as the job is
+  // torn down).
+  if (c.host.empty() && out.loom_report.empty() && daemon_lost) c.host = out.first_lost_agent;
   return c;
 }
 
@@ -373,15 +388,13 @@ class Launcher {
     std::vector<std::string> cmd = o_.command;
     const auto t_start = Clock::now();
     for (int attempt = 0;; ++attempt) {
+      if (g_stop_signal != 0) return stopped();
       say(format("{} {} rank{} on {}", attempt == 0 ? "starting" : "restarted:", world,
                  world == 1 ? "" : "s", hosts_arg(alive)));
       std::vector<std::string> names;
       for (const HostSlots& h : alive) names.push_back(h.name);
       Outcome r = run_shell(mpirun(alive, world) + " " + shell_command(cmd), false, 0, names);
-      if (g_stop_signal != 0) {
-        say(format("stopped by signal {}; no restart", int(g_stop_signal)));
-        return 128 + g_stop_signal;
-      }
+      if (g_stop_signal != 0) return stopped();
       if (r.status == 0) {
         say(format("the job trained ({} restart{}, {} s in all)", attempt,
                    attempt == 1 ? "" : "s",
@@ -399,6 +412,7 @@ class Launcher {
       }
       try {
         alive = reachable(alive, cause);
+        if (g_stop_signal != 0) return stopped();
         LOOM_CHECK_KIND(kComm, static_cast<int>(alive.size()) >= o_.min_hosts,
                         "{} host{} left ({}), fewer than --min-hosts {}", alive.size(),
                         alive.size() == 1 ? "" : "s", hosts_arg(alive), o_.min_hosts);
@@ -415,11 +429,17 @@ class Launcher {
  private:
   // The hosts of `hosts` that a one-rank job still starts on; the lost ones
   // are logged and appended to `cause`.
+  int stopped() const {
+    say(format("stopped by signal {}; no restart", int(g_stop_signal)));
+    return 128 + g_stop_signal;
+  }
+
   std::vector<HostSlots> reachable(const std::vector<HostSlots>& hosts, std::string& cause) const {
     std::vector<HostSlots> next;
     std::string lost;
     for (const HostSlots& h : hosts) {
       std::string why = probe(h.name);
+      if (g_stop_signal != 0) return next;  // a probe the stop ended says nothing
       if (why.empty()) {
         next.push_back(h);
       } else {
@@ -550,6 +570,7 @@ class Launcher {
 }  // namespace
 
 int run_launch(const LaunchOptions& options) {
+  signal(SIGCHLD, SIG_DFL);  // waitpid must see mpirun end
   struct sigaction sa {};
   sa.sa_handler = forward_signal;
   sigaction(SIGINT, &sa, nullptr);
