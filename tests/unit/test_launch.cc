@@ -53,6 +53,11 @@ TEST(Launch, RestartKeepsTheGlobalBatchAndRaisesAccumulation) {
   // Expert parallelism 2 needs an even dp.
   BatchLayout ep{12, 1, 1, 1, 2};
   EXPECT_EQ(fit_layout(ep, 5)->world, 4);
+  // Interleaved over pp 2: the accumulation stays a multiple of 2 (batch
+  // 12, micro 2: dp 3 would give accumulation 2, dp 6 gives 1 and is out).
+  BatchLayout il{12, 2, 1, 2, 1, true};
+  EXPECT_EQ(fit_layout(il, 12)->world, 6);
+  EXPECT_EQ(fit_layout(il, 12)->accumulation, 2);
 }
 
 TEST(Stragglers, ASlowRankScoresBelowTheThresholdAndRecoversWithHysteresis) {

@@ -77,7 +77,9 @@ std::optional<RestartLayout> fit_layout(const BatchLayout& b, int slots) {
     if (world % mp != 0) continue;
     const int dp = world / mp;
     if (dp % b.ep != 0 || b.train_batch_size % (b.micro_batch * dp) != 0) continue;
-    return RestartLayout{world, dp, b.train_batch_size / (b.micro_batch * dp)};
+    const int64_t accumulation = b.train_batch_size / (b.micro_batch * dp);
+    if (b.interleaved && accumulation % b.pp != 0) continue;
+    return RestartLayout{world, dp, accumulation};
   }
   return std::nullopt;
 }
@@ -521,6 +523,7 @@ class Launcher {
     b.tp = j.at("parallel").at("tensor").get<int>();
     b.pp = j.at("parallel").at("pipeline").get<int>();
     b.ep = j.at("parallel").value("expert", 1);
+    b.interleaved = j.at("parallel").value("schedule", std::string()) == "interleaved";
     auto fit = fit_layout(b, slots);
     LOOM_CHECK_KIND(kComm, fit.has_value(),
                     "no layout of at most {} ranks keeps train_batch_size {} with micro-batch {}, "
