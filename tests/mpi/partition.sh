@@ -14,21 +14,8 @@
 # available.
 set -euo pipefail
 LOOM=${LOOM:?}
-CLUSTER=$(cd "$(dirname "$0")/../.." && pwd)/scripts/cluster.sh
-export OMP_NUM_THREADS=1
-WORK=$(mktemp -d)
-export XDG_CACHE_HOME="$WORK/cache"
-cleanup() {
-  if [[ -n ${job:-} ]]; then kill -9 "$job" 2> /dev/null || true; fi
-  "$CLUSTER" down 2> /dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
-if ! "$CLUSTER" up 2 > "$WORK/up.txt" 2>&1; then
-  echo "SKIP: no test cluster here (network namespaces, veth, bridge): $(cat "$WORK/up.txt")"
-  exit 77
-fi
+source "$(dirname "$0")/cluster_lib.sh"
+cluster_up 2
 
 TIMEOUT=10
 cat > "$WORK/train.json" <<JSON
@@ -39,18 +26,6 @@ JSON
 hosts=(--host node0:2,node1:2 -np 4 -x OMP_NUM_THREADS)
 # loom processes of run $1 (not the launcher's, whose command line names it too).
 ranks_left() { pgrep -f -- "--out $WORK/$1" | xargs -r ps -o pid=,comm= -p | grep -c ' loom$' || true; }
-# Anything still running inside the cluster's hosts (ranks, daemons).
-in_hosts() { for h in loom-h0 loom-h1; do ip netns pids "$h"; done | wc -l; }
-# until_within SECONDS CMD...: polls CMD until it succeeds; fails after SECONDS.
-until_within() {
-  local limit=$1 t0=$SECONDS
-  shift
-  until "$@"; do
-    ((SECONDS - t0 <= limit)) || return 1
-    sleep 0.5
-  done
-}
-
 # start NAME MPIRUN-OPTIONS...: trains across both hosts; waits for step 2.
 start() {
   local name=$1
@@ -59,6 +34,7 @@ start() {
   timeout -k 5 150 "$CLUSTER" mpirun "$@" "${hosts[@]}" "$LOOM" train --config "$WORK/train.json" \
     --out "$WORK/$name" > "$WORK/$name.txt" 2>&1 &
   job=$!
+  JOBS+=("$job")
   for _ in $(seq 1 120); do
     grep -q "step 2/" "$WORK/$name.txt" 2> /dev/null && return
     kill -0 "$job" 2> /dev/null || fail "$name: the job ended before training: $(cat "$WORK/$name.txt")"
