@@ -143,7 +143,7 @@ class MpiProcessGroup : public ProcessGroup {
     DType dtype = DType::kF32;
     int arg = 0;       // reduce op or root
     uint64_t seq = 0;  // this group's sequence number, from 1
-    std::string what;  // point-to-point: the caller's account of the message
+    std::string what = {};  // point-to-point: the caller's account of the message
     std::string describe() const;
   };
   WorkPtr enqueue(Op op, std::function<void(const Op&)> body);
