@@ -178,9 +178,9 @@ void run_comm_bench(const CommBenchArgs& a) {
         double algbw = double(b) / t / 1e9, busbw = algbw * bus_factor(a.op, p);
         if (g->rank() != 0) continue;
         if (a.json) {
-          nlohmann::json j = {{"op", a.op},       {"algo", algo},   {"ranks", p},
-                              {"bytes", b},       {"time_s", t},    {"algbw", algbw},
-                              {"busbw", busbw},   {"hosts", rt.topology().hosts()}};
+          nlohmann::json j = {
+              {"op", a.op},  {"algo", algo},   {"ranks", p},     {"bytes", b},
+              {"time_s", t}, {"algbw", algbw}, {"busbw", busbw}, {"hosts", rt.topology().hosts()}};
           if (algo == "auto") j["chosen"] = g->choose_algorithm(b);
           std::printf("%s\n", j.dump().c_str());
         } else {

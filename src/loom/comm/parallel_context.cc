@@ -18,7 +18,8 @@ Topology group_topology(const MpiProcessGroup& g) {
     int& h = index[static_cast<size_t>(all.host_of[static_cast<size_t>(world_rank)])];
     if (h < 0) {
       h = t.hosts();
-      t.names.push_back(all.names[static_cast<size_t>(all.host_of[static_cast<size_t>(world_rank)])]);
+      t.names.push_back(
+          all.names[static_cast<size_t>(all.host_of[static_cast<size_t>(world_rank)])]);
     }
     t.host_of.push_back(h);
   }
@@ -26,7 +27,8 @@ Topology group_topology(const MpiProcessGroup& g) {
 }
 
 // Places the ranks of `world` on the grid; returns the world in grid order.
-std::shared_ptr<MpiProcessGroup> place(std::shared_ptr<MpiProcessGroup> world, ParallelContext& ctx) {
+std::shared_ptr<MpiProcessGroup> place(std::shared_ptr<MpiProcessGroup> world,
+                                       ParallelContext& ctx) {
   const CommOptions& o = world->options();
   LOOM_CHECK_KIND(kConfig, o.placement == "topology" || o.placement == "launcher",
                   "comm.placement: unknown value '{}' (topology, launcher)", o.placement);
@@ -71,11 +73,11 @@ ParallelContext make_parallel_context(std::shared_ptr<ProcessGroup> world, GridS
     if (spans.empty() || all.front().size() == 1) continue;
     std::string list;
     for (const auto& s : spans) list += (list.empty() ? "" : "; ") + s;
-    ctx.warnings.push_back(format(
-        "{} {}-parallel group{} of {} span hosts: {} (their collectives cross the network; "
-        "the hosts hold {} ranks)",
-        spans.size(), kind == "tp" ? "tensor" : "expert", spans.size() == 1 ? "" : "s",
-        all.front().size(), list, rank_list(per_host)));
+    ctx.warnings.push_back(
+        format("{} {}-parallel group{} of {} span hosts: {} (their collectives cross the network; "
+               "the hosts hold {} ranks)",
+               spans.size(), kind == "tp" ? "tensor" : "expert", spans.size() == 1 ? "" : "s",
+               all.front().size(), list, rank_list(per_host)));
   }
   // own: a communicator of its own even when the group is the whole world
   // (its operations then never queue behind the world's on its worker).

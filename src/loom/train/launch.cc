@@ -398,8 +398,7 @@ class Launcher {
       Outcome r = run_shell(mpirun(alive, world) + " " + shell_command(cmd), false, 0, names);
       if (g_stop_signal != 0) return stopped();
       if (r.status == 0) {
-        say(format("the job trained ({} restart{}, {} s in all)", attempt,
-                   attempt == 1 ? "" : "s",
+        say(format("the job trained ({} restart{}, {} s in all)", attempt, attempt == 1 ? "" : "s",
                    seconds(std::chrono::duration<double>(Clock::now() - t_start).count())));
         return 0;
       }
@@ -495,7 +494,8 @@ class Launcher {
     // What the launcher said about the host (not a warning about options).
     std::string first;
     for (const auto& l : r.head)
-      if (l.find_first_not_of(" -*") != std::string::npos && l.find("Warning") == std::string::npos) {
+      if (l.find_first_not_of(" -*") != std::string::npos &&
+          l.find("Warning") == std::string::npos) {
         first = l.substr(l.find_first_not_of(' '));
         break;
       }
@@ -546,22 +546,24 @@ class Launcher {
       cmd.insert(cmd.end(), {"--resume", "latest"});
     } else if (option_value(cmd, "--resume").empty()) {
       say(format("no checkpoint in {} yet: the restart starts again from the beginning", dir));
-      if (std::find(cmd.begin(), cmd.end(), "--overwrite") == cmd.end()) cmd.push_back("--overwrite");
+      if (std::find(cmd.begin(), cmd.end(), "--overwrite") == cmd.end())
+        cmd.push_back("--overwrite");
     } else {
       say(format("no checkpoint in {} yet: the restart resumes from {} again", dir,
                  option_value(cmd, "--resume")));
     }
     // The global batch and micro-batch as the run had them; accumulation
     // and the data-parallel size follow from the ranks.
-    const int mp = j.at("parallel").at("tensor").get<int>() * j.at("parallel").at("pipeline").get<int>();
+    const int mp =
+        j.at("parallel").at("tensor").get<int>() * j.at("parallel").at("pipeline").get<int>();
     const int64_t tbs = j.at("train_batch_size").get<int64_t>();
     const int64_t mb = j.at("train_micro_batch_size_per_gpu").get<int64_t>();
     const int dp = world / mp;
     cmd.insert(cmd.end(), {"--set", format("train_batch_size={}", tbs), "--set",
                            format("train_micro_batch_size_per_gpu={}", mb), "--set",
                            format("gradient_accumulation_steps={}", tbs / (mb * dp)), "--set",
-                           format("parallel.data={}", dp), "--restart",
-                           format("{}", attempt), "--restart-cause", last_cause_});
+                           format("parallel.data={}", dp), "--restart", format("{}", attempt),
+                           "--restart-cause", last_cause_});
     return cmd;
   }
 

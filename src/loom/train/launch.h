@@ -46,14 +46,14 @@ struct RestartLayout {
 std::optional<RestartLayout> fit_layout(const BatchLayout& b, int slots);
 
 struct LaunchOptions {
-  std::string hosts;            // --hosts
-  int np = 0;                   // --np (0: every slot)
-  int max_restarts = 0;         // --max-restarts
-  int min_hosts = 1;            // --min-hosts
+  std::string hosts;     // --hosts
+  int np = 0;            // --np (0: every slot)
+  int max_restarts = 0;  // --max-restarts
+  int min_hosts = 1;     // --min-hosts
   std::string mpirun = "mpirun";
-  std::string mpirun_args;      // shell words, passed to every mpirun
-  double probe_timeout_s = 15;  // --probe-timeout
-  std::string loom;             // this executable (the ranks run it)
+  std::string mpirun_args;           // shell words, passed to every mpirun
+  double probe_timeout_s = 15;       // --probe-timeout
+  std::string loom;                  // this executable (the ranks run it)
   std::vector<std::string> command;  // "train" ARGS...
 };
 

@@ -20,17 +20,20 @@ double median(std::vector<double> v) {
 
 StragglerDetector::StragglerDetector(int ranks, std::vector<int> classes, int window,
                                      double threshold)
-    : ranks_(ranks), classes_(std::move(classes)), window_(window), threshold_(threshold),
+    : ranks_(ranks),
+      classes_(std::move(classes)),
+      window_(window),
+      threshold_(threshold),
       scores_(static_cast<size_t>(ranks), 1.0) {
   LOOM_CHECK(ranks >= 1 && window >= 1, "straggler detector: {} ranks, window {}", ranks, window);
   if (classes_.empty()) classes_.assign(static_cast<size_t>(ranks), 0);
-  LOOM_CHECK(static_cast<int>(classes_.size()) == ranks, "straggler detector: {} classes for {} ranks",
-             classes_.size(), ranks);
+  LOOM_CHECK(static_cast<int>(classes_.size()) == ranks,
+             "straggler detector: {} classes for {} ranks", classes_.size(), ranks);
 }
 
 const std::vector<double>& StragglerDetector::add(const std::vector<double>& compute) {
-  LOOM_CHECK(static_cast<int>(compute.size()) == ranks_, "straggler detector: {} times for {} ranks",
-             compute.size(), ranks_);
+  LOOM_CHECK(static_cast<int>(compute.size()) == ranks_,
+             "straggler detector: {} times for {} ranks", compute.size(), ranks_);
   history_.push_back(compute);
   if (static_cast<int>(history_.size()) > window_) history_.pop_front();
   std::vector<double> per_rank(static_cast<size_t>(ranks_));

@@ -242,8 +242,10 @@ void Trainer::gather_rank_times(StepResult& r) {
     if (progress_->tty()) std::printf("\r\033[K");
     auto where = [&](int g) {
       const int launch = ctx.order[static_cast<size_t>(g)];
-      return format("rank {} on {}", launch,
-                    ctx.topology.names[static_cast<size_t>(ctx.topology.host_of[static_cast<size_t>(launch)])]);
+      return format(
+          "rank {} on {}", launch,
+          ctx.topology
+              .names[static_cast<size_t>(ctx.topology.host_of[static_cast<size_t>(launch)])]);
     };
     for (int g : slow)
       if (std::find(slow_ranks_.begin(), slow_ranks_.end(), g) == slow_ranks_.end())

@@ -539,8 +539,8 @@ void MpiProcessGroup::timed_out(const Op& op) {
   for (size_t a = 0; a < asked.size(); ++a) {
     int i = asked[a];
     if (!answered[2 * a + 1]) {
-      silent += format("{}{} (world {} on {})", silent.empty() ? "" : ", ", i, members_[i],
-                       host_name(i));
+      silent +=
+          format("{}{} (world {} on {})", silent.empty() ? "" : ", ", i, members_[i], host_name(i));
       silent_on[static_cast<size_t>(topo.host_of[members_[i]])]++;
     } else if (answers[i] < op.seq) {
       missing += format("{}{} (world {} on {}, at #{})", missing.empty() ? "" : ", ", i,
@@ -556,7 +556,9 @@ void MpiProcessGroup::timed_out(const Op& op) {
       "ranks that had not arrived: {}; ranks that did not answer: {}{}",
       op.describe(), name_, size_, options_.timeout_s, missing.empty() ? "none" : missing,
       silent.empty() ? "none" : silent,
-      lost.empty() ? "" : format("; unreachable host{}: {}", lost.find(',') == std::string::npos ? "" : "s", lost));
+      lost.empty() ? ""
+                   : format("; unreachable host{}: {}",
+                            lost.find(',') == std::string::npos ? "" : "s", lost));
   runtime_->abort(report, 3);
 }
 

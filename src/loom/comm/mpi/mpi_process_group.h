@@ -45,11 +45,11 @@
 namespace loom {
 
 struct CommOptions {
-  double timeout_s = 600;         // comm.timeout_s
-  std::string allreduce = "mpi";  // comm.allreduce: mpi | ring | rhd | hierarchical | auto
-  int ranks_per_node = 0;         // comm.ranks_per_node; 0: MPI's shared-memory split
+  double timeout_s = 600;              // comm.timeout_s
+  std::string allreduce = "mpi";       // comm.allreduce: mpi | ring | rhd | hierarchical | auto
+  int ranks_per_node = 0;              // comm.ranks_per_node; 0: MPI's shared-memory split
   std::string placement = "topology";  // comm.placement: topology | launcher (grid.h, topology.h)
-  bool debug = false;             // comm.debug: descriptor exchange before each collective
+  bool debug = false;                  // comm.debug: descriptor exchange before each collective
 };
 
 class MpiProcessGroup;
@@ -141,8 +141,8 @@ class MpiProcessGroup : public ProcessGroup {
     std::string kind;  // "allreduce", ...
     size_t count = 0;
     DType dtype = DType::kF32;
-    int arg = 0;       // reduce op or root
-    uint64_t seq = 0;  // this group's sequence number, from 1
+    int arg = 0;            // reduce op or root
+    uint64_t seq = 0;       // this group's sequence number, from 1
     std::string what = {};  // point-to-point: the caller's account of the message
     std::string describe() const;
   };
