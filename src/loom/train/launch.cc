@@ -351,7 +351,10 @@ Cause read_cause(const Outcome& out) {
 
 std::string shell_command(const std::vector<std::string>& words) {
   std::string s;
-  for (const auto& w : words) s += (s.empty() ? "" : " ") + sh_quote(w);
+  for (const auto& w : words) {
+    if (!s.empty()) s += ' ';
+    s += sh_quote(w);
+  }
   return s;
 }
 
@@ -417,9 +420,12 @@ class Launcher {
         LOOM_CHECK_KIND(kComm, static_cast<int>(alive.size()) >= o_.min_hosts,
                         "{} host{} left ({}), fewer than --min-hosts {}", alive.size(),
                         alive.size() == 1 ? "" : "s", hosts_arg(alive), o_.min_hosts);
-        world = restart_world(alive, world);
+        const nlohmann::json resolved = resolved_config();
+        const BatchLayout batch = batch_layout(resolved);
+        const RestartLayout next = restart_layout(batch, alive, world);
+        world = next.world;
         last_cause_ = cause;
-        cmd = restart_command(attempt + 1, world);
+        cmd = restart_command(attempt + 1, resolved, batch, next);
       } catch (const Error& e) {
         say(format("giving up: {}", e.what()));
         return r.status;
@@ -513,10 +519,8 @@ class Launcher {
   }
 
   // The ranks of the next attempt: all the slots left, fitted to the batch.
-  int restart_world(const std::vector<HostSlots>& alive, int world) const {
-    const int slots = total_slots(alive);
-    if (slots >= world) return world;
-    const nlohmann::json j = resolved_config();
+  // What the run keeps across restarts, from its config.resolved.json.
+  static BatchLayout batch_layout(const nlohmann::json& j) {
     BatchLayout b;
     b.train_batch_size = j.at("train_batch_size").get<int64_t>();
     b.micro_batch = j.at("train_micro_batch_size_per_gpu").get<int64_t>();
@@ -524,17 +528,25 @@ class Launcher {
     b.pp = j.at("parallel").at("pipeline").get<int>();
     b.ep = j.at("parallel").value("expert", 1);
     b.interleaved = j.at("parallel").value("schedule", std::string()) == "interleaved";
+    return b;
+  }
+
+  // The next attempt's layout: as many of the slots left as fit the batch
+  // (never more ranks than the job had).
+  static RestartLayout restart_layout(const BatchLayout& b, const std::vector<HostSlots>& alive,
+                                      int world) {
+    const int slots = std::min(total_slots(alive), world);
     auto fit = fit_layout(b, slots);
     LOOM_CHECK_KIND(kComm, fit.has_value(),
                     "no layout of at most {} ranks keeps train_batch_size {} with micro-batch {}, "
                     "tensor {} x pipeline {} (expert {})",
                     slots, b.train_batch_size, b.micro_batch, b.tp, b.pp, b.ep);
-    return fit->world;
+    return *fit;
   }
 
-  std::vector<std::string> restart_command(int attempt, int world) const {
+  std::vector<std::string> restart_command(int attempt, const nlohmann::json& j,
+                                           const BatchLayout& b, const RestartLayout& l) const {
     std::vector<std::string> cmd = o_.command;
-    const nlohmann::json j = resolved_config();
     const std::string dir = j.contains("checkpoint") && !j["checkpoint"].value("dir", "").empty()
                                 ? j["checkpoint"]["dir"].get<std::string>()
                                 : (fs::path(out_) / "checkpoints").string();
@@ -554,15 +566,10 @@ class Launcher {
     }
     // The global batch and micro-batch as the run had them; accumulation
     // and the data-parallel size follow from the ranks.
-    const int mp =
-        j.at("parallel").at("tensor").get<int>() * j.at("parallel").at("pipeline").get<int>();
-    const int64_t tbs = j.at("train_batch_size").get<int64_t>();
-    const int64_t mb = j.at("train_micro_batch_size_per_gpu").get<int64_t>();
-    const int dp = world / mp;
-    cmd.insert(cmd.end(), {"--set", format("train_batch_size={}", tbs), "--set",
-                           format("train_micro_batch_size_per_gpu={}", mb), "--set",
-                           format("gradient_accumulation_steps={}", tbs / (mb * dp)), "--set",
-                           format("parallel.data={}", dp), "--restart", format("{}", attempt),
+    cmd.insert(cmd.end(), {"--set", format("train_batch_size={}", b.train_batch_size), "--set",
+                           format("train_micro_batch_size_per_gpu={}", b.micro_batch), "--set",
+                           format("gradient_accumulation_steps={}", l.accumulation), "--set",
+                           format("parallel.data={}", l.dp), "--restart", format("{}", attempt),
                            "--restart-cause", last_cause_});
     return cmd;
   }
