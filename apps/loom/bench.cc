@@ -74,8 +74,8 @@ void run_gemm(const GemmArgs& a) {
     if (!threads.warning.empty()) std::printf("# warning: %s\n", threads.warning.c_str());
   }
   for (cpu::GemmBackend b : backends) {
-    cpu::set_gemm_backend(b);
-    const auto results = bench_gemm(a.sizes, a.reps);
+    cpu::check_gemm_backend(b);
+    const auto results = bench_gemm(b, a.sizes, a.reps);
     double top = 0;
     nlohmann::json sizes = nlohmann::json::array();
     for (const auto& r : results) {
@@ -183,19 +183,20 @@ void run_train_bench(const TrainBenchArgs& a) {
   nlohmann::json peak_bytes = nlohmann::json::object();
   for (int k = 0; k < kNumMemCategories; ++k)
     peak_bytes[std::string(mem_category_name(static_cast<MemCategory>(k)))] = mem.peak[k];
-  nlohmann::json j = {{"config", a.config},
-                      {"threads", threads.threads},
-                      {"steps", a.steps},
-                      {"warmup", a.warmup},
-                      {"params", trainer.model().num_params()},
-                      {"tokens_per_step", tokens},
-                      {"step_time_s", step_s},
-                      {"tokens_per_s", tps},
-                      {"model_flops_per_s", flops},
-                      {"peak_gflops", trainer.peak_gflops()},
-                      {"mfu", flops / (trainer.peak_gflops() * 1e9)},
-                      {"gemm_backend", cpu::gemm_backend_name(cpu::gemm_backend())},
-                      {"peak_bytes", peak_bytes}};
+  nlohmann::json j = {
+      {"config", a.config},
+      {"threads", threads.threads},
+      {"steps", a.steps},
+      {"warmup", a.warmup},
+      {"params", trainer.model().num_params()},
+      {"tokens_per_step", tokens},
+      {"step_time_s", step_s},
+      {"tokens_per_s", tps},
+      {"model_flops_per_s", flops},
+      {"peak_gflops", trainer.peak_gflops()},
+      {"mfu", flops / (trainer.peak_gflops() * 1e9)},
+      {"gemm_backend", cpu::gemm_backend_name(trainer.backend().gemm_config().backend)},
+      {"peak_bytes", peak_bytes}};
   // Activation checkpointing: the plan and the bytes it was made from.
   const GptStage<float>& stage = trainer.model();
   const int64_t B = c.micro_batch, Tn = c.model.seq_len;

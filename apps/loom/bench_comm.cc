@@ -14,7 +14,7 @@
 #include "loom/comm/mpi/mpi_process_group.h"
 #include "loom/core/error.h"
 #include "loom/core/memory.h"
-#include "loom/kernels/cpu/matmul.h"
+#include "loom/kernels/backend.h"
 
 namespace loom::app {
 
@@ -98,10 +98,11 @@ void run_overlap(MpiProcessGroup& g, size_t bytes, const std::string& algo) {
   const int64_t m = 768;
   Buffer A(m * m * 4, MemCategory::kWorkspace), B(m * m * 4, MemCategory::kWorkspace),
       C(m * m * 4, MemCategory::kWorkspace);
+  const Backend<float>& be = default_backend<float>();
   auto compute = [&](int reps) {
     for (int r = 0; r < reps; ++r)
-      cpu::gemm<float>(false, false, m, m, m, 1.0f, A.as<float>(), m, B.as<float>(), m, 0.0f,
-                       C.as<float>(), m);
+      be.gemm(false, false, m, m, m, 1.0f, A.as<float>(), m, B.as<float>(), m, 0.0f, C.as<float>(),
+              m);
   };
   auto comm = [&] {
     return g.all_reduce_with(algo, x.data(), x.data(), n, DType::kF32, ReduceOp::kSum);

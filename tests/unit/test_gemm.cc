@@ -22,6 +22,7 @@ namespace loom {
 namespace {
 
 using test::error_of;
+constexpr cpu::GemmBackend kBlas = cpu::GemmBackend::kOpenBlas;
 
 std::vector<cpu::GemmBackend> available() {
   std::vector<cpu::GemmBackend> out;
@@ -35,7 +36,7 @@ TEST(Gemm, EveryBackendMatchesANaiveReference) {
   std::mt19937 gen(7);
   std::uniform_real_distribution<float> u(-1, 1);
   for (cpu::GemmBackend b : available()) {
-    cpu::set_gemm_backend(b);
+    const cpu::GemmConfig g{b};
     for (bool ta : {false, true})
       for (bool tb : {false, true}) {
         // Row-major with leading dimensions larger than the rows need.
@@ -45,7 +46,8 @@ TEST(Gemm, EveryBackendMatchesANaiveReference) {
           for (float& x : *v) x = u(gen);
         std::vector<float> C0 = C;
         const float alpha = 0.75f, beta = -0.5f;
-        cpu::gemm<float>(ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
+        cpu::gemm<float>(g, ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, C.data(),
+                         ldc);
         for (int64_t i = 0; i < M; ++i)
           for (int64_t j = 0; j < N; ++j) {
             double s = 0;
@@ -62,21 +64,17 @@ TEST(Gemm, EveryBackendMatchesANaiveReference) {
           for (int64_t j = N; j < ldc; ++j) ASSERT_EQ(C[i * ldc + j], C0[i * ldc + j]);
       }
   }
-  cpu::set_gemm_backend(cpu::GemmBackend::kOpenBlas);
 }
 
 TEST(Gemm, KernelsGemmChoosesAndNamesTheBackend) {
   GemmChoice c = configure_gemm("openblas");
-  EXPECT_EQ(cpu::gemm_backend(), cpu::GemmBackend::kOpenBlas);
+  EXPECT_EQ(c.backend, cpu::GemmBackend::kOpenBlas);
   EXPECT_HAS(c.describe, "openblas (");
   c = configure_gemm("auto");
-  EXPECT_EQ(cpu::gemm_backend(), c.backend);
   if (cpu::gemm_backend_available(cpu::GemmBackend::kOneDnn)) {
     EXPECT_EQ(c.backend, cpu::GemmBackend::kOneDnn);
     EXPECT_HAS(c.describe, "auto: oneDNN whenever this build has it");
-    configure_gemm("openblas");
-    configure_gemm("onednn");
-    EXPECT_EQ(cpu::gemm_backend(), cpu::GemmBackend::kOneDnn);
+    EXPECT_EQ(configure_gemm("onednn").backend, cpu::GemmBackend::kOneDnn);
   } else {
     EXPECT_EQ(c.backend, cpu::GemmBackend::kOpenBlas);
     EXPECT_HAS(error_of([] { configure_gemm("onednn"); }),
@@ -89,7 +87,6 @@ TEST(Gemm, KernelsGemmChoosesAndNamesTheBackend) {
                             {"kernels.gemm=mkl"});
              }),
              "kernels.gemm: unknown value \"mkl\" (expected one of auto, onednn, openblas)");
-  cpu::set_gemm_backend(cpu::GemmBackend::kOpenBlas);
 }
 
 TEST(Gemm, Bf16MatmulAccumulatesInF32) {
@@ -138,12 +135,10 @@ TEST(Gemm, Bf16MatmulAccumulatesInF32) {
 TEST(Gemm, ThePeakIsTheBestBackendMeasuredOnceAndCachedPerMachine) {
   test::TempDir tmp;
   setenv("XDG_CACHE_HOME", tmp.path.c_str(), 1);
-  cpu::set_gemm_backend(cpu::GemmBackend::kOpenBlas);
   const PeakGflops first = machine_peak_gflops(2);
   EXPECT_FALSE(first.cached);
   EXPECT_GT(first.gflops, 0);
   EXPECT_EQ(first.cache_file, (tmp.path / "loom" / "peak_gflops.json").string());
-  EXPECT_EQ(cpu::gemm_backend(), cpu::GemmBackend::kOpenBlas);  // restored
   const PeakGflops again = machine_peak_gflops(2);
   EXPECT_TRUE(again.cached);
   EXPECT_EQ(again.gflops, first.gflops);
@@ -157,7 +152,7 @@ TEST(Gemm, ThePeakIsTheBestBackendMeasuredOnceAndCachedPerMachine) {
 // dimensions wider than the matrices, alpha and beta, K across several
 // tiles, against the rounded inputs' products in double. bf16 through
 // oneDNN's matmul (the tiled path where this build or CPU has none), fp16
-// through the tiled path; gemm<float> takes the path while set_gemm_inputs
+// through the tiled path; gemm<float> takes the path when its GemmConfig
 // says so.
 TEST(Gemm, SixteenBitInputsAccumulateInF32) {
   std::mt19937 gen(5);
@@ -181,8 +176,8 @@ TEST(Gemm, SixteenBitInputsAccumulateInF32) {
           for (float& x : C) x = u(gen);
           C0 = C;
           const float alpha = c.alpha, beta = c.beta;
-          cpu::gemm_16(t, ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, C.data(),
-                       ldc);
+          cpu::gemm_16(kBlas, t, ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta,
+                       C.data(), ldc);
           auto r = [t](float x) {
             return double(t == DType::kBF16 ? bf16_to_f32(f32_to_bf16(x))
                                             : f16_to_f32(f32_to_f16(x)));
@@ -216,8 +211,8 @@ TEST(Gemm, SixteenBitInputsAccumulateInF32) {
                 B16[r0 * ldb16 + c0] = t == DType::kBF16 ? f32_to_bf16(x) : f32_to_f16(x);
               }
             std::vector<float> C16 = C0;
-            cpu::gemm_16(t, ta, tb, M, N, K, alpha, A.data(), lda, nullptr, ldb16, beta, C16.data(),
-                         ldc, B16.data());
+            cpu::gemm_16(kBlas, t, ta, tb, M, N, K, alpha, A.data(), lda, nullptr, ldb16, beta,
+                         C16.data(), ldc, B16.data());
             EXPECT_EQ(0, std::memcmp(C16.data(), C.data(), C.size() * sizeof(float)))
                 << dtype_name(t) << " ta " << ta << " tb " << tb << " packed " << packed;
           }
@@ -231,25 +226,25 @@ TEST(Gemm, SixteenBitInputsAccumulateInF32) {
       a[p].resize(n * n), b[p].resize(n * n), one[p].assign(n * n, 0), many[p].assign(n * n, 0);
       for (float& x : a[p]) x = u(gen);
       for (float& x : b[p]) x = u(gen);
-      cpu::gemm_16(DType::kBF16, false, false, n, n, n, 1.0f, a[p].data(), n, b[p].data(), n, 0.0f,
-                   one[p].data(), n);
+      cpu::gemm_16(kBlas, DType::kBF16, false, false, n, n, n, 1.0f, a[p].data(), n, b[p].data(), n,
+                   0.0f, one[p].data(), n);
     }
 #pragma omp parallel for schedule(static, 1)
     for (int64_t p = 0; p < problems; ++p)
       for (int rep = 0; rep < 20; ++rep)
-        cpu::gemm_16(DType::kBF16, false, false, n, n, n, 1.0f, a[p].data(), n, b[p].data(), n,
-                     0.0f, many[p].data(), n);
+        cpu::gemm_16(kBlas, DType::kBF16, false, false, n, n, n, 1.0f, a[p].data(), n, b[p].data(),
+                     n, 0.0f, many[p].data(), n);
     for (int64_t p = 0; p < problems; ++p) EXPECT_EQ(many[p], one[p]) << "problem " << p;
   }
-  // Through gemm<float> while the inputs are set, and back.
+  // Through gemm<float> with 16-bit inputs configured, and without.
   std::vector<float> a = {1.00390625f}, b = {1.0f}, c = {0.0f};  // 1 + 2^-8: not a bf16 value
-  cpu::set_gemm_inputs(DType::kBF16);
-  cpu::gemm<float>(false, false, 1, 1, 1, 1.0f, a.data(), 1, b.data(), 1, 0.0f, c.data(), 1);
-  cpu::set_gemm_inputs(DType::kF32);
+  cpu::gemm<float>(cpu::GemmConfig{kBlas, DType::kBF16}, false, false, 1, 1, 1, 1.0f, a.data(), 1,
+                   b.data(), 1, 0.0f, c.data(), 1);
   EXPECT_EQ(c[0], 1.0f);
-  cpu::gemm<float>(false, false, 1, 1, 1, 1.0f, a.data(), 1, b.data(), 1, 0.0f, c.data(), 1);
+  cpu::gemm<float>(cpu::GemmConfig{kBlas}, false, false, 1, 1, 1, 1.0f, a.data(), 1, b.data(), 1,
+                   0.0f, c.data(), 1);
   EXPECT_EQ(c[0], 1.00390625f);
-  EXPECT_GT(cpu::measure_gemm_gflops(DType::kF16, 64, 2), 0);
+  EXPECT_GT(cpu::measure_gemm_gflops(kBlas, DType::kF16, 64, 2), 0);
 }
 
 }  // namespace

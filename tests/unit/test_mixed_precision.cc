@@ -115,13 +115,13 @@ TEST(MixedPrecision, Bf16AndFp16TrackTheF32Run) {
 // kernels.gemm_inputs: 16bit rounds every GEMM's activations too (the
 // weights are 16-bit values already): the run stays within a fraction of a
 // percent of the one with f32 GEMM inputs (and differs from it: the inputs
-// were rounded), and the setting does not outlive the run.
+// were rounded). The setting belongs to the run's backend: a run beside it
+// (the default backend) keeps f32 inputs.
 TEST(MixedPrecision, SixteenBitGemmInputsTrainLikeF32Inputs) {
   for (const char* t : {"bf16", "fp16"}) {
     const std::string on = std::string(t) + ".enabled=true";
     const std::vector<StepResult> f32_in = run({on});
     const std::vector<StepResult> half_in = run({on, "kernels.gemm_inputs=16bit"});
-    EXPECT_EQ(cpu::gemm_inputs(), DType::kF32) << "the setting outlived the run";
     double worst = 0;
     for (size_t s = 0; s < f32_in.size(); ++s)
       worst = std::max(worst, std::abs(half_in[s].loss - f32_in[s].loss) / f32_in[s].loss);
@@ -134,9 +134,12 @@ TEST(MixedPrecision, SixteenBitGemmInputsTrainLikeF32Inputs) {
   {
     Trainer tr(parse_config(kRun, "test", {"bf16.enabled=true", "kernels.gemm_inputs=16bit"}),
                quiet(), ThreadConfig{});
-    EXPECT_EQ(cpu::gemm_inputs(), DType::kBF16);
+    EXPECT_EQ(tr.backend().gemm_config().inputs, DType::kBF16);
+    EXPECT_EQ(&tr.engine().stage().backend(), &tr.backend()) << "the stage computes elsewhere";
+    const auto* other = dynamic_cast<const CpuBackend<float>*>(&default_backend<float>());
+    ASSERT_NE(other, nullptr);
+    EXPECT_EQ(other->gemm_config().inputs, DType::kF32);
   }
-  EXPECT_EQ(cpu::gemm_inputs(), DType::kF32);
 }
 
 // With 16-bit GEMM inputs the layers read a unit's matrices in 16 bits

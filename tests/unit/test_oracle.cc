@@ -19,7 +19,8 @@
 #include "loom/checkpoint/checkpoint.h"
 #include "loom/core/error.h"
 #include "loom/io/safetensors.h"
-#include "loom/kernels/cpu/gemm_backend.h"
+#include "loom/kernels/cpu/cpu_backend.h"
+#include "loom/kernels/reference/reference_backend.h"
 #include "loom/model/gpt_stage.h"
 
 namespace loom {
@@ -131,9 +132,11 @@ struct LoomRun {
   std::vector<std::pair<int, MoeStats>> moe;
 };
 
-LoomRun run_loom(const Oracle& o, const GptConfig& c) {
+LoomRun run_loom(const Oracle& o, const GptConfig& c,
+                 const Backend<float>& backend = default_backend<float>()) {
   LoomRun r;
-  r.model = std::make_unique<GptStage<float>>(c);
+  r.model = std::make_unique<GptStage<float>>(c, StageSpec{}, StoreOptions{},
+                                              LayerFactory<float>::single_process(), backend);
   GptStage<float>& m = *r.model;
   load_hf_weights(o.file.path(), m);
   auto acts = m.make_activations(o.B, o.T);
@@ -207,32 +210,23 @@ void expect_forward_agrees(const Oracle& o, const LoomRun& r) {
   EXPECT_NEAR(r.loss, loss, kLossRtol * loss);
 }
 
-std::vector<cpu::GemmBackend> backends() {
-  std::vector<cpu::GemmBackend> out;
+// Every backend loom has: the CPU one on each GEMM library, and the
+// reference backend (whole models run on it too).
+std::vector<std::shared_ptr<const Backend<float>>> backends() {
+  std::vector<std::shared_ptr<const Backend<float>>> out;
   for (auto b : {cpu::GemmBackend::kOpenBlas, cpu::GemmBackend::kOneDnn})
-    if (cpu::gemm_backend_available(b)) out.push_back(b);
+    if (cpu::gemm_backend_available(b))
+      out.push_back(std::make_shared<CpuBackend<float>>(cpu::GemmConfig{b}));
+  out.push_back(std::make_shared<ReferenceBackend<float>>());
   return out;
 }
 
-// Puts the process-wide GEMM settings back as they were.
-struct GemmSettings {
-  cpu::GemmBackend backend = cpu::gemm_backend();
-  DType inputs = cpu::gemm_inputs();
-  ~GemmSettings() {
-    cpu::set_gemm_backend(backend);
-    cpu::set_gemm_inputs(inputs);
-  }
-};
-
 void expect_matches_oracle(const char* name) {
   const Oracle o(name);
-  const GemmSettings restore;
-  cpu::set_gemm_inputs(DType::kF32);
-  for (cpu::GemmBackend b : backends()) {
-    SCOPED_TRACE(std::string(name) + " on " + cpu::gemm_backend_name(b));
-    cpu::set_gemm_backend(b);
-    const LoomRun r = run_loom(o, o.config);
-    std::printf("%s, GEMMs on %s:\n", name, cpu::gemm_backend_name(b));
+  for (const auto& be : backends()) {
+    SCOPED_TRACE(std::string(name) + " on " + be->name());
+    const LoomRun r = run_loom(o, o.config, *be);
+    std::printf("%s, on backend %s:\n", name, be->name().c_str());
     expect_forward_agrees(o, r);
     std::string table;
     const std::vector<std::string> bad =
@@ -252,11 +246,11 @@ void expect_matches_oracle(const char* name) {
   }
 }
 
-TEST(Oracle, DenseGptMatchesPyTorchOnEveryGemmBackend) {
+TEST(Oracle, DenseGptMatchesPyTorchOnEveryBackend) {
   expect_matches_oracle("oracle_gpt2.safetensors");
 }
 
-TEST(Oracle, MixtureOfExpertsMatchesPyTorchOnEveryGemmBackend) {
+TEST(Oracle, MixtureOfExpertsMatchesPyTorchOnEveryBackend) {
   expect_matches_oracle("oracle_moe.safetensors");
 }
 
@@ -264,9 +258,6 @@ TEST(Oracle, MixtureOfExpertsMatchesPyTorchOnEveryGemmBackend) {
 // and only that tensor.
 TEST(Oracle, AGradientOnePercentOffFailsTheComparison) {
   const Oracle o("oracle_gpt2.safetensors");
-  const GemmSettings restore;
-  cpu::set_gemm_inputs(DType::kF32);
-  cpu::set_gemm_backend(cpu::GemmBackend::kOpenBlas);
   const LoomRun r = run_loom(o, o.config);
   const GptStage<float>& m = *r.model;
   const std::vector<float> grads(m.grads(), m.grads() + m.num_params());
@@ -286,9 +277,6 @@ TEST(Oracle, AGradientOnePercentOffFailsTheComparison) {
 // or without the z-loss, disagrees with the oracle's router gradient.
 TEST(Oracle, AMissingBalancingLossFailsTheComparison) {
   const Oracle o("oracle_moe.safetensors");
-  const GemmSettings restore;
-  cpu::set_gemm_inputs(DType::kF32);
-  cpu::set_gemm_backend(cpu::GemmBackend::kOpenBlas);
   for (int term = 0; term < 2; ++term) {
     GptConfig c = o.config;
     (term == 0 ? c.moe_aux_loss_coef : c.moe_z_loss_coef) = 0;

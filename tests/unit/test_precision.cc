@@ -95,7 +95,7 @@ TEST(Precision, AdamWOnMastersIsTheF32UpdateThenRounded) {
     v[i] = 1e-6f * std::abs(rng.at(static_cast<uint64_t>(2 * n + i)));
     g[i] = 1e-2f * rng.at(static_cast<uint64_t>(3 * n + i));
   }
-  cpu::AdamWParams hp;
+  AdamWParams hp;
   hp.lr = 3e-4, hp.beta1 = 0.9, hp.beta2 = 0.95, hp.eps = 1e-8, hp.weight_decay = 0.1, hp.step = 7;
   const float scale = 0.25f;  // clipping and 1 / loss scale
   for (DType t : {DType::kBF16, DType::kF16}) {

@@ -283,9 +283,9 @@ struct MoeFixture {
     double j = 0;
     for (size_t i = 0; i < out.size(); ++i) j += w[i] * out[i];
     std::vector<double> logits(B * Tn * cfg.router.num_experts);
-    cpu::matmul_forward(logits.data(), x.data(), ps.param(moe->router_w),
-                        static_cast<const double*>(nullptr), B * Tn, C,
-                        int64_t{cfg.router.num_experts});
+    ps.backend().matmul_forward(logits.data(), x.data(), ps.param(moe->router_w),
+                                static_cast<const double*>(nullptr), B * Tn, C,
+                                int64_t{cfg.router.num_experts});
     const Routing<double> r = route(logits.data(), B * Tn, Tn, cfg.router);
     return j + 0.5 * (cfg.aux_loss_coef * r.aux + cfg.z_loss_coef * r.z);
   }
@@ -295,8 +295,8 @@ TEST(Moe, ForwardIsTheGateWeightedSumOfEachTokensExperts) {
   MoeFixture f;
   const std::vector<double> out = f.forward(false);
   std::vector<double> logits(f.B * f.Tn * 4);
-  cpu::matmul_forward(logits.data(), f.x.data(), f.ps.param(f.moe->router_w),
-                      static_cast<const double*>(nullptr), f.B * f.Tn, f.C, int64_t{4});
+  f.ps.backend().matmul_forward(logits.data(), f.x.data(), f.ps.param(f.moe->router_w),
+                                static_cast<const double*>(nullptr), f.B * f.Tn, f.C, int64_t{4});
   const Routing<double> r = route(logits.data(), f.B * f.Tn, f.Tn, f.cfg.router);
   ASSERT_GT(r.dropped, 0);
   std::vector<double> rec(4 * f.C * 2), y(f.C);

@@ -361,8 +361,8 @@ TEST(Stage, SixteenBitRecordsKeepTheExactRangesAndRoundTheRest) {
               << what;
 
           std::vector<float> slot(static_cast<size_t>(block.packed_elems(rw, mode)));
-          block.pack(whole.data(), slot.data(), rw, mode, t);
-          block.unpack(slot.data(), back.data(), rw, mode, t);
+          block.pack(default_backend<float>(), whole.data(), slot.data(), rw, mode, t);
+          block.unpack(default_backend<float>(), slot.data(), back.data(), rw, mode, t);
           int64_t bad = 0, rounded = 0;
           for (int64_t i = 0; i < out0; ++i) {
             const float w = whole[static_cast<size_t>(i)];

@@ -56,6 +56,22 @@ Buffer::Buffer(size_t bytes, MemCategory category, bool zeroed)
   memory_tracker().on_alloc(category_, bytes_);
 }
 
+const char* device_name(Device d) {
+  return d == Device::kCuda ? "cuda" : "cpu";
+}
+
+Buffer Buffer::adopt(void* data, size_t bytes, MemCategory category, Device device,
+                     void (*free_fn)(void*)) {
+  Buffer b;
+  b.data_ = data;
+  b.bytes_ = bytes;
+  b.category_ = category;
+  b.device_ = device;
+  b.free_ = free_fn;
+  if (data != nullptr) memory_tracker().on_alloc(category, bytes);
+  return b;
+}
+
 Buffer::~Buffer() {
   release();
 }
@@ -63,7 +79,9 @@ Buffer::~Buffer() {
 Buffer::Buffer(Buffer&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)),
       bytes_(std::exchange(other.bytes_, 0)),
-      category_(other.category_) {}
+      category_(other.category_),
+      device_(other.device_),
+      free_(std::exchange(other.free_, nullptr)) {}
 
 Buffer& Buffer::operator=(Buffer&& other) noexcept {
   if (this != &other) {
@@ -71,13 +89,18 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     data_ = std::exchange(other.data_, nullptr);
     bytes_ = std::exchange(other.bytes_, 0);
     category_ = other.category_;
+    device_ = other.device_;
+    free_ = std::exchange(other.free_, nullptr);
   }
   return *this;
 }
 
 void Buffer::release() {
   if (data_ == nullptr) return;
-  std::free(data_);
+  if (free_ != nullptr)
+    free_(data_);
+  else
+    std::free(data_);
   memory_tracker().on_free(category_, bytes_);
   data_ = nullptr;
   bytes_ = 0;

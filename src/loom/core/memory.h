@@ -5,11 +5,16 @@
 #include <array>
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <string_view>
 
 namespace loom {
 
 enum class MemCategory : int { kParams, kGrads, kOptimizer, kActivations, kComm, kWorkspace };
+// Where an allocation lives: host memory, or a CUDA device's (a backend's
+// own allocations, kernels/backend.h).
+enum class Device : uint8_t { kCpu, kCuda };
+const char* device_name(Device d);  // "cpu", "cuda"
 inline constexpr int kNumMemCategories = 6;
 
 std::string_view mem_category_name(MemCategory c);
@@ -36,13 +41,17 @@ class MemoryTracker {
 
 MemoryTracker& memory_tracker();
 
-// An owning, 64-byte aligned allocation counted under one category,
-// zero-initialised unless the caller will write all of it first (zeroed =
-// false). Move-only.
+// An owning allocation counted under one category, with the device it lives
+// on. The constructor allocates host memory, 64-byte aligned, zeroed unless
+// the caller will write all of it first (zeroed = false); a backend with
+// memory of its own hands its allocations over with adopt(). Move-only.
 class Buffer {
  public:
   Buffer() = default;
   Buffer(size_t bytes, MemCategory category, bool zeroed = true);
+  // Takes ownership of `data` (bytes, on `device`), freed by `free_fn`.
+  static Buffer adopt(void* data, size_t bytes, MemCategory category, Device device,
+                      void (*free_fn)(void*));
   ~Buffer();
   Buffer(Buffer&& other) noexcept;
   Buffer& operator=(Buffer&& other) noexcept;
@@ -52,6 +61,7 @@ class Buffer {
   void* data() const { return data_; }
   size_t bytes() const { return bytes_; }
   MemCategory category() const { return category_; }
+  Device device() const { return device_; }
   template <typename T>
   T* as() const {
     return static_cast<T*>(data_);
@@ -62,6 +72,8 @@ class Buffer {
   void* data_ = nullptr;
   size_t bytes_ = 0;
   MemCategory category_ = MemCategory::kWorkspace;
+  Device device_ = Device::kCpu;
+  void (*free_)(void*) = nullptr;  // null: std::free
 };
 
 }  // namespace loom

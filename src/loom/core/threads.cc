@@ -64,4 +64,10 @@ std::string describe(const ThreadConfig& t) {
                 t.affinity_cores);
 }
 
+void host_parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
+  constexpr int64_t kPiece = 4096;
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < n; b += kPiece) fn(b, std::min(n, b + kPiece));
+}
+
 }  // namespace loom

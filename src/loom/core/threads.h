@@ -2,6 +2,8 @@
 // unless OMP_NUM_THREADS says otherwise. OpenMP and OpenBLAS use the same count.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <string>
 
 namespace loom {
@@ -26,6 +28,12 @@ ThreadConfig configure_threads(int ranks_on_node = 0);
 // Ranks sharing a host's cores (4 ranks of 1 thread on 2 cores) share its
 // peak; a rank with more threads than cores gets no more than the cores.
 double job_peak_gflops(double per_rank_peak, const ThreadConfig& t, int ranks);
+
+// Host work that is not a tensor operation (parameter initialisation into a
+// host buffer, before a backend takes it): fn(begin, end) over pieces of [0,
+// n) on the rank's threads. Tensor operations run on a backend
+// (kernels/backend.h), which owns the threads of compute.
+void host_parallel_for(int64_t n, const std::function<void(int64_t begin, int64_t end)>& fn);
 
 // One line for the log: "threads: 2 (2 cores, 1 rank on node, affinity 2 cores)".
 std::string describe(const ThreadConfig& t);

@@ -3,14 +3,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <string>
 #include <type_traits>
 
 #include "loom/core/error.h"
 #include "loom/core/fault.h"
-#include "loom/kernels/cpu/matmul.h"
 
 namespace loom {
 
@@ -24,7 +22,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 template <typename T>
 GptStage<T>::GptStage(const GptConfig& config, StageSpec spec, StoreOptions storage,
-                      const LayerFactory<T>& layers)
+                      const LayerFactory<T>& layers, const Backend<T>& backend)
     : config_(config),
       first_(spec.first),
       last_(spec.last < 0 ? config.n_layer : spec.last),
@@ -57,7 +55,7 @@ GptStage<T>::GptStage(const GptConfig& config, StageSpec spec, StoreOptions stor
       layout.reserve(int64_t{config.seq_len} * config.n_embd);
     }
   }
-  store_.build(std::move(layout), storage);
+  store_.build(std::move(layout), storage, backend);
   plan_.blocks.assign(blocks_.size(), Recompute::kNone);
 }
 
@@ -237,10 +235,11 @@ void GptStage<T>::ensure_work(int64_t B, int64_t Tn) {
   int64_t block_scratch = rw.count * C;  // the head's d_lnf
   for (const StageBlock& b : blocks_)
     block_scratch = std::max(block_scratch, b.layer->scratch_elems(rw));
-  scratch_ = Buffer(static_cast<size_t>(rw.count * C + block_scratch) * sizeof(T),
-                    MemCategory::kWorkspace);
+  const Backend<T>& be = store_.backend();
+  scratch_ = be.alloc(static_cast<size_t>(rw.count * C + block_scratch) * sizeof(T),
+                      MemCategory::kWorkspace);
   const size_t room = room_bytes(B, Tn);
-  room_ = room > 0 ? Buffer(room, MemCategory::kActivations) : Buffer();
+  room_ = room > 0 ? be.alloc(room, MemCategory::kActivations) : Buffer();
   work_bt_ = BT;
 }
 
@@ -253,7 +252,7 @@ StageActivations<T> GptStage<T>::make_activations(int64_t B, int64_t Tn) const {
   a.B = B;
   a.Tn = Tn;
   a.plan_id = plan_id_;
-  a.buffer = Buffer(store_bytes(B, Tn), MemCategory::kActivations);
+  a.buffer = store_.backend().alloc(store_bytes(B, Tn), MemCategory::kActivations);
   Arena<T> rec(a.buffer.template as<T>());
   a.input = rec.take(rows(B, Tn).count * config_.n_embd);
   a.output = a.input;
@@ -318,7 +317,7 @@ double GptStage<T>::forward(StageActivations<T>& a, const int32_t* tokens, const
     store_.after(emb_unit_, Pass::kForward);
   } else {
     LOOM_CHECK(input != nullptr, "stage [{}, {}) needs the previous stage's output", first_, last_);
-    std::memcpy(a.input, input, static_cast<size_t>(rw.count * C) * sizeof(T));
+    store_.backend().copy(a.input, input, rw.count * C);
   }
   for (size_t i = 0; i < blocks_.size(); ++i) {
     const int u = blocks_[i].unit;
@@ -342,7 +341,8 @@ double GptStage<T>::forward(StageActivations<T>& a, const int32_t* tokens, const
     store_.before(u, Pass::kForward);
     block.forward(store_, r, x, rw, mode(i) == Recompute::kSelective, drop);
     store_.after(u, Pass::kForward);
-    if (packed(plan_, i)) block.pack(room, a.blocks[i], rw, mode(i), plan_.records);
+    if (packed(plan_, i))
+      block.pack(store_.backend(), room, a.blocks[i], rw, mode(i), plan_.records);
     if (i == 0) fault_point("forward");
   }
   if (!head_) return 0.0;
@@ -355,7 +355,7 @@ double GptStage<T>::forward(StageActivations<T>& a, const int32_t* tokens, const
   store_.after(wte_unit_, Pass::kForward);
   a.logits = h.logits;
   if (targets == nullptr) return 0.0;
-  return head_->loss(h, targets, rw) / static_cast<double>(BT);
+  return head_->loss(store_, h, targets, rw) / static_cast<double>(BT);
 }
 
 template <typename T>
@@ -363,7 +363,7 @@ void GptStage<T>::backward(StageActivations<T>& a, double loss_scale, const T* d
                            DeferredGrads<T>* defer) {
   const int64_t B = a.B, Tn = a.Tn, C = config_.n_embd;
   const Rows rw = rows(B, Tn);
-  const size_t bytes = static_cast<size_t>(rw.count * C) * sizeof(T);
+  const Backend<T>& be = store_.backend();
   check_store(a);
   // Checked before anything accumulates or any reduction starts.
   LOOM_CHECK(head_ || d_output != nullptr, "stage [{}, {}) needs the gradient of its output",
@@ -393,7 +393,7 @@ void GptStage<T>::backward(StageActivations<T>& a, double loss_scale, const T* d
   if (head_)
     head_backward(a, loss_scale, d_resid, rest);
   else
-    std::memcpy(d_resid, d_output, bytes);
+    be.copy(d_resid, d_output, rw.count * C);
   for (size_t i = blocks_.size(); i-- > 0;) {
     block_backward(a, i, d_resid, rest, drop);
     if (i + 1 == blocks_.size()) fault_point("backward");
@@ -405,7 +405,7 @@ void GptStage<T>::backward(StageActivations<T>& a, double loss_scale, const T* d
     embedding_->backward(store_, d_resid, a.tokens, rw, drop);
     if (!defer) store_.after(emb_unit_, Pass::kBackwardGradsOnly);
   } else {
-    std::memcpy(d_input, d_resid, bytes);
+    be.copy(d_input, d_resid, rw.count * C);
   }
 }
 
@@ -431,10 +431,11 @@ template <typename T>
 void GptStage<T>::head_backward(StageActivations<T>& a, double loss_scale, T* d_resid, T* d_lnf) {
   const int64_t BT = a.B * a.Tn, C = config_.n_embd;
   const Rows rw = rows(a.B, a.Tn);
+  const Backend<T>& be = store_.backend();
   HeadRecord<T> h = head_record(a, room_.as<T>());
   // d(mean loss)/d(loss_n) = 1 / BT, times the caller's scale (accumulation, loss scaling).
   std::vector<T> dloss(static_cast<size_t>(BT), T(loss_scale / static_cast<double>(BT)));
-  zero(d_lnf, rw.count * C);
+  be.fill(d_lnf, rw.count * C, 0);
   DeferredGrads<T>* defer = store_.deferral();
   if (defer) defer->begin_unit(wte_unit_);
   store_.before(wte_unit_, backward_pass_);
@@ -445,7 +446,7 @@ void GptStage<T>::head_backward(StageActivations<T>& a, double loss_scale, T* d_
   }
   head_->logits_backward(store_, h, a.targets, dloss.data(), d_lnf, rw);
   store_.after(wte_unit_, backward_pass_);
-  zero(d_resid, rw.count * C);
+  be.fill(d_resid, rw.count * C, 0);
   if (defer) defer->begin_unit(lnf_unit_);
   store_.before(lnf_unit_, backward_pass_);
   head_->norm_backward(store_, h, d_resid, d_lnf, a.output, rw);
@@ -474,7 +475,7 @@ void GptStage<T>::block_backward(StageActivations<T>& a, size_t i, T* d_resid, T
     // Widened back into the room, where forward computed it.
     Arena<T> whole(room), part(room + block.record_elems(rw, mode(i)));
     r = block.bind(whole, part, rw, mode(i));
-    block.unpack(a.blocks[i], room, rw, mode(i), plan_.records);
+    block.unpack(store_.backend(), a.blocks[i], room, rw, mode(i), plan_.records);
   } else {
     Arena<T> rec(a.blocks[i]), rm(room);
     r = block.bind(rec, rm, rw, mode(i));
@@ -528,6 +529,7 @@ const T* GptStage<T>::decode_step(KvCache<T>& c, int32_t token) {
   LOOM_CHECK(token >= 0 && token < config_.vocab_size, "token {} outside the vocabulary {}", token,
              config_.vocab_size);
   const ParamStore<T>& ps = store_;
+  const Backend<T>& be = ps.backend();
   const T* wte = ps.param(embedding_->wte());
   const T* wpe = ps.param(embedding_->wpe());
   for (int64_t i = 0; i < C; ++i) c.x[i] = wte[token * C + i] + wpe[pos * C + i];
@@ -537,10 +539,10 @@ const T* GptStage<T>::decode_step(KvCache<T>& c, int32_t token) {
     T* K = c.k.data() + static_cast<int64_t>(l) * Tn * C;
     T* V = c.v.data() + static_cast<int64_t>(l) * Tn * C;
     b.ln_1->forward(ps, c.ln.data(), &c.stat[0], &c.stat[1], c.x.data(), 1);
-    cpu::matmul_forward(c.qkv.data(), c.ln.data(), ps.param(attn.c_attn_w), ps.param(attn.c_attn_b),
-                        1, C, 3 * C);
-    std::copy(c.qkv.begin() + C, c.qkv.begin() + 2 * C, K + pos * C);
-    std::copy(c.qkv.begin() + 2 * C, c.qkv.end(), V + pos * C);
+    be.matmul_forward(c.qkv.data(), c.ln.data(), ps.param(attn.c_attn_w), ps.param(attn.c_attn_b),
+                      1, C, 3 * C);
+    be.copy(K + pos * C, c.qkv.data() + C, C);
+    be.copy(V + pos * C, c.qkv.data() + 2 * C, C);
     const T scale = T(1) / std::sqrt(T(hs));
     for (int64_t h = 0; h < NH; ++h) {
       const T* q = c.qkv.data() + h * hs;
@@ -558,15 +560,15 @@ const T* GptStage<T>::decode_step(KvCache<T>& c, int32_t token) {
       for (int64_t j = 0; j <= pos; ++j)
         for (int64_t d = 0; d < hs; ++d) y[d] += c.scores[j] / sum * V[j * C + h * hs + d];
     }
-    cpu::matmul_forward(c.out.data(), c.att.data(), ps.param(attn.c_proj_w),
-                        ps.param(attn.c_proj_b), 1, C, C);
-    for (int64_t i = 0; i < C; ++i) c.x[i] += c.out[i];
+    be.matmul_forward(c.out.data(), c.att.data(), ps.param(attn.c_proj_w), ps.param(attn.c_proj_b),
+                      1, C, C);
+    be.add(c.x.data(), c.out.data(), C);
     b.ln_2->forward(ps, c.ln.data(), &c.stat[0], &c.stat[1], c.x.data(), 1);
     b.ffn->forward(ps, c.ffn.data(), false, c.out.data(), c.ln.data(), Rows::whole(1, 1), nullptr);
-    for (int64_t i = 0; i < C; ++i) c.x[i] += c.out[i];
+    be.add(c.x.data(), c.out.data(), C);
   }
   head_->ln_f->forward(ps, c.ln.data(), &c.stat[0], &c.stat[1], c.x.data(), 1);
-  cpu::matmul_nt_forward(c.logits.data(), c.ln.data(), wte, 1, C, config_.padded_vocab());
+  be.matmul_nt_forward(c.logits.data(), c.ln.data(), wte, 1, C, config_.padded_vocab());
   c.len = pos + 1;
   return c.logits.data();
 }

@@ -64,9 +64,13 @@ template <typename T>
 class GptStage {
  public:
   // The layers come from `layers` (the single-process ones by default;
-  // parallel/tensor's factory splits them across a tensor-parallel group).
+  // parallel/tensor's factory splits them across a tensor-parallel group);
+  // they compute on `backend`, which holds the parameters, gradients and
+  // activations (it must outlive the stage).
   GptStage(const GptConfig& config, StageSpec spec = {}, StoreOptions storage = {},
-           const LayerFactory<T>& layers = LayerFactory<T>::single_process());
+           const LayerFactory<T>& layers = LayerFactory<T>::single_process(),
+           const Backend<T>& backend = default_backend<T>());
+  const Backend<T>& backend() const { return store_.backend(); }
 
   const GptConfig& config() const { return config_; }
   int first() const { return first_; }

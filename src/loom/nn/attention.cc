@@ -1,9 +1,6 @@
 #include "loom/nn/attention.h"
 #include "loom/nn/deferred_grads.h"
 
-#include "loom/kernels/cpu/attention.h"
-#include "loom/kernels/cpu/matmul.h"
-
 namespace loom {
 
 template <typename T>
@@ -59,30 +56,32 @@ int64_t Attention<T>::scratch_elems(const Rows& rows) const {
 
 template <typename T>
 void Attention<T>::forward(const ParamStore<T>& ps, T* record, bool selective, T* out, const T* x,
-                           const Rows& rows, const cpu::DropoutSpec& probs, T* recompute) const {
+                           const Rows& rows, const DropoutSpec& probs, T* recompute) const {
+  const auto& be = ps.backend();
   const int64_t B = rows.B, Tn = rows.Tn;
   const int64_t BT = B * Tn;
   const Record r = bind(record, recompute, B, Tn, selective);
-  cpu::matmul_forward(r.qkv, x, ps.weight(c_attn_w), ps.param(c_attn_b), BT, C_, 3 * C_);
-  cpu::attention_forward(r.y, r.lse, r.qkv, B, Tn, C_, NH_, probs);
-  cpu::matmul_forward(out, r.y, ps.weight(c_proj_w), ps.param(c_proj_b), BT, C_, C_);
+  be.matmul_forward(r.qkv, x, ps.weight(c_attn_w), ps.param(c_attn_b), BT, C_, 3 * C_);
+  be.attention_forward(r.y, r.lse, r.qkv, B, Tn, C_, NH_, probs);
+  be.matmul_forward(out, r.y, ps.weight(c_proj_w), ps.param(c_proj_b), BT, C_, C_);
 }
 
 template <typename T>
 void Attention<T>::backward(const ParamStore<T>& ps, T* record, bool selective, T* dx,
-                            const T* dout, const T* x, const Rows& rows,
-                            const cpu::DropoutSpec& probs, T* scratch, T* recompute) const {
+                            const T* dout, const T* x, const Rows& rows, const DropoutSpec& probs,
+                            T* scratch, T* recompute) const {
+  const auto& be = ps.backend();
   const int64_t B = rows.B, Tn = rows.Tn;
   const int64_t BT = B * Tn;
   const Record r = bind(record, recompute, B, Tn, selective);
   T* d_y = scratch;
   T* d_qkv = scratch + BT * C_;
   // Selective: the core again from q|k|v, with the same dropout masks.
-  if (selective) cpu::attention_forward(r.y, r.lse, r.qkv, B, Tn, C_, NH_, probs);
-  zero(d_y, BT * C_);
+  if (selective) be.attention_forward(r.y, r.lse, r.qkv, B, Tn, C_, NH_, probs);
+  be.fill(d_y, BT * C_, 0);
   linear_backward(ps, d_y, c_proj_w, c_proj_b, dout, r.y, BT, C_, C_);
-  zero(d_qkv, BT * 3 * C_);
-  cpu::attention_backward(d_qkv, d_y, r.qkv, r.y, r.lse, B, Tn, C_, NH_, probs);
+  be.fill(d_qkv, BT * 3 * C_, 0);
+  be.attention_backward(d_qkv, d_y, r.qkv, r.y, r.lse, B, Tn, C_, NH_, probs);
   linear_backward(ps, dx, c_attn_w, c_attn_b, d_qkv, x, BT, C_, 3 * C_);
 }
 

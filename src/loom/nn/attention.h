@@ -34,10 +34,10 @@ class AttentionLayer {
   // out (rows.count, C) = c_proj(core(c_attn(x))), x (rows.count, C) the
   // normalised input; `probs` keys the dropout masks on the probabilities.
   virtual void forward(const ParamStore<T>& ps, T* record, bool selective, T* out, const T* x,
-                       const Rows& rows, const cpu::DropoutSpec& probs, T* recompute) const = 0;
+                       const Rows& rows, const DropoutSpec& probs, T* recompute) const = 0;
   // Accumulates dx (rows.count, C) and the parameter gradients from dout.
   virtual void backward(const ParamStore<T>& ps, T* record, bool selective, T* dx, const T* dout,
-                        const T* x, const Rows& rows, const cpu::DropoutSpec& probs, T* scratch,
+                        const T* x, const Rows& rows, const DropoutSpec& probs, T* scratch,
                         T* recompute) const = 0;
 };
 
@@ -54,9 +54,9 @@ class Attention final : public AttentionLayer<T> {
   std::vector<RecordRange> exact_ranges(const Rows& rows, bool selective) const override;
   int64_t scratch_elems(const Rows& rows) const override;
   void forward(const ParamStore<T>& ps, T* record, bool selective, T* out, const T* x,
-               const Rows& rows, const cpu::DropoutSpec& probs, T* recompute) const override;
+               const Rows& rows, const DropoutSpec& probs, T* recompute) const override;
   void backward(const ParamStore<T>& ps, T* record, bool selective, T* dx, const T* dout,
-                const T* x, const Rows& rows, const cpu::DropoutSpec& probs, T* scratch,
+                const T* x, const Rows& rows, const DropoutSpec& probs, T* scratch,
                 T* recompute) const override;
 
  private:

@@ -7,7 +7,6 @@
 #include <type_traits>
 
 #include "loom/core/error.h"
-#include "loom/kernels/cpu/precision.h"
 
 namespace loom {
 
@@ -124,7 +123,8 @@ int64_t Block<T>::packed_elems(const Rows& rows, Recompute mode) const {
 // receive; the part no row reached this micro-batch is packed too, its
 // values unused.)
 template <typename T>
-void Block<T>::pack(const T* whole, T* slot, const Rows& rows, Recompute mode, DType t) const {
+void Block<T>::pack(const Backend<T>& be, const T* whole, T* slot, const Rows& rows, Recompute mode,
+                    DType t) const {
   if constexpr (std::is_same_v<T, float>) {
     const int64_t total = record_elems(rows, mode) - rows.count * C_;  // the output aside
     const std::vector<RecordRange> ranges = exact_ranges(rows, mode);
@@ -134,20 +134,21 @@ void Block<T>::pack(const T* whole, T* slot, const Rows& rows, Recompute mode, D
     uint16_t* rounded = reinterpret_cast<uint16_t*>(exact + exact_n);
     int64_t at = 0;
     for (RecordRange r : ranges) {
-      cpu::round_to_16(whole + at, rounded, r.offset - at, t);
+      be.round_16(whole + at, rounded, r.offset - at, t);
       rounded += r.offset - at;
-      std::memcpy(exact, whole + r.offset, static_cast<size_t>(r.count) * sizeof(T));
+      be.copy(exact, whole + r.offset, r.count);
       exact += r.count;
       at = r.offset + r.count;
     }
-    cpu::round_to_16(whole + at, rounded, total - at, t);
+    be.round_16(whole + at, rounded, total - at, t);
   } else {
     LOOM_FAIL(kUnsupported, "16-bit records need f32 layers");
   }
 }
 
 template <typename T>
-void Block<T>::unpack(const T* slot, T* whole, const Rows& rows, Recompute mode, DType t) const {
+void Block<T>::unpack(const Backend<T>& be, const T* slot, T* whole, const Rows& rows,
+                      Recompute mode, DType t) const {
   if constexpr (std::is_same_v<T, float>) {
     const int64_t total = record_elems(rows, mode) - rows.count * C_;
     const std::vector<RecordRange> ranges = exact_ranges(rows, mode);
@@ -157,13 +158,13 @@ void Block<T>::unpack(const T* slot, T* whole, const Rows& rows, Recompute mode,
     const uint16_t* rounded = reinterpret_cast<const uint16_t*>(exact + exact_n);
     int64_t at = 0;
     for (RecordRange r : ranges) {
-      cpu::widen_16(rounded, whole + at, r.offset - at, t);
+      be.widen_16(rounded, whole + at, r.offset - at, t);
       rounded += r.offset - at;
-      std::memcpy(whole + r.offset, exact, static_cast<size_t>(r.count) * sizeof(T));
+      be.copy(whole + r.offset, exact, r.count);
       exact += r.count;
       at = r.offset + r.count;
     }
-    cpu::widen_16(rounded, whole + at, total - at, t);
+    be.widen_16(rounded, whole + at, total - at, t);
   } else {
     LOOM_FAIL(kUnsupported, "16-bit records need f32 layers");
   }
@@ -173,39 +174,40 @@ template <typename T>
 void Block<T>::forward(const ParamStore<T>& ps, const BlockRecord<T>& r, const T* x,
                        const Rows& rows, bool selective, const Dropout& drop,
                        bool record_only) const {
+  const auto& be = ps.backend();
   const int64_t N = rows.count, C = C_;
   ln_1->forward(ps, r.ln1, r.ln1_mean, r.ln1_rstd, x, N);
   attn->forward(ps, r.attn, selective, r.res2, r.ln1, rows,
                 drop.at(layer_, DropoutSite::kAttnProbs), r.attn_recompute);
-  drop.apply(r.res2, layer_, DropoutSite::kAttnResid, rows, C);
-  cpu::add_inplace(r.res2, x, N * C);
+  drop.apply(be, r.res2, layer_, DropoutSite::kAttnResid, rows, C);
+  be.add(r.res2, x, N * C);
   ln_2->forward(ps, r.ln2, r.ln2_mean, r.ln2_rstd, r.res2, N);
   ffn->forward(ps, r.ffn, selective, record_only ? nullptr : r.res3, r.ln2, rows, r.ffn_recompute);
   if (record_only) return;
-  drop.apply(r.res3, layer_, DropoutSite::kMlpResid, rows, C);
-  cpu::add_inplace(r.res3, r.res2, N * C);
+  drop.apply(be, r.res3, layer_, DropoutSite::kMlpResid, rows, C);
+  be.add(r.res3, r.res2, N * C);
 }
 
 template <typename T>
 void Block<T>::backward(const ParamStore<T>& ps, const BlockRecord<T>& r, const T* x, T* dresid,
                         const Rows& rows, bool selective, const Dropout& drop, T* scratch) const {
+  const auto& be = ps.backend();
   const int64_t N = rows.count, C = C_;
-  const size_t bytes = static_cast<size_t>(N * C) * sizeof(T);
   T* d_proj = scratch;
   T* d_ln = scratch + N * C;
   T* rest = scratch + 2 * N * C;
 
   // Feed-forward: dresid holds d(res3); the residual passes it on to d(res2).
-  std::memcpy(d_proj, dresid, bytes);
-  drop.apply(d_proj, layer_, DropoutSite::kMlpResid, rows, C);
-  zero(d_ln, N * C);
+  be.copy(d_proj, dresid, N * C);
+  drop.apply(be, d_proj, layer_, DropoutSite::kMlpResid, rows, C);
+  be.fill(d_ln, N * C, 0);
   ffn->backward(ps, r.ffn, selective, d_ln, d_proj, r.ln2, rows, rest, r.ffn_recompute);
   ln_2->backward(ps, dresid, d_ln, r.res2, r.ln2_mean, r.ln2_rstd, N);
 
   // Attention: dresid now holds d(res2).
-  std::memcpy(d_proj, dresid, bytes);
-  drop.apply(d_proj, layer_, DropoutSite::kAttnResid, rows, C);
-  zero(d_ln, N * C);
+  be.copy(d_proj, dresid, N * C);
+  drop.apply(be, d_proj, layer_, DropoutSite::kAttnResid, rows, C);
+  be.fill(d_ln, N * C, 0);
   attn->backward(ps, r.attn, selective, d_ln, d_proj, r.ln1, rows,
                  drop.at(layer_, DropoutSite::kAttnProbs), rest, r.attn_recompute);
   ln_1->backward(ps, dresid, d_ln, x, r.ln1_mean, r.ln1_rstd, N);

@@ -68,10 +68,12 @@ class Block {
   // `whole` holds a record bound with `mode` over contiguous memory (bind's
   // `record` arena), all but its output, which forward wrote into the
   // slot's first rows.count x C elements; pack fills the rest of `slot`.
-  void pack(const T* whole, T* slot, const Rows& rows, Recompute mode, DType t) const;
+  void pack(const Backend<T>& be, const T* whole, T* slot, const Rows& rows, Recompute mode,
+            DType t) const;
   // The inverse, but for the output (backward does not read it): exact
   // ranges copied, the rest widened.
-  void unpack(const T* slot, T* whole, const Rows& rows, Recompute mode, DType t) const;
+  void unpack(const Backend<T>& be, const T* slot, T* whole, const Rows& rows, Recompute mode,
+              DType t) const;
   // The exact ranges of a record bound with `mode`, in order: the
   // LayerNorms' statistics and the slots' own (the output aside).
   std::vector<RecordRange> exact_ranges(const Rows& rows, Recompute mode) const;

@@ -4,11 +4,10 @@
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 #include "loom/core/rng.h"
-#include "loom/kernels/cpu/elementwise.h"
+#include "loom/kernels/backend.h"
 
 namespace loom {
 
@@ -80,22 +79,18 @@ struct RecordRange {
 struct Dropout {
   Dropout(const StepContext& ctx, float p)
       : stream(ctx.seed, ctx.step, ctx.training ? p : 0.0f), sample0(ctx.sample0) {}
-  cpu::DropoutSpec at(int layer, DropoutSite site) const {
-    return cpu::DropoutSpec{&stream, sample0, dropout_site(layer, site)};
+  DropoutSpec at(int layer, DropoutSite site) const {
+    return DropoutSpec{&stream, sample0, dropout_site(layer, site)};
   }
   // x (rows.count, C) *= the masks its rows have in one process.
   template <typename T>
-  void apply(T* x, int layer, DropoutSite site, const Rows& rows, int64_t C) const {
-    cpu::dropout_rows(x, at(layer, site), rows.Tn, C, rows.first, rows.count);
+  void apply(const Backend<T>& be, T* x, int layer, DropoutSite site, const Rows& rows,
+             int64_t C) const {
+    be.dropout(x, at(layer, site), rows.Tn, C, rows.first, rows.count);
   }
   DropoutStream stream;
   uint64_t sample0;
 };
-
-template <typename T>
-void zero(T* p, int64_t n) {
-  std::memset(p, 0, static_cast<size_t>(n) * sizeof(T));
-}
 
 // Hands out consecutive ranges of a buffer; with a null base it only counts,
 // so the same code sizes a record and lays it out.

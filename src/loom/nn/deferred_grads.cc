@@ -3,9 +3,6 @@
 #include <cstring>
 
 #include "loom/core/error.h"
-#include "loom/kernels/cpu/elementwise.h"
-#include "loom/kernels/cpu/layernorm.h"
-#include "loom/kernels/cpu/matmul.h"
 
 namespace loom {
 
@@ -46,34 +43,36 @@ void DeferredGrads<T>::clear() {
 template <typename T>
 void linear_backward(const ParamStore<T>& ps, T* dinp, ParamId w, ParamId b, const T* dout,
                      const T* inp, int64_t N, int64_t C, int64_t OC) {
+  const auto& be = ps.backend();
   DeferredGrads<T>* d = ps.deferral();
   if (!d) {
-    cpu::matmul_backward(dinp, ps.grad(w), b.valid() ? ps.grad(b) : nullptr, dout, inp,
-                         ps.weight(w), N, C, OC);
+    be.matmul_backward(dinp, ps.grad(w), b.valid() ? ps.grad(b) : nullptr, dout, inp, ps.weight(w),
+                       N, C, OC);
     return;
   }
-  if (dinp) cpu::matmul_backward<T>(dinp, nullptr, nullptr, dout, nullptr, ps.weight(w), N, C, OC);
+  if (dinp) be.matmul_backward(dinp, nullptr, nullptr, dout, nullptr, ps.weight(w), N, C, OC);
   const T* dy = d->keep(dout, N * OC);
   const T* x = d->keep(inp, N * C);
   d->add([=](const ParamStore<T>& s) {
-    cpu::matmul_backward<T>(nullptr, s.grad(w), b.valid() ? s.grad(b) : nullptr, dy, x, nullptr, N,
-                            C, OC);
+    s.backend().matmul_backward(nullptr, s.grad(w), b.valid() ? s.grad(b) : nullptr, dy, x, nullptr,
+                                N, C, OC);
   });
 }
 
 template <typename T>
 void tied_head_backward(const ParamStore<T>& ps, T* dinp, ParamId wte, const T* dout, const T* inp,
                         int64_t N, int64_t C, int64_t V) {
+  const auto& be = ps.backend();
   DeferredGrads<T>* d = ps.deferral();
   if (!d) {
-    cpu::matmul_nt_backward(dinp, ps.grad(wte), dout, inp, ps.weight(wte), N, C, V);
+    be.matmul_nt_backward(dinp, ps.grad(wte), dout, inp, ps.weight(wte), N, C, V);
     return;
   }
-  cpu::matmul_nt_backward<T>(dinp, nullptr, dout, nullptr, ps.weight(wte), N, C, V);
+  be.matmul_nt_backward(dinp, nullptr, dout, nullptr, ps.weight(wte), N, C, V);
   const T* dy = d->keep(dout, N * V);
   const T* x = d->keep(inp, N * C);
   d->add([=](const ParamStore<T>& s) {
-    cpu::matmul_nt_backward<T>(nullptr, s.grad(wte), dy, x, nullptr, N, C, V);
+    s.backend().matmul_nt_backward(nullptr, s.grad(wte), dy, x, nullptr, N, C, V);
   });
 }
 
@@ -81,26 +80,27 @@ template <typename T>
 void layernorm_backward(const ParamStore<T>& ps, T* dx, ParamId w, ParamId b, const T* dout,
                         const T* x, const T* mean, const T* rstd, int64_t N, int64_t C,
                         const std::function<void(T*, int64_t)>& reduce) {
+  const auto& be = ps.backend();
   // The parameter gradients: into the store's, or summed apart when they
   // still have to be added over the ranks splitting the rows.
   auto params = [=](const ParamStore<T>& s, const T* dy, const T* xs, const T* mu, const T* rs) {
+    const Backend<T>& sb = s.backend();
     if (!reduce) {
-      cpu::layernorm_backward<T>(nullptr, s.grad(w), s.grad(b), dy, xs, nullptr, mu, rs, N, C);
+      sb.layernorm_backward(nullptr, s.grad(w), s.grad(b), dy, xs, nullptr, mu, rs, N, C);
       return;
     }
     std::vector<T> part(static_cast<size_t>(2 * C), T(0));
-    cpu::layernorm_backward<T>(nullptr, part.data(), part.data() + C, dy, xs, nullptr, mu, rs, N,
-                               C);
+    sb.layernorm_backward(nullptr, part.data(), part.data() + C, dy, xs, nullptr, mu, rs, N, C);
     reduce(part.data(), 2 * C);
-    cpu::add_inplace(s.grad(w), part.data(), C);
-    cpu::add_inplace(s.grad(b), part.data() + C, C);
+    sb.add(s.grad(w), part.data(), C);
+    sb.add(s.grad(b), part.data() + C, C);
   };
   DeferredGrads<T>* d = ps.deferral();
   if (!d && !reduce) {
-    cpu::layernorm_backward(dx, ps.grad(w), ps.grad(b), dout, x, ps.param(w), mean, rstd, N, C);
+    be.layernorm_backward(dx, ps.grad(w), ps.grad(b), dout, x, ps.param(w), mean, rstd, N, C);
     return;
   }
-  cpu::layernorm_backward<T>(dx, nullptr, nullptr, dout, x, ps.param(w), mean, rstd, N, C);
+  be.layernorm_backward(dx, nullptr, nullptr, dout, x, ps.param(w), mean, rstd, N, C);
   if (!d) {
     params(ps, dout, x, mean, rstd);
     return;

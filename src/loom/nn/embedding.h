@@ -42,7 +42,7 @@ class Embedding final : public EmbeddingLayer<T> {
 
  private:
   ParamId wte_, wpe_;
-  int64_t C_;
+  int64_t C_, V_;  // V_: the rows of wte (the padded vocabulary)
 };
 
 }  // namespace loom

@@ -1,9 +1,6 @@
 #include "loom/nn/head.h"
 #include "loom/nn/deferred_grads.h"
 
-#include "loom/kernels/cpu/cross_entropy.h"
-#include "loom/kernels/cpu/matmul.h"
-
 namespace loom {
 
 template <typename T>
@@ -30,15 +27,18 @@ HeadRecord<T> Head<T>::bind(Arena<T>& rec, Arena<T>& room, const Rows& rows,
 template <typename T>
 void Head<T>::logits_forward(const ParamStore<T>& ps, const HeadRecord<T>& r,
                              const Rows& rows) const {
+  const auto& be = ps.backend();
   const int64_t BT = rows.all();
-  cpu::matmul_nt_forward(r.logits, r.lnf, ps.weight(this->wte_), BT, c_.n_embd, c_.padded_vocab());
+  be.matmul_nt_forward(r.logits, r.lnf, ps.weight(this->wte_), BT, c_.n_embd, c_.padded_vocab());
 }
 
 template <typename T>
-double Head<T>::loss(const HeadRecord<T>& r, const int32_t* targets, const Rows& rows) const {
+double Head<T>::loss(const ParamStore<T>& ps, const HeadRecord<T>& r, const int32_t* targets,
+                     const Rows& rows) const {
+  const auto& be = ps.backend();
   const int64_t BT = rows.all();
-  cpu::cross_entropy_forward(r.losses, r.lse, r.logits, targets, BT, c_.vocab_size,
-                             c_.padded_vocab());
+  be.cross_entropy_forward(r.losses, r.lse, r.logits, targets, BT, c_.vocab_size,
+                           c_.padded_vocab());
   double sum = 0;
   for (int64_t i = 0; i < BT; ++i) sum += r.losses[i];
   return sum;
@@ -48,9 +48,10 @@ template <typename T>
 void Head<T>::logits_backward(const ParamStore<T>& ps, const HeadRecord<T>& r,
                               const int32_t* targets, const T* dloss, T* d_lnf,
                               const Rows& rows) const {
+  const auto& be = ps.backend();
   const int64_t BT = rows.all();
-  cpu::cross_entropy_backward(r.logits, r.lse, targets, dloss, BT, c_.vocab_size,
-                              c_.padded_vocab());
+  be.cross_entropy_backward(r.logits, r.lse, targets, dloss, BT, c_.vocab_size, c_.padded_vocab(),
+                            0);
   tied_head_backward(ps, d_lnf, this->wte_, r.logits, r.lnf, BT, c_.n_embd, c_.padded_vocab());
 }
 

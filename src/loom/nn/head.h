@@ -48,7 +48,8 @@ class HeadLayer {
   virtual void logits_forward(const ParamStore<T>& ps, const HeadRecord<T>& r,
                               const Rows& rows) const = 0;
   // Per-token losses of every row into the record; returns their sum.
-  virtual double loss(const HeadRecord<T>& r, const int32_t* targets, const Rows& rows) const = 0;
+  virtual double loss(const ParamStore<T>& ps, const HeadRecord<T>& r, const int32_t* targets,
+                      const Rows& rows) const = 0;
   // d_lnf (rows.count, C) += the gradient of sum(dloss_n * loss_n) through
   // the logits (dloss for every row); the logits become their gradient.
   virtual void logits_backward(const ParamStore<T>& ps, const HeadRecord<T>& r,
@@ -75,7 +76,8 @@ class Head final : public HeadLayer<T> {
                      bool recompute_logits) const override;
   void logits_forward(const ParamStore<T>& ps, const HeadRecord<T>& r,
                       const Rows& rows) const override;
-  double loss(const HeadRecord<T>& r, const int32_t* targets, const Rows& rows) const override;
+  double loss(const ParamStore<T>& ps, const HeadRecord<T>& r, const int32_t* targets,
+              const Rows& rows) const override;
   void logits_backward(const ParamStore<T>& ps, const HeadRecord<T>& r, const int32_t* targets,
                        const T* dloss, T* d_lnf, const Rows& rows) const override;
 

@@ -1,8 +1,6 @@
 #include "loom/nn/layernorm.h"
 #include "loom/nn/deferred_grads.h"
 
-#include "loom/kernels/cpu/layernorm.h"
-
 namespace loom {
 
 template <typename T>
@@ -14,7 +12,8 @@ LayerNorm<T>::LayerNorm(ParamLayout& layout, const std::string& prefix, int64_t 
 template <typename T>
 void LayerNorm<T>::forward(const ParamStore<T>& ps, T* out, T* mean, T* rstd, const T* x,
                            int64_t N) const {
-  cpu::layernorm_forward(out, mean, rstd, x, ps.param(weight), ps.param(bias), N, C_);
+  const auto& be = ps.backend();
+  be.layernorm_forward(out, mean, rstd, x, ps.param(weight), ps.param(bias), N, C_);
 }
 
 template <typename T>

@@ -3,9 +3,6 @@
 
 #include <cstring>
 
-#include "loom/kernels/cpu/elementwise.h"
-#include "loom/kernels/cpu/matmul.h"
-
 namespace loom {
 
 template <typename T>
@@ -37,29 +34,31 @@ int64_t Mlp<T>::scratch_elems(const Rows& rows) const {
 template <typename T>
 void Mlp<T>::forward(const ParamStore<T>& ps, T* record, bool selective, T* out, const T* x,
                      const Rows& rows, T* recompute) const {
+  const auto& be = ps.backend();
   const int64_t BT = rows.count;
   T* fch = record;
   T* fch_gelu = selective ? recompute : record + BT * 4 * C_;
-  cpu::matmul_forward(fch, x, ps.weight(c_fc_w), ps.param(c_fc_b), BT, C_, 4 * C_);
-  cpu::gelu_forward(fch_gelu, fch, BT * 4 * C_);
+  be.matmul_forward(fch, x, ps.weight(c_fc_w), ps.param(c_fc_b), BT, C_, 4 * C_);
+  be.gelu_forward(fch_gelu, fch, BT * 4 * C_);
   if (out == nullptr) return;
-  cpu::matmul_forward(out, fch_gelu, ps.weight(c_proj_w), ps.param(c_proj_b), BT, 4 * C_, C_);
+  be.matmul_forward(out, fch_gelu, ps.weight(c_proj_w), ps.param(c_proj_b), BT, 4 * C_, C_);
 }
 
 template <typename T>
 void Mlp<T>::backward(const ParamStore<T>& ps, T* record, bool selective, T* dx, const T* dout,
                       const T* x, const Rows& rows, T* scratch, T* recompute) const {
+  const auto& be = ps.backend();
   const int64_t BT = rows.count;
   const T* fch = record;
   T* fch_gelu = selective ? recompute : record + BT * 4 * C_;
   // GELU is elementwise: recomputing it gives the forward's values exactly.
-  if (selective) cpu::gelu_forward(fch_gelu, fch, BT * 4 * C_);
+  if (selective) be.gelu_forward(fch_gelu, fch, BT * 4 * C_);
   T* d_fch = scratch;
   T* d_fch_gelu = scratch + BT * 4 * C_;
-  zero(d_fch_gelu, BT * 4 * C_);
+  be.fill(d_fch_gelu, BT * 4 * C_, 0);
   linear_backward(ps, d_fch_gelu, c_proj_w, c_proj_b, dout, fch_gelu, BT, 4 * C_, C_);
-  zero(d_fch, BT * 4 * C_);
-  cpu::gelu_backward(d_fch, fch, d_fch_gelu, BT * 4 * C_);
+  be.fill(d_fch, BT * 4 * C_, 0);
+  be.gelu_backward(d_fch, fch, d_fch_gelu, BT * 4 * C_);
   linear_backward(ps, dx, c_fc_w, c_fc_b, d_fch, x, BT, C_, 4 * C_);
 }
 

@@ -5,7 +5,6 @@
 
 #include "loom/core/error.h"
 #include "loom/core/memory.h"
-#include "loom/kernels/cpu/matmul.h"
 #include "loom/nn/deferred_grads.h"
 
 namespace loom {
@@ -134,7 +133,7 @@ template <typename T>
 void MoeLayer<T>::experts_backward(const ParamStore<T>& ps, T* rec, bool selective, T* dx,
                                    const T* dy, const T* xrows, const std::vector<int64_t>& offsets,
                                    T* scratch, T* recompute) const {
-  std::fill(dx, dx + offsets.back() * C_, T(0));
+  ps.backend().fill(dx, offsets.back() * C_, T(0));
   for (size_t e = 0; e < experts_.size(); ++e) {
     const int64_t b = offsets[e], m = offsets[e + 1] - b;
     if (m == 0) continue;
@@ -159,7 +158,8 @@ void MoeLayer<T>::forward(const ParamStore<T>& ps, T* record, bool selective, T*
     forward_rows(ps, record, selective, nullptr, x + row0 * C_, rows, recompute, row0);
     return;
   }
-  Buffer mine(static_cast<size_t>(rows.count * C_) * sizeof(T), MemCategory::kComm);
+  Buffer mine = ps.backend().alloc(static_cast<size_t>(rows.count * C_) * sizeof(T),
+                                   MemCategory::kComm, false);
   forward_rows(ps, record, selective, mine.as<T>(), x + row0 * C_, rows, recompute, row0);
   split_->gather(mine.as<T>(), rows.count * C_, out);
 }
@@ -167,6 +167,7 @@ void MoeLayer<T>::forward(const ParamStore<T>& ps, T* record, bool selective, T*
 template <typename T>
 void MoeLayer<T>::forward_rows(const ParamStore<T>& ps, T* record, bool selective, T* out,
                                const T* x, const Rows& rows, T* recompute, int64_t row0) const {
+  const auto& be = ps.backend();
   const int E = config_.router.num_experts, k = config_.router.top_k;
   const int64_t N = rows.count, n = slots(rows), R = expert_rows(rows);
   T* logits = record;
@@ -175,8 +176,8 @@ void MoeLayer<T>::forward_rows(const ParamStore<T>& ps, T* record, bool selectiv
   T* xe = dispatcher_ ? y + n * C_ : xrows;  // the rows the experts here run
   T* rec = dispatcher_ ? xe + R * C_ : y + n * C_;
   if (learned())
-    cpu::matmul_forward(logits, x, ps.weight(router_w), static_cast<const T*>(nullptr), N, C_,
-                        static_cast<int64_t>(E));
+    be.matmul_forward(logits, x, ps.weight(router_w), static_cast<const T*>(nullptr), N, C_,
+                      static_cast<int64_t>(E));
   const Routing<T> r = routing(logits, rows, router_b.valid() ? ps.param(router_b) : nullptr, row0);
   const Dispatch d = dispatch_order(r);
   gather_rows(d, k, x, C_, xrows);
@@ -189,12 +190,12 @@ void MoeLayer<T>::forward_rows(const ParamStore<T>& ps, T* record, bool selectiv
     LOOM_CHECK(p.rows() <= R, "the experts here received {} rows, more than the {} bounded",
                p.rows(), R);
     dispatcher_->dispatch(p, xrows, C_, xe);
-    Buffer ye(static_cast<size_t>(p.rows() * C_) * sizeof(T), MemCategory::kComm);
+    Buffer ye = be.alloc(static_cast<size_t>(p.rows() * C_) * sizeof(T), MemCategory::kComm);
     experts_forward(ps, rec, selective, ye.as<T>(), xe, p.offsets, recompute);
     dispatcher_->combine(p, ye.as<T>(), C_, y);
   }
   if (out == nullptr) return;  // a recomputation: the statistics counted already
-  std::fill(out, out + N * C_, T(0));
+  be.fill(out, N * C_, T(0));
   combine_rows(d, r, y, C_, out);
   for (int e = 0; e < E; ++e) stats_.load[static_cast<size_t>(e)] += r.load[static_cast<size_t>(e)];
   stats_.assignments += n;
@@ -216,13 +217,14 @@ void MoeLayer<T>::backward(const ParamStore<T>& ps, T* record, bool selective, T
   // This rank's sequences: their input gradients gathered from every rank;
   // the balancing losses here are means over this rank's share of them.
   const int64_t n = rows.count * C_;
-  Buffer mine(static_cast<size_t>(n) * sizeof(T), MemCategory::kComm);
-  Buffer every(static_cast<size_t>(all.count * C_) * sizeof(T), MemCategory::kComm);
-  std::fill(mine.as<T>(), mine.as<T>() + n, T(0));
+  const Backend<T>& be = ps.backend();
+  Buffer mine = be.alloc(static_cast<size_t>(n) * sizeof(T), MemCategory::kComm);
+  Buffer every =
+      be.alloc(static_cast<size_t>(all.count * C_) * sizeof(T), MemCategory::kComm, false);
   backward_rows(ps, record, selective, mine.as<T>(), dout + row0 * C_, x + row0 * C_, rows, scratch,
                 recompute, row0, double(rows.count) / double(all.count));
   split_->gather(mine.as<T>(), n, every.as<T>());
-  for (int64_t i = 0; i < all.count * C_; ++i) dx[i] += every.as<T>()[i];
+  be.add(dx, every.as<T>(), all.count * C_);
 }
 
 template <typename T>

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "loom/core/tensor.h"
+#include "loom/core/shape.h"
 
 namespace loom {
 

@@ -5,11 +5,13 @@
 
 #include "loom/core/error.h"
 #include "loom/core/rng.h"
+#include "loom/core/threads.h"
 
 namespace loom {
 
 template <typename T>
-void ParamStore<T>::build(ParamLayout layout, StoreOptions options) {
+void ParamStore<T>::build(ParamLayout layout, StoreOptions options, const Backend<T>& backend) {
+  backend_ = &backend;
   layout_ = std::move(layout);
   const size_t n_units = layout_.units().size();
   unit_params_.assign(n_units, nullptr);
@@ -20,7 +22,7 @@ void ParamStore<T>::build(ParamLayout layout, StoreOptions options) {
   grads_ = Buffer();
   if (options.params) allocate_params();
   if (options.grads) {
-    grads_ = Buffer(static_cast<size_t>(layout_.total()) * sizeof(T), MemCategory::kGrads);
+    grads_ = backend_->alloc(static_cast<size_t>(layout_.total()) * sizeof(T), MemCategory::kGrads);
     for (size_t u = 0; u < n_units; ++u) unit_grads_[u] = grads() + begin(static_cast<int>(u));
   }
 }
@@ -28,7 +30,8 @@ void ParamStore<T>::build(ParamLayout layout, StoreOptions options) {
 template <typename T>
 void ParamStore<T>::allocate_params() {
   if (!params_.data())
-    params_ = Buffer(static_cast<size_t>(layout_.total()) * sizeof(T), MemCategory::kParams);
+    params_ =
+        backend_->alloc(static_cast<size_t>(layout_.total()) * sizeof(T), MemCategory::kParams);
   for (size_t u = 0; u < unit_params_.size(); ++u)
     bind_params(static_cast<int>(u), params() + begin(static_cast<int>(u)));
 }
@@ -76,17 +79,18 @@ void ParamStore<T>::init_range(uint64_t seed, int64_t begin, int64_t end, T* dst
     const int64_t row = p.shape.rank() > 1 ? p.shape.numel() / p.shape[0] : 1;
     const int64_t limit = p.init.valid_rows < 0 ? p.shape.numel() : p.init.valid_rows * row;
     const float std = p.init.std;
-#pragma omp parallel for
-    for (int64_t i = lo; i < hi; ++i) {
-      const int64_t g = shard_global_index(p.shape, p.shard, i);
-      if (g < limit) out[i] = T(stream.at(static_cast<uint64_t>(g)) * std);
-    }
+    host_parallel_for(hi - lo, [&](int64_t b, int64_t e) {
+      for (int64_t i = lo + b; i < lo + e; ++i) {
+        const int64_t g = shard_global_index(p.shape, p.shard, i);
+        if (g < limit) out[i] = T(stream.at(static_cast<uint64_t>(g)) * std);
+      }
+    });
   }
 }
 
 template <typename T>
 void ParamStore<T>::zero_grads() {
-  if (grads() != nullptr) std::memset(grads(), 0, static_cast<size_t>(layout_.total()) * sizeof(T));
+  if (grads() != nullptr) backend_->fill(grads(), layout_.total(), T(0));
 }
 
 template class ParamStore<float>;

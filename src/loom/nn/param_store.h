@@ -12,7 +12,7 @@
 
 #include "loom/core/dtype.h"
 #include "loom/core/memory.h"
-#include "loom/kernels/cpu/matmul.h"
+#include "loom/kernels/backend.h"
 #include "loom/nn/param.h"
 
 namespace loom {
@@ -59,8 +59,14 @@ template <typename T>
 class ParamStore {
  public:
   ParamStore() = default;
-  // Takes the finished layout; allocates what `options` asks for.
-  void build(ParamLayout layout, StoreOptions options);
+  // Takes the finished layout; allocates what `options` asks for on
+  // `backend`, which every layer running on this store computes with.
+  void build(ParamLayout layout, StoreOptions options,
+             const Backend<T>& backend = default_backend<T>());
+
+  // The backend the layers reach through the store: their parameters,
+  // gradients and activations live on its device.
+  const Backend<T>& backend() const { return *backend_; }
 
   const ParamLayout& layout() const { return layout_; }
   // Elements of the flat buffers (parameters plus alignment and unit padding).
@@ -76,12 +82,12 @@ class ParamStore {
   T* param(ParamId id) const { return param(layout_[id]); }
   // A matrix as a GEMM takes it: its 16-bit values while its unit is bound
   // by bind_params16, else param().
-  cpu::Weight<T> weight(ParamId id) const {
+  Weight<T> weight(ParamId id) const {
     const Param& p = layout_[id];
     const size_t u = static_cast<size_t>(p.unit);
     if (unit_widened_[u] && p.matrix())
-      return cpu::Weight<T>(unit_params16_[u] + (p.offset - begin(p.unit)), dtype16_);
-    return cpu::Weight<T>(param(p));
+      return Weight<T>(unit_params16_[u] + (p.offset - begin(p.unit)), dtype16_);
+    return Weight<T>(param(p));
   }
   T* grad(ParamId id) const { return grad(layout_[id]); }
 
@@ -132,6 +138,7 @@ class ParamStore {
   int64_t begin(int u) const { return layout_.units()[static_cast<size_t>(u)].begin; }
   T* widened_param(const Param& p) const;
 
+  const Backend<T>* backend_ = &default_backend<T>();
   ParamLayout layout_;
   Buffer params_, grads_;
   std::vector<T*> unit_params_, unit_grads_;

@@ -4,8 +4,6 @@
 #include <cmath>
 
 #include "loom/core/error.h"
-#include "loom/kernels/cpu/adamw.h"
-#include "loom/kernels/cpu/precision.h"
 
 namespace loom {
 
@@ -32,12 +30,17 @@ std::vector<AdamWSegment> adamw_segments(const ParamLayout& layout, int64_t begi
   return out;
 }
 
-AdamW::AdamW(const ParamLayout& layout, const OptimizerConfig& config)
-    : AdamW(adamw_segments(layout, 0, layout.total()), layout.total(), config) {}
+AdamW::AdamW(const ParamLayout& layout, const OptimizerConfig& config,
+             const Backend<float>& backend)
+    : AdamW(adamw_segments(layout, 0, layout.total()), layout.total(), config, nullptr, nullptr,
+            backend) {}
 
 AdamW::AdamW(std::vector<AdamWSegment> segments, int64_t state_elements,
-             const OptimizerConfig& config, float* m, float* v)
-    : config_(config), segments_(std::move(segments)), state_elements_(state_elements) {
+             const OptimizerConfig& config, float* m, float* v, const Backend<float>& backend)
+    : config_(config),
+      be_(&backend),
+      segments_(std::move(segments)),
+      state_elements_(state_elements) {
   for (const AdamWSegment& s : segments_)
     LOOM_CHECK(s.state_offset >= 0 && s.state_offset + s.length <= state_elements_,
                "AdamW segment [{}, {}) outside the {} moments", s.state_offset,
@@ -47,40 +50,39 @@ AdamW::AdamW(std::vector<AdamWSegment> segments, int64_t state_elements,
     return;
   }
   const size_t bytes = static_cast<size_t>(state_elements_) * sizeof(float);
-  m_owned_ = Buffer(bytes, MemCategory::kOptimizer);
-  v_owned_ = Buffer(bytes, MemCategory::kOptimizer);
+  m_owned_ = be_->alloc(bytes, MemCategory::kOptimizer);
+  v_owned_ = be_->alloc(bytes, MemCategory::kOptimizer);
   m_ = m_owned_.as<float>(), v_ = v_owned_.as<float>();
 }
 
 void AdamW::step(float* params, const float* grads, double lr, int64_t step, size_t first,
                  size_t last) {
-  cpu::AdamWParams hp{lr, config_.beta1, config_.beta2, config_.eps, 0.0, step};
+  AdamWParams hp{lr, config_.beta1, config_.beta2, config_.eps, 0.0, step};
   last = std::min(last, segments_.size());
   for (size_t i = first; i < last; ++i) {
     const AdamWSegment& s = segments_[i];
     hp.weight_decay = s.decay ? config_.weight_decay : 0.0;
-    cpu::adamw_update(params + s.param_offset, grads + s.grad_offset, m_ + s.state_offset,
-                      v_ + s.state_offset, s.length, hp);
+    be_->adamw(params + s.param_offset, grads + s.grad_offset, m_ + s.state_offset,
+               v_ + s.state_offset, s.length, hp);
   }
 }
 
 void AdamW::step_16(float* master, uint16_t* params, const uint16_t* grads, DType t,
                     float grad_scale, double lr, int64_t step, size_t first, size_t last) {
-  cpu::AdamWParams hp{lr, config_.beta1, config_.beta2, config_.eps, 0.0, step};
+  AdamWParams hp{lr, config_.beta1, config_.beta2, config_.eps, 0.0, step};
   last = std::min(last, segments_.size());
   for (size_t i = first; i < last; ++i) {
     const AdamWSegment& s = segments_[i];
     hp.weight_decay = s.decay ? config_.weight_decay : 0.0;
-    cpu::adamw_update_16(master + s.state_offset, grads + s.grad_offset, grad_scale,
-                         m_ + s.state_offset, v_ + s.state_offset, params + s.param_offset,
-                         s.length, t, hp);
+    be_->adamw_16(master + s.state_offset, grads + s.grad_offset, grad_scale, m_ + s.state_offset,
+                  v_ + s.state_offset, params + s.param_offset, s.length, t, hp);
   }
 }
 
-double clip_grad_norm(float* grads, int64_t n, double max_norm) {
-  double norm = std::sqrt(cpu::sum_squares(grads, n));
+double clip_grad_norm(float* grads, int64_t n, double max_norm, const Backend<float>& be) {
+  double norm = std::sqrt(be.sum_squares(grads, n));
   if (max_norm > 0 && norm > max_norm)
-    cpu::scale_inplace(grads, n, static_cast<float>(max_norm / (norm + 1e-6)));
+    be.scale(grads, n, static_cast<float>(max_norm / (norm + 1e-6)));
   return norm;
 }
 

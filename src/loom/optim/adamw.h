@@ -9,6 +9,7 @@
 
 #include "loom/core/dtype.h"
 #include "loom/core/memory.h"
+#include "loom/kernels/backend.h"
 #include "loom/nn/param.h"
 
 namespace loom {
@@ -38,12 +39,15 @@ std::vector<AdamWSegment> adamw_segments(const ParamLayout& layout, int64_t begi
 
 class AdamW {
  public:
-  // The whole layout, unsharded.
-  AdamW(const ParamLayout& layout, const OptimizerConfig& config);
+  // The whole layout, unsharded. Updates run on `backend` (it must outlive
+  // the optimizer).
+  AdamW(const ParamLayout& layout, const OptimizerConfig& config,
+        const Backend<float>& backend = default_backend<float>());
   // `state_elements` moments, updated per segment; held in m and v when
-  // given (not owned: memory-mapped files), else allocated.
+  // given (not owned: memory-mapped files), else allocated on the backend.
   AdamW(std::vector<AdamWSegment> segments, int64_t state_elements, const OptimizerConfig& config,
-        float* m = nullptr, float* v = nullptr);
+        float* m = nullptr, float* v = nullptr,
+        const Backend<float>& backend = default_backend<float>());
   // One update with rate `lr` of segments [first, last) (all by default);
   // `step` is 1-based. `params` and `grads` are the arrays the segments'
   // offsets index.
@@ -61,6 +65,7 @@ class AdamW {
 
  private:
   OptimizerConfig config_;
+  const Backend<float>* be_;
   std::vector<AdamWSegment> segments_;
   int64_t state_elements_ = 0;
   Buffer m_owned_, v_owned_;
@@ -69,6 +74,7 @@ class AdamW {
 
 // Global gradient-norm clipping: returns the L2 norm of grads (n) before
 // clipping and scales them by max_norm / norm when norm > max_norm > 0.
-double clip_grad_norm(float* grads, int64_t n, double max_norm);
+double clip_grad_norm(float* grads, int64_t n, double max_norm,
+                      const Backend<float>& backend = default_backend<float>());
 
 }  // namespace loom

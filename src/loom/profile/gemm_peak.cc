@@ -9,15 +9,14 @@
 #include <nlohmann/json.hpp>
 
 #include "loom/core/error.h"
+#include "loom/core/memory.h"
 #include "loom/io/fs.h"
 #include "loom/kernels/cpu/gemm_backend.h"
 
-#include "loom/core/memory.h"
-#include "loom/kernels/cpu/matmul.h"
-
 namespace loom {
 
-std::vector<GemmBenchResult> bench_gemm(const std::vector<int64_t>& sizes, int reps) {
+std::vector<GemmBenchResult> bench_gemm(cpu::GemmBackend backend, const std::vector<int64_t>& sizes,
+                                        int reps) {
   std::vector<GemmBenchResult> out;
   for (int64_t n : sizes) {
     size_t bytes = static_cast<size_t>(n * n) * sizeof(float);
@@ -28,8 +27,7 @@ std::vector<GemmBenchResult> bench_gemm(const std::vector<int64_t>& sizes, int r
       b.as<float>()[i] = static_cast<float>(i % 13) * 0.02f;
     }
     auto run = [&] {
-      // The backend's own sgemm, whatever a 16-bit run set the inputs to.
-      cpu::gemm_f32(false, false, n, n, n, 1.0f, a.as<float>(), n, b.as<float>(), n, 0.0f,
+      cpu::gemm_f32(backend, false, false, n, n, n, 1.0f, a.as<float>(), n, b.as<float>(), n, 0.0f,
                     c.as<float>(), n);
     };
     run();

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "loom/kernels/cpu/gemm_backend.h"
+
 namespace loom {
 
 struct GemmBenchResult {
@@ -13,8 +15,9 @@ struct GemmBenchResult {
   double best_gflops = 0;
 };
 
-// Times `reps` sgemm calls at each size after one warm-up call.
-std::vector<GemmBenchResult> bench_gemm(const std::vector<int64_t>& sizes, int reps);
+// Times `reps` sgemm calls of GEMM backend b at each size after one warm-up call.
+std::vector<GemmBenchResult> bench_gemm(cpu::GemmBackend b, const std::vector<int64_t>& sizes,
+                                        int reps);
 
 // The MFU denominator when log.peak_gflops is not set: the best large sgemm
 // this machine reaches with any GEMM backend loom links (never a misdetected

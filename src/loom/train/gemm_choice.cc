@@ -9,7 +9,7 @@ GemmChoice configure_gemm(const std::string& setting) {
   GemmChoice c;
   if (setting == "openblas" || setting == "onednn") {
     c.backend = setting == "onednn" ? GemmBackend::kOneDnn : GemmBackend::kOpenBlas;
-    cpu::set_gemm_backend(c.backend);  // throws when not in this build
+    cpu::check_gemm_backend(c.backend);
     c.describe = format("{} ({}), as kernels.gemm asks", setting, cpu::gemm_backend_isa(c.backend));
   } else {
     LOOM_CHECK_KIND(kConfig, setting == "auto",
@@ -22,7 +22,6 @@ GemmChoice configure_gemm(const std::string& setting) {
     // timing, so every run and every rank computes with the same backend.
     c.backend = cpu::gemm_backend_available(GemmBackend::kOneDnn) ? GemmBackend::kOneDnn
                                                                   : GemmBackend::kOpenBlas;
-    cpu::set_gemm_backend(c.backend);
     c.describe = format("{} ({}; auto: {})", cpu::gemm_backend_name(c.backend),
                         cpu::gemm_backend_isa(c.backend),
                         c.backend == GemmBackend::kOneDnn ? "oneDNN whenever this build has it"

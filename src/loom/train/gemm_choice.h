@@ -13,8 +13,9 @@ struct GemmChoice {
   std::string warning;   // OpenBLAS misdetection while OpenBLAS is in use, else ""
 };
 
-// Applies `setting` ("auto", "onednn", "openblas"); "auto" is oneDNN when
+// Resolves `setting` ("auto", "onednn", "openblas"); "auto" is oneDNN when
 // this build has it, else OpenBLAS (a rule, so every run and rank agree).
+// The run's CPU backend then holds the choice (nothing is set process-wide).
 GemmChoice configure_gemm(const std::string& setting);
 
 }  // namespace loom

@@ -44,7 +44,7 @@ double time_stage(GptStage<float>& stage, int64_t B, int64_t Tn, int reps) {
 }  // namespace
 
 pp::ModelCosts measure_model_costs(const GptConfig& model, int64_t B, int64_t Tn, int reps,
-                                   DType records) {
+                                   DType records, const Backend<float>& backend) {
   LOOM_CHECK_KIND(kConfig, model.n_layer >= 2, "measuring layer costs needs 2 layers or more");
   // Three one-block stages: with the embedding, alone, with the head; the
   // differences are the embedding's and the head's.
@@ -53,7 +53,8 @@ pp::ModelCosts measure_model_costs(const GptConfig& model, int64_t B, int64_t Tn
   GptConfig dense = model;
   dense.moe_experts = 0;
   auto measure = [&](const GptConfig& cfg, int first) {
-    GptStage<float> s(cfg, StageSpec{first, first + 1});
+    GptStage<float> s(cfg, StageSpec{first, first + 1}, StoreOptions{},
+                      LayerFactory<float>::single_process(), backend);
     s.init(1);
     CheckpointPolicy keep;
     keep.records = records;
@@ -83,7 +84,8 @@ pp::ModelCosts measure_model_costs(const GptConfig& model, int64_t B, int64_t Tn
   return c;
 }
 
-PartitionReport resolve_partition(const Config& config, const ParallelContext& ctx) {
+PartitionReport resolve_partition(const Config& config, const ParallelContext& ctx,
+                                  const Backend<float>& backend) {
   const ParallelConfig& p = config.parallel;
   const pp::ScheduleKind kind = pp::parse_schedule(p.schedule);
   const int v = kind == pp::ScheduleKind::kInterleaved ? p.virtual_stages : 1;
@@ -114,7 +116,7 @@ PartitionReport resolve_partition(const Config& config, const ParallelContext& c
     try {
       const pp::ModelCosts costs =
           measure_model_costs(config.model, config.micro_batch, config.model.seq_len, 3,
-                              config.checkpointing.policy.records);
+                              config.checkpointing.policy.records, backend);
       r.counts = pp::balanced_partition(costs, parts, in_flight,
                                         static_cast<double>(p.stage_memory_bytes));
       const std::vector<int> uniform = pp::uniform_partition(n, parts);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "loom/comm/parallel_context.h"
+#include "loom/kernels/backend.h"
 #include "loom/parallel/pipeline/partition.h"
 #include "loom/train/config.h"
 
@@ -14,12 +15,14 @@ struct PartitionReport;
 // The layer counts of the pipeline x virtual_stages parts. `balanced`
 // measures on world rank 0 and broadcasts the cut (collective over the
 // world then), so every rank builds the same stages.
-PartitionReport resolve_partition(const Config& config, const ParallelContext& ctx);
+PartitionReport resolve_partition(const Config& config, const ParallelContext& ctx,
+                                  const Backend<float>& backend);
 
 // One micro-batch of (B, T) through the embedding, a block and the head, in
-// one process with this machine's kernels: seconds (median of `reps`) and bytes,
+// one process on `backend` (the run's): seconds (median of `reps`) and bytes,
 // the records kept in `records` (a 16-bit run's type packs them).
 pp::ModelCosts measure_model_costs(const GptConfig& model, int64_t B, int64_t Tn, int reps = 3,
-                                   DType records = DType::kF32);
+                                   DType records = DType::kF32,
+                                   const Backend<float>& backend = default_backend<float>());
 
 }  // namespace loom

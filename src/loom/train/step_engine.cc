@@ -11,7 +11,6 @@
 #include "loom/core/error.h"
 #include "loom/core/fault.h"
 #include "loom/core/rng.h"
-#include "loom/kernels/cpu/precision.h"
 #include "loom/parallel/expert/all_to_all.h"
 #include "loom/parallel/tensor/factory.h"
 #include "loom/train/pipeline_setup.h"
@@ -45,9 +44,10 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 }  // namespace
 
-StepEngine::StepEngine(const Config& config, ParallelContext ctx)
+StepEngine::StepEngine(const Config& config, ParallelContext ctx, const Backend<float>& backend)
     : config_(config),
       ctx_(std::move(ctx)),
+      backend_(backend),
       tp_(ctx_.tp),
       experts_(experts_for(config, ctx_)),
       // Under tensor parallelism the MoE layers split a micro-batch's
@@ -79,7 +79,7 @@ StepEngine::StepEngine(const Config& config, ParallelContext ctx)
   const pp::ScheduleKind kind = pp::parse_schedule(config_.parallel.schedule);
   const int v = kind == pp::ScheduleKind::kInterleaved ? config_.parallel.virtual_stages : 1;
   const int stage = ctx_.coord().pp;
-  partition_ = resolve_partition(config_, ctx_);
+  partition_ = resolve_partition(config_, ctx_, backend_);
   // Activation stores held at once: one without a pipeline, else the
   // schedule's peak for this stage (the simulator counts it).
   std::optional<pp::Schedule> schedule;
@@ -99,7 +99,7 @@ StepEngine::StepEngine(const Config& config, ParallelContext ctx)
     Chunk ch;
     ch.stage = std::make_unique<GptStage<float>>(
         config_.model, StageSpec{first, first + partition_.counts[static_cast<size_t>(part)]},
-        storage, layers);
+        storage, layers, backend_);
     ch.stage->set_plan(ch.stage->plan(config_.checkpointing.policy, B, Tn, in_flight));
     ch.zero =
         std::make_unique<ZeroEngine>(ch.stage->store(), ctx_.dp, config_.zero, config_.optimizer,
@@ -523,7 +523,7 @@ std::string StepEngine::first_nonfinite_param() {
       if (lo >= hi) continue;
       bool bad = false;
       if (r.data16)
-        bad = cpu::any_nonfinite_16(r.data16 + (lo - r.begin), hi - lo, c.zero->dtype());
+        bad = backend_.nonfinite_16(r.data16 + (lo - r.begin), hi - lo, c.zero->dtype());
       for (int64_t i = lo; i < hi && !bad && r.data; ++i) bad = !std::isfinite(r.data[i - r.begin]);
       if (!bad) continue;
       for (size_t k = 0; k < order.size(); ++k)
@@ -581,7 +581,7 @@ void StepEngine::inject_grad_scale() {
     const int64_t lo = std::max(r.begin, p->offset), hi = std::min(r.end, p->offset + p->numel);
     if (lo >= hi) continue;
     if (r.data16)
-      cpu::scale_16(r.data16 + (lo - r.begin), hi - lo, factor, c.zero->dtype());
+      backend_.scale_16(r.data16 + (lo - r.begin), hi - lo, factor, c.zero->dtype());
     else
       for (int64_t i = lo; i < hi; ++i) r.data[i - r.begin] *= factor;
   }

@@ -58,8 +58,10 @@ class StepEngine {
   // pipeline; their layers split over the context's tensor-parallel group),
   // their ZeRO engines over the data-parallel group, and their
   // recomputation plans; initialises nothing. A balanced partition is
-  // measured on world rank 0 and broadcast (collective then).
-  StepEngine(const Config& config, ParallelContext ctx);
+  // measured on world rank 0 and broadcast (collective then). Every stage
+  // computes on `backend`, which must outlive the engine.
+  StepEngine(const Config& config, ParallelContext ctx, const Backend<float>& backend);
+  const Backend<float>& backend() const { return backend_; }
 
   int num_chunks() const { return static_cast<int>(chunks_.size()); }
   GptStage<float>& stage(int chunk = 0) { return *chunks_[static_cast<size_t>(chunk)].stage; }
@@ -160,6 +162,7 @@ class StepEngine {
 
   const Config config_;
   ParallelContext ctx_;
+  const Backend<float>& backend_;
   tp::Group tp_;                                     // the tensor-parallel group (traffic counted)
   std::shared_ptr<ep::AllToAllDispatcher> experts_;  // expert parallelism; null: none
   bool moe_split_ = false;                           // tensor ranks split the MoE layers' sequences

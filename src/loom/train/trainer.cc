@@ -86,10 +86,9 @@ Trainer::Trainer(Config config, RunOptions options, ThreadConfig threads)
                 options_.out_dir);
   }
   gemm_ = configure_gemm(config_.kernels.gemm);
-  // Process-wide, like the backend: set by every run, put back when the
-  // trainer goes (gemm_inputs_restore_).
-  cpu::set_gemm_inputs(config_.kernels.gemm_inputs == "16bit" ? config_.precision : DType::kF32);
-  engine_ = std::make_unique<StepEngine>(config_, options_.parallel);
+  backend_ = std::make_unique<CpuBackend<float>>(cpu::GemmConfig{
+      gemm_.backend, config_.kernels.gemm_inputs == "16bit" ? config_.precision : DType::kF32});
+  engine_ = std::make_unique<StepEngine>(config_, options_.parallel, *backend_);
   load_initial_state(seed);
   // Per rank; MFU divides the job's FLOP/s by it times the ranks. Under
   // mpirun rank 0 measures while the others wait (ranks measuring at once
@@ -403,7 +402,8 @@ std::string Trainer::save_pipelined(double lr) {
   const bool writes = writer_;
   if (writes) {
     staging =
-        std::make_unique<GptStage<float>>(config_.model, StageSpec{}, StoreOptions{1, true, false});
+        std::make_unique<GptStage<float>>(config_.model, StageSpec{}, StoreOptions{1, true, false},
+                                          LayerFactory<float>::single_process(), *backend_);
     m.assign(static_cast<size_t>(layout.total()), 0.0f);
     v.assign(m.size(), 0.0f);
   }
@@ -591,10 +591,9 @@ void Trainer::describe_run() const {
                   : "per rank (the best 2048^3 sgemm of any backend, measured "
                     "once per machine and cached; the MFU denominator)");
   if (!gemm_.warning.empty()) std::printf("loom: warning: %s\n", gemm_.warning.c_str());
-  if (cpu::gemm_inputs() != DType::kF32)
+  if (const DType in = backend_->gemm_config().inputs; in != DType::kF32)
     std::printf("loom: GEMM inputs rounded to %s, products accumulated in f32 (%s)\n",
-                std::string(dtype_name(cpu::gemm_inputs())).c_str(),
-                cpu::gemm_16_path(cpu::gemm_inputs()));
+                std::string(dtype_name(in)).c_str(), cpu::gemm_16_path(in));
   std::printf("loom: grid %s\n", options_.parallel.grid.describe().c_str());
   if (!options_.parallel.placement.empty())
     std::printf("loom: hosts %s\n", options_.parallel.placement.c_str());

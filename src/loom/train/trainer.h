@@ -13,6 +13,7 @@
 #include "loom/core/threads.h"
 #include "loom/data/batch_source.h"
 #include "loom/data/tokenizer.h"
+#include "loom/kernels/cpu/cpu_backend.h"
 #include "loom/train/checkpointer.h"
 #include "loom/train/config.h"
 #include "loom/train/gemm_choice.h"
@@ -56,6 +57,7 @@ class Trainer {
   GptStage<float>& model() { return engine_->stage(); }
   ZeroEngine& zero() { return engine_->zero(); }
   StepEngine& engine() { return *engine_; }
+  const CpuBackend<float>& backend() const { return *backend_; }
   // The whole flat parameter buffer (collective at ZeRO stage 3).
   std::vector<float> gather_params() { return engine_->gather_params(); }
   int64_t step() const { return step_; }
@@ -97,12 +99,9 @@ class Trainer {
   RunOptions options_;
   ThreadConfig threads_;
   GemmChoice gemm_;
-  // Puts cpu::gemm_inputs() back as it was when the trainer goes (also when
-  // its constructor throws after setting it).
-  struct GemmInputsRestore {
-    DType saved = cpu::gemm_inputs();
-    ~GemmInputsRestore() { cpu::set_gemm_inputs(saved); }
-  } gemm_inputs_restore_;
+  // The run's backend (kernels.gemm, kernels.gemm_inputs): every stage of
+  // the engine computes on it. Declared before the engine, which it outlives.
+  std::unique_ptr<CpuBackend<float>> backend_;
   std::unique_ptr<StepEngine> engine_;
   std::unique_ptr<Checkpointer> checkpointer_;
   std::unique_ptr<BatchSource> train_data_, val_data_;

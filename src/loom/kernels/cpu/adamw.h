@@ -3,16 +3,9 @@
 
 #include <cstdint>
 
-namespace loom::cpu {
+#include "loom/kernels/types.h"
 
-struct AdamWParams {
-  double lr = 1e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 0.0;  // decoupled: p -= lr * wd * p
-  int64_t step = 1;           // 1-based, for bias correction
-};
+namespace loom::cpu {
 
 // m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
 // p -= lr * (m / (1-b1^t) / (sqrt(v / (1-b2^t)) + eps) + wd p). n elements.

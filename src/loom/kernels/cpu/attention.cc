@@ -36,8 +36,8 @@ struct HeadTiles {
 
 // Keep mask (nq, kBlock) for queries [i0, i0+nq) and keys [j0, j0+nk), or all ones.
 template <typename T>
-void block_keep(T* keep, const AttentionDropout& dropout, int64_t b, int64_t h, int64_t i0,
-                int64_t nq, int64_t j0, int64_t nk) {
+void block_keep(T* keep, const DropoutSpec& dropout, int64_t b, int64_t h, int64_t i0, int64_t nq,
+                int64_t j0, int64_t nk) {
   for (int64_t i = 0; i < nq; ++i) {
     T* ki = keep + i * kBlock;
     if (!dropout.active()) {
@@ -59,8 +59,8 @@ inline int64_t visible(int64_t i0, int64_t i, int64_t j0, int64_t nk) {
 // Inside the OpenMP region each thread owns whole (batch, head) pairs; the
 // block GEMMs run single-threaded there (OpenBLAS does not nest threads).
 template <typename T>
-void attention_forward(T* out, T* lse, const T* qkv, int64_t B, int64_t Tn, int64_t C, int64_t NH,
-                       const AttentionDropout& dropout) {
+void attention_forward(const GemmConfig& g, T* out, T* lse, const T* qkv, int64_t B, int64_t Tn,
+                       int64_t C, int64_t NH, const DropoutSpec& dropout) {
   const int64_t hs = C / NH;
   const T scale = T(1) / std::sqrt(T(hs));
 #pragma omp parallel
@@ -80,7 +80,7 @@ void attention_forward(T* out, T* lse, const T* qkv, int64_t B, int64_t Tn, int6
           for (int64_t j0 = 0; j0 < i0 + nq; j0 += kBlock) {
             const int64_t nk = std::min(kBlock, Tn - j0);
             // s (nq, nk) = q_i k_j^T
-            gemm<T>(false, true, nq, nk, hs, T(1), tiles.q.data() + i0 * hs, hs,
+            gemm<T>(g, false, true, nq, nk, hs, T(1), tiles.q.data() + i0 * hs, hs,
                     tiles.k.data() + j0 * hs, hs, T(0), s.data(), kBlock);
             block_keep(keep.data(), dropout, b, h, i0, nq, j0, nk);
             // Online softmax: rescale what was accumulated under the old
@@ -104,8 +104,8 @@ void attention_forward(T* out, T* lse, const T* qkv, int64_t B, int64_t Tn, int6
               for (int64_t d = 0; d < hs; ++d) ai[d] *= corr;
             }
             // acc (nq, hs) += (p * keep) v_j
-            gemm<T>(false, false, nq, hs, nk, T(1), s.data(), kBlock, tiles.v.data() + j0 * hs, hs,
-                    T(1), acc.data(), hs);
+            gemm<T>(g, false, false, nq, hs, nk, T(1), s.data(), kBlock, tiles.v.data() + j0 * hs,
+                    hs, T(1), acc.data(), hs);
           }
           for (int64_t i = 0; i < nq; ++i) {
             T* o = out + (b * Tn + i0 + i) * C + h * hs;
@@ -120,8 +120,9 @@ void attention_forward(T* out, T* lse, const T* qkv, int64_t B, int64_t Tn, int6
 }
 
 template <typename T>
-void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse, int64_t B,
-                        int64_t Tn, int64_t C, int64_t NH, const AttentionDropout& dropout) {
+void attention_backward(const GemmConfig& g, T* dqkv, const T* dout, const T* qkv, const T* out,
+                        const T* lse, int64_t B, int64_t Tn, int64_t C, int64_t NH,
+                        const DropoutSpec& dropout) {
   const int64_t hs = C / NH;
   const T scale = T(1) / std::sqrt(T(hs));
 #pragma omp parallel
@@ -152,9 +153,9 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
           const int64_t nq = std::min(kBlock, Tn - i0);
           for (int64_t j0 = 0; j0 < i0 + nq; j0 += kBlock) {
             const int64_t nk = std::min(kBlock, Tn - j0);
-            gemm<T>(false, true, nq, nk, hs, T(1), tiles.q.data() + i0 * hs, hs,
+            gemm<T>(g, false, true, nq, nk, hs, T(1), tiles.q.data() + i0 * hs, hs,
                     tiles.k.data() + j0 * hs, hs, T(0), s.data(), kBlock);  // s = q_i k_j^T
-            gemm<T>(false, true, nq, nk, hs, T(1), dO.data() + i0 * hs, hs,
+            gemm<T>(g, false, true, nq, nk, hs, T(1), dO.data() + i0 * hs, hs,
                     tiles.v.data() + j0 * hs, hs, T(0), dp.data(), kBlock);  // dp = dO_i v_j^T
             block_keep(keep.data(), dropout, b, h, i0, nq, j0, nk);
             // p = exp(s - lse) (0 where masked); s := p * keep for dV;
@@ -172,12 +173,12 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
               }
             }
             // dv_j += (p keep)^T dO_i; dq_i += dS k_j; dk_j += dS^T q_i
-            gemm<T>(true, false, nk, hs, nq, T(1), s.data(), kBlock, dO.data() + i0 * hs, hs, T(1),
-                    dv.data() + j0 * hs, hs);
-            gemm<T>(false, false, nq, hs, nk, T(1), dp.data(), kBlock, tiles.k.data() + j0 * hs, hs,
-                    T(1), dq.data() + i0 * hs, hs);
-            gemm<T>(true, false, nk, hs, nq, T(1), dp.data(), kBlock, tiles.q.data() + i0 * hs, hs,
-                    T(1), dk.data() + j0 * hs, hs);
+            gemm<T>(g, true, false, nk, hs, nq, T(1), s.data(), kBlock, dO.data() + i0 * hs, hs,
+                    T(1), dv.data() + j0 * hs, hs);
+            gemm<T>(g, false, false, nq, hs, nk, T(1), dp.data(), kBlock, tiles.k.data() + j0 * hs,
+                    hs, T(1), dq.data() + i0 * hs, hs);
+            gemm<T>(g, true, false, nk, hs, nq, T(1), dp.data(), kBlock, tiles.q.data() + i0 * hs,
+                    hs, T(1), dk.data() + j0 * hs, hs);
           }
         }
         for (int64_t t = 0; t < Tn; ++t) {
@@ -193,11 +194,12 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
   }
 }
 
-#define LOOM_INSTANTIATE(T)                                                                \
-  template void attention_forward<T>(T*, T*, const T*, int64_t, int64_t, int64_t, int64_t, \
-                                     const AttentionDropout&);                             \
-  template void attention_backward<T>(T*, const T*, const T*, const T*, const T*, int64_t, \
-                                      int64_t, int64_t, int64_t, const AttentionDropout&);
+#define LOOM_INSTANTIATE(T)                                                                 \
+  template void attention_forward<T>(const GemmConfig&, T*, T*, const T*, int64_t, int64_t, \
+                                     int64_t, int64_t, const DropoutSpec&);                 \
+  template void attention_backward<T>(const GemmConfig&, T*, const T*, const T*, const T*,  \
+                                      const T*, int64_t, int64_t, int64_t, int64_t,         \
+                                      const DropoutSpec&);
 LOOM_INSTANTIATE(float)
 LOOM_INSTANTIATE(double)
 #undef LOOM_INSTANTIATE

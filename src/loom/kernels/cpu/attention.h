@@ -6,25 +6,21 @@
 
 #include <cstdint>
 
-#include "loom/kernels/cpu/elementwise.h"
+#include "loom/kernels/cpu/gemm_backend.h"
+#include "loom/kernels/types.h"
 
 namespace loom::cpu {
-
-// Dropout on attention probabilities: keep masks are drawn for (sample0 + b,
-// site + head, query position), channel = key position. A rank holding heads
-// [h0, h0 + NH) of the model (tensor parallelism) passes site + h0, so every
-// head keeps the masks it has in one process.
-using AttentionDropout = DropoutSpec;
 
 // qkv (B, T, 3C) holds q, k, v side by side, each (NH heads x hs), hs = C / NH.
 // out (B, T, C); lse (B, NH, T) = log sum_j exp(q.k_j / sqrt(hs)).
 template <typename T>
-void attention_forward(T* out, T* lse, const T* qkv, int64_t B, int64_t Tn, int64_t C, int64_t NH,
-                       const AttentionDropout& dropout);
+void attention_forward(const GemmConfig& g, T* out, T* lse, const T* qkv, int64_t B, int64_t Tn,
+                       int64_t C, int64_t NH, const DropoutSpec& dropout);
 
 // Accumulates dqkv (B, T, 3C) from dout (B, T, C), given forward's inputs and outputs.
 template <typename T>
-void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse, int64_t B,
-                        int64_t Tn, int64_t C, int64_t NH, const AttentionDropout& dropout);
+void attention_backward(const GemmConfig& g, T* dqkv, const T* dout, const T* qkv, const T* out,
+                        const T* lse, int64_t B, int64_t Tn, int64_t C, int64_t NH,
+                        const DropoutSpec& dropout);
 
 }  // namespace loom::cpu

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "loom/kernels/cpu/vec_math.h"
 
@@ -25,14 +26,40 @@ void cross_entropy_forward(T* losses, T* lse, const T* logits, const int32_t* ta
 
 template <typename T>
 void cross_entropy_backward(T* logits, const T* lse, const int32_t* targets, const T* dloss,
-                            int64_t N, int64_t V, int64_t Vp) {
+                            int64_t N, int64_t V, int64_t Vp, int64_t v0) {
 #pragma omp parallel for
   for (int64_t n = 0; n < N; ++n) {
     T* row = logits + n * Vp;
     T l = lse[n], d = dloss[n];
     for (int64_t v = 0; v < V; ++v) row[v] = d * vexp(row[v] - l);
-    row[targets[n]] -= d;
     std::fill(row + V, row + Vp, T(0));
+    const int64_t t = targets[n] - v0;
+    if (t >= 0 && t < Vp) row[t] -= d;
+  }
+}
+
+template <typename T>
+void vocab_logit_stats(T* mx, T* target, const T* logits, const int32_t* targets, int64_t N,
+                       int64_t V, int64_t Vp, int64_t v0) {
+#pragma omp parallel for
+  for (int64_t n = 0; n < N; ++n) {
+    const T* l = logits + n * Vp;
+    T m = -std::numeric_limits<T>::infinity();
+    for (int64_t j = 0; j < V; ++j) m = std::max(m, l[j]);
+    mx[n] = m;
+    const int64_t t = targets[n] - v0;
+    target[n] = (t >= 0 && t < Vp) ? l[t] : T(0);
+  }
+}
+
+template <typename T>
+void vocab_sum_exp(T* sum, const T* logits, const T* mx, int64_t N, int64_t V, int64_t Vp) {
+#pragma omp parallel for
+  for (int64_t n = 0; n < N; ++n) {
+    const T* l = logits + n * Vp;
+    double s = 0;
+    for (int64_t j = 0; j < V; ++j) s += std::exp(static_cast<double>(l[j] - mx[n]));
+    sum[n] = static_cast<T>(s);
   }
 }
 
@@ -40,9 +67,14 @@ template void cross_entropy_forward<float>(float*, float*, const float*, const i
                                            int64_t, int64_t);
 template void cross_entropy_forward<double>(double*, double*, const double*, const int32_t*,
                                             int64_t, int64_t, int64_t);
-template void cross_entropy_backward<float>(float*, const float*, const int32_t*, const float*,
-                                            int64_t, int64_t, int64_t);
-template void cross_entropy_backward<double>(double*, const double*, const int32_t*, const double*,
-                                             int64_t, int64_t, int64_t);
+#define LOOM_INSTANTIATE(T)                                                                       \
+  template void cross_entropy_backward<T>(T*, const T*, const int32_t*, const T*, int64_t,        \
+                                          int64_t, int64_t, int64_t);                             \
+  template void vocab_logit_stats<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t, int64_t, \
+                                     int64_t);                                                    \
+  template void vocab_sum_exp<T>(T*, const T*, const T*, int64_t, int64_t, int64_t);
+LOOM_INSTANTIATE(float)
+LOOM_INSTANTIATE(double)
+#undef LOOM_INSTANTIATE
 
 }  // namespace loom::cpu

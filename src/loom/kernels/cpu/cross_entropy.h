@@ -13,10 +13,19 @@ template <typename T>
 void cross_entropy_forward(T* losses, T* lse, const T* logits, const int32_t* targets, int64_t N,
                            int64_t V, int64_t Vp);
 
-// In place: logits[n, v] := dloss[n] * (softmax(logits[n])[v] - [v == targets[n]]);
-// padded columns become 0. dloss (N), e.g. 1 / N everywhere for a mean.
+// In place: logits[n, v] := dloss[n] * (exp(logits[n, v] - lse[n]) - [v0 + v ==
+// targets[n]]); padded columns become 0. dloss (N), e.g. 1 / N everywhere
+// for a mean. v0: the first column's vocabulary index (a vocabulary-parallel
+// rank's range; 0 in one process).
 template <typename T>
 void cross_entropy_backward(T* logits, const T* lse, const int32_t* targets, const T* dloss,
-                            int64_t N, int64_t V, int64_t Vp);
+                            int64_t N, int64_t V, int64_t Vp, int64_t v0);
+
+// A vocabulary-parallel rank's part of the loss (kernels/backend.h).
+template <typename T>
+void vocab_logit_stats(T* mx, T* target, const T* logits, const int32_t* targets, int64_t N,
+                       int64_t V, int64_t Vp, int64_t v0);
+template <typename T>
+void vocab_sum_exp(T* sum, const T* logits, const T* mx, int64_t N, int64_t V, int64_t Vp);
 
 }  // namespace loom::cpu

@@ -1,5 +1,7 @@
 #include "loom/kernels/cpu/elementwise.h"
 
+#include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "loom/kernels/cpu/vec_math.h"
@@ -46,6 +48,49 @@ void add_inplace(T* dst, const T* src, int64_t n) {
 }
 
 template <typename T>
+void bias_add(T* y, const T* bias, int64_t N, int64_t C) {
+#pragma omp parallel for
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t j = 0; j < C; ++j) y[n * C + j] += bias[j];
+}
+
+template <typename T>
+void axpy(T* y, T a, const T* x, int64_t n) {
+#pragma omp parallel for simd
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+namespace {
+// Below this many elements a copy or fill runs on the calling thread.
+constexpr int64_t kSerialElems = int64_t{1} << 16;
+}  // namespace
+
+template <typename T>
+void copy(T* dst, const T* src, int64_t n) {
+  if (n <= 0) return;
+  if (n < kSerialElems) {
+    std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(T));
+    return;
+  }
+#pragma omp parallel for
+  for (int64_t i0 = 0; i0 < n; i0 += kSerialElems)
+    std::memcpy(dst + i0, src + i0,
+                static_cast<size_t>(std::min(kSerialElems, n - i0)) * sizeof(T));
+}
+
+template <typename T>
+void fill(T* x, int64_t n, T value) {
+  if (n <= 0) return;
+  if (n < kSerialElems) {
+    std::fill(x, x + n, value);
+    return;
+  }
+#pragma omp parallel for
+  for (int64_t i0 = 0; i0 < n; i0 += kSerialElems)
+    std::fill(x + i0, x + std::min(n, i0 + kSerialElems), value);
+}
+
+template <typename T>
 void dropout_rows(T* x, const DropoutSpec& spec, int64_t Tn, int64_t C, int64_t row0, int64_t n) {
   if (!spec.active()) return;
 #pragma omp parallel
@@ -72,6 +117,10 @@ void dropout_inplace(T* x, const DropoutSpec& spec, int64_t B, int64_t Tn, int64
   template void gelu_backward<T>(T*, const T*, const T*, int64_t);                     \
   template void residual_forward<T>(T*, const T*, const T*, int64_t);                  \
   template void add_inplace<T>(T*, const T*, int64_t);                                 \
+  template void bias_add<T>(T*, const T*, int64_t, int64_t);                           \
+  template void axpy<T>(T*, T, const T*, int64_t);                                     \
+  template void copy<T>(T*, const T*, int64_t);                                        \
+  template void fill<T>(T*, int64_t, T);                                               \
   template void dropout_inplace<T>(T*, const DropoutSpec&, int64_t, int64_t, int64_t); \
   template void dropout_rows<T>(T*, const DropoutSpec&, int64_t, int64_t, int64_t, int64_t);
 LOOM_INSTANTIATE(float)

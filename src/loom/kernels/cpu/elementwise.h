@@ -3,7 +3,7 @@
 
 #include <cstdint>
 
-#include "loom/core/rng.h"
+#include "loom/kernels/types.h"
 
 namespace loom::cpu {
 
@@ -20,15 +20,17 @@ void residual_forward(T* out, const T* a, const T* b, int64_t n);
 // dst (n) += src.
 template <typename T>
 void add_inplace(T* dst, const T* src, int64_t n);
-
-// Where a dropout mask applies to activations (B, T, C): which stream,
-// which global samples (sample0 + b), and the site in the model.
-struct DropoutSpec {
-  const DropoutStream* stream = nullptr;  // null or p == 0: identity
-  uint64_t sample0 = 0;
-  uint32_t site = 0;
-  bool active() const { return stream != nullptr && stream->p() > 0.0f; }
-};
+// y (N, C) += bias (C) on every row.
+template <typename T>
+void bias_add(T* y, const T* bias, int64_t N, int64_t C);
+// y (n) += a * x.
+template <typename T>
+void axpy(T* y, T a, const T* x, int64_t n);
+// dst (n) = src; x (n) = value: large ones split across threads.
+template <typename T>
+void copy(T* dst, const T* src, int64_t n);
+template <typename T>
+void fill(T* x, int64_t n, T value);
 
 // x (B, T, C) *= keep mask of `spec`, in place. Backward is the same call on
 // the gradient: the mask is recomputed from its key, never stored.

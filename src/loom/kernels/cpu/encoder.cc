@@ -1,7 +1,6 @@
 #include "loom/kernels/cpu/encoder.h"
 
 #include <algorithm>
-#include <limits>
 #include <vector>
 
 namespace loom::cpu {
@@ -25,8 +24,8 @@ void encoder_forward(T* out, const int32_t* tokens, WeightArg<T> wte, WeightArg<
 }
 
 template <typename T>
-void encoder_backward_rows(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t B,
-                           int64_t Tn, int64_t C, int64_t v0, int64_t v1) {
+void encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t B, int64_t Tn,
+                      int64_t C, int64_t v0, int64_t v1) {
   // Each row's contributions are summed apart (positions in order) and added
   // to the gradient once, so a micro-batch's lookup gradient does not depend
   // on what the buffer held before: with the tied head's part already in it
@@ -69,22 +68,42 @@ void encoder_backward_rows(T* dwte, T* dwpe, const T* dout, const int32_t* token
 }
 
 template <typename T>
-void encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t B, int64_t Tn,
-                      int64_t C) {
-  encoder_backward_rows(dwte, dwpe, dout, tokens, B, Tn, C, 0, std::numeric_limits<int64_t>::max());
+void embedding_lookup(T* out, const int32_t* tokens, WeightArg<T> wte, int64_t N, int64_t C,
+                      int64_t v0, int64_t v1) {
+#pragma omp parallel for
+  for (int64_t n = 0; n < N; ++n) {
+    T* o = out + n * C;
+    const int64_t tok = tokens[n];
+    if (tok >= v0 && tok < v1 && wte.w16 == nullptr)
+      std::copy(wte.data + (tok - v0) * C, wte.data + (tok - v0 + 1) * C, o);
+    else if (tok >= v0 && tok < v1)
+      for (int64_t c = 0; c < C; ++c) o[c] = wte[(tok - v0) * C + c];
+    else
+      std::fill(o, o + C, T(0));
+  }
+}
+
+template <typename T>
+void add_positions(T* out, WeightArg<T> wpe, int64_t Tn, int64_t C, int64_t row0, int64_t n) {
+#pragma omp parallel for
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t t = (row0 + i) % Tn;
+    for (int64_t c = 0; c < C; ++c) out[i * C + c] += wpe[t * C + c];
+  }
 }
 
 template void encoder_forward<float>(float*, const int32_t*, WeightArg<float>, WeightArg<float>,
                                      int64_t, int64_t, int64_t);
 template void encoder_forward<double>(double*, const int32_t*, WeightArg<double>, WeightArg<double>,
                                       int64_t, int64_t, int64_t);
-template void encoder_backward<float>(float*, float*, const float*, const int32_t*, int64_t,
-                                      int64_t, int64_t);
-template void encoder_backward<double>(double*, double*, const double*, const int32_t*, int64_t,
-                                       int64_t, int64_t);
-template void encoder_backward_rows<float>(float*, float*, const float*, const int32_t*, int64_t,
-                                           int64_t, int64_t, int64_t, int64_t);
-template void encoder_backward_rows<double>(double*, double*, const double*, const int32_t*,
-                                            int64_t, int64_t, int64_t, int64_t, int64_t);
+#define LOOM_INSTANTIATE(T)                                                                      \
+  template void encoder_backward<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t, int64_t, \
+                                    int64_t, int64_t);                                           \
+  template void embedding_lookup<T>(T*, const int32_t*, WeightArg<T>, int64_t, int64_t, int64_t, \
+                                    int64_t);                                                    \
+  template void add_positions<T>(T*, WeightArg<T>, int64_t, int64_t, int64_t, int64_t);
+LOOM_INSTANTIATE(float)
+LOOM_INSTANTIATE(double)
+#undef LOOM_INSTANTIATE
 
 }  // namespace loom::cpu

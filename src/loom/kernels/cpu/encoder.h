@@ -3,7 +3,7 @@
 
 #include <cstdint>
 
-#include "loom/kernels/cpu/matmul.h"  // Weight
+#include "loom/kernels/types.h"
 
 namespace loom::cpu {
 
@@ -12,15 +12,19 @@ template <typename T>
 void encoder_forward(T* out, const int32_t* tokens, WeightArg<T> wte, WeightArg<T> wpe, int64_t B,
                      int64_t Tn, int64_t C);
 
-// Accumulates dwte[tokens[b, t]] += dout[b, t] and dwpe[t] += dout[b, t], each row's
+// Accumulates dwte[tokens[b, t] - v0] += dout[b, t] for the tokens in [v0,
+// v1) (dwte holds those rows: a vocabulary-parallel rank's slice; one
+// process passes [0, V)) and dwpe[t] += dout[b, t], each row's
 // contributions summed apart first and added once.
 template <typename T>
 void encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t B, int64_t Tn,
-                      int64_t C);
-// The same for the vocabulary rows [v0, v1) alone (a vocabulary-parallel
-// rank's slice): dwte holds those rows; tokens outside add nothing there.
+                      int64_t C, int64_t v0, int64_t v1);
+// out (N, C) = wte[tokens[n] - v0] for tokens in [v0, v1), else 0.
 template <typename T>
-void encoder_backward_rows(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t B,
-                           int64_t Tn, int64_t C, int64_t v0, int64_t v1);
+void embedding_lookup(T* out, const int32_t* tokens, WeightArg<T> wte, int64_t N, int64_t C,
+                      int64_t v0, int64_t v1);
+// out (n, C) += wpe[(row0 + i) % Tn].
+template <typename T>
+void add_positions(T* out, WeightArg<T> wpe, int64_t Tn, int64_t C, int64_t row0, int64_t n);
 
 }  // namespace loom::cpu

@@ -3,7 +3,6 @@
 #include <cblas.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -23,19 +22,6 @@ extern "C" char* openblas_get_corename();
 
 namespace loom::cpu {
 
-namespace {
-std::atomic<GemmBackend> g_backend{GemmBackend::kOpenBlas};
-std::atomic<DType> g_inputs{DType::kF32};
-}  // namespace
-
-DType gemm_inputs() {
-  return g_inputs.load(std::memory_order_relaxed);
-}
-
-void set_gemm_inputs(DType t) {
-  g_inputs.store(t, std::memory_order_relaxed);
-}
-
 const char* gemm_backend_name(GemmBackend b) {
   return b == GemmBackend::kOneDnn ? "onednn" : "openblas";
 }
@@ -49,16 +35,11 @@ bool gemm_backend_available(GemmBackend b) {
 #endif
 }
 
-GemmBackend gemm_backend() {
-  return g_backend.load(std::memory_order_relaxed);
-}
-
-void set_gemm_backend(GemmBackend b) {
+void check_gemm_backend(GemmBackend b) {
   LOOM_CHECK_KIND(kUnsupported, gemm_backend_available(b),
                   "kernels.gemm: {} is not available in this build (configure with "
                   "-DLOOM_ONEDNN=ON and Debian's libdnnl-dev installed)",
                   gemm_backend_name(b));
-  g_backend.store(b, std::memory_order_relaxed);
 }
 
 std::string gemm_backend_isa(GemmBackend b) {
@@ -107,13 +88,8 @@ std::string openblas_misdetection() {
 }
 
 double measure_sgemm_gflops(GemmBackend b, int n, int reps) {
-  // The backend in use comes back however this returns.
-  struct Restore {
-    GemmBackend saved = gemm_backend();
-    ~Restore() { g_backend.store(saved, std::memory_order_relaxed); }
-  } restore;
-  set_gemm_backend(b);
-  return measure_gemm_gflops(DType::kF32, n, reps);
+  check_gemm_backend(b);
+  return measure_gemm_gflops(b, DType::kF32, n, reps);
 }
 
 #ifdef LOOM_HAVE_ONEDNN
@@ -233,12 +209,12 @@ void round_block(const float* X, int64_t ld, bool trans, int64_t rows, int64_t c
 // The tiled path: K in tiles of kTile; each tile of op(A) (M x k) and op(B)
 // (k x N) rounded into f32 scratch and multiplied by the backend's sgemm,
 // accumulating into C.
-void gemm_16_tiled(DType t, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
-                   const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
-                   int64_t ldc, const uint16_t* B16) {
+void gemm_16_tiled(GemmBackend be, DType t, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                   float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
+                   float beta, float* C, int64_t ldc, const uint16_t* B16) {
   constexpr int64_t kTile = 256;
   if (K == 0) {
-    gemm_f32(false, false, M, N, 0, alpha, A, 1, B, N, beta, C, ldc);
+    gemm_f32(be, false, false, M, N, 0, alpha, A, 1, B, N, beta, C, ldc);
     return;
   }
   const int64_t kt = std::min(K, kTile);
@@ -261,7 +237,8 @@ void gemm_16_tiled(DType t, bool ta, bool tb, int64_t M, int64_t N, int64_t K, f
         const float x = at(B, ldb, tb, k0 + r, j);
         bt[r * N + j] = t == DType::kBF16 ? bf16_to_f32(f32_to_bf16(x)) : f16_to_f32(f32_to_f16(x));
       }
-    gemm_f32(false, false, M, N, k, alpha, a.as<float>(), k, bt, N, k0 == 0 ? beta : 1.0f, C, ldc);
+    gemm_f32(be, false, false, M, N, k, alpha, a.as<float>(), k, bt, N, k0 == 0 ? beta : 1.0f, C,
+             ldc);
   }
 }
 
@@ -276,11 +253,31 @@ struct Bf16Matmul {
   dnnl::matmul prim;
 };
 
+// A thread's cache holds at most kCachedPrimitives shapes (a training step
+// uses a few dozen: the layers' GEMMs and the attention's block products);
+// past that the least recently used goes, so a run whose shapes keep
+// changing (generation, varying sequence lengths) holds bounded memory.
+constexpr size_t kCachedPrimitives = 64;
+
 Bf16Matmul& bf16_matmul(int64_t M, int64_t N, int64_t K, int64_t ldc, float alpha, float beta) {
   using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, float, float>;
-  thread_local std::map<Key, std::unique_ptr<Bf16Matmul>> cache;
-  std::unique_ptr<Bf16Matmul>& m = cache[Key{M, N, K, ldc, alpha, beta}];
+  struct Entry {
+    std::unique_ptr<Bf16Matmul> m;
+    uint64_t used = 0;
+  };
+  thread_local std::map<Key, Entry> cache;
+  thread_local uint64_t clock = 0;
+  Entry& e = cache[Key{M, N, K, ldc, alpha, beta}];
+  e.used = ++clock;
+  std::unique_ptr<Bf16Matmul>& m = e.m;
   if (m) return *m;
+  if (cache.size() > kCachedPrimitives) {
+    auto oldest = cache.end();
+    for (auto it = cache.begin(); it != cache.end(); ++it)
+      if (it->second.m && (oldest == cache.end() || it->second.used < oldest->second.used))
+        oldest = it;
+    if (oldest != cache.end()) cache.erase(oldest);
+  }
   using dt = dnnl::memory::data_type;
   using tag = dnnl::memory::format_tag;
   auto made = std::make_unique<Bf16Matmul>();
@@ -330,9 +327,9 @@ const char* gemm_16_path(DType t) {
   return "K-tiles rounded, then the backend's sgemm";
 }
 
-void gemm_16(DType t, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
-             const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
-             int64_t ldc, const uint16_t* B16) {
+void gemm_16(GemmBackend be, DType t, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+             float alpha, const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
+             float* C, int64_t ldc, const uint16_t* B16) {
   LOOM_CHECK(t == DType::kBF16 || t == DType::kF16, "gemm_16 asked for {}", dtype_name(t));
   if (M == 0 || N == 0) return;
 #ifdef LOOM_HAVE_ONEDNN
@@ -362,10 +359,10 @@ void gemm_16(DType t, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float a
     return;
   }
 #endif
-  gemm_16_tiled(t, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, B16);
+  gemm_16_tiled(be, t, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, B16);
 }
 
-double measure_gemm_gflops(DType t, int n, int reps) {
+double measure_gemm_gflops(GemmBackend b, DType t, int n, int reps) {
   const size_t bytes = static_cast<size_t>(n) * n * sizeof(float);
   Buffer A(bytes, MemCategory::kWorkspace), B(bytes, MemCategory::kWorkspace),
       C(bytes, MemCategory::kWorkspace);
@@ -375,10 +372,10 @@ double measure_gemm_gflops(DType t, int n, int reps) {
   }
   auto run = [&] {
     if (t == DType::kF32)
-      gemm_f32(false, false, n, n, n, 1.0f, A.as<float>(), n, B.as<float>(), n, 0.0f, C.as<float>(),
-               n);
+      gemm_f32(b, false, false, n, n, n, 1.0f, A.as<float>(), n, B.as<float>(), n, 0.0f,
+               C.as<float>(), n);
     else
-      gemm_16(t, false, false, n, n, n, 1.0f, A.as<float>(), n, B.as<float>(), n, 0.0f,
+      gemm_16(b, t, false, false, n, n, n, 1.0f, A.as<float>(), n, B.as<float>(), n, 0.0f,
               C.as<float>(), n);
   };
   run();

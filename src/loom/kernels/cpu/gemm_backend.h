@@ -1,8 +1,10 @@
 // The GEMM backends behind cpu::gemm<float>: OpenBLAS (cblas_sgemm) and
-// oneDNN (dnnl_sgemm, its OpenMP build, which shares loom's thread pool). One
-// backend serves the whole process, chosen once at start (`kernels.gemm`):
-// every f32 GEMM, the attention core's block products included, goes
-// through it. f64 GEMMs (the finite-difference tests) always use OpenBLAS.
+// oneDNN (dnnl_sgemm, its OpenMP build, which shares loom's thread pool).
+// Which one runs, and whether f32 GEMMs round their inputs to 16 bits first,
+// is a GemmConfig that the CPU backend instance holds (`kernels.gemm`,
+// `kernels.gemm_inputs`) and passes to every GEMM it runs, the attention
+// core's block products included; nothing about it is process-wide. f64
+// GEMMs (the finite-difference tests) always use OpenBLAS.
 #pragma once
 
 #include <cstdint>
@@ -18,10 +20,16 @@ enum class GemmBackend { kOpenBlas, kOneDnn };
 const char* gemm_backend_name(GemmBackend b);  // "openblas", "onednn"
 // Whether this build links the backend (oneDNN: configured with LOOM_ONEDNN).
 bool gemm_backend_available(GemmBackend b);
-// The backend in use (OpenBLAS until set).
-GemmBackend gemm_backend();
-// Selects the backend; throws Error(kUnsupported) when it is not in this build.
-void set_gemm_backend(GemmBackend b);
+// Throws Error(kUnsupported) when b is not in this build.
+void check_gemm_backend(GemmBackend b);
+
+// What a CPU backend's f32 GEMMs run on: `backend`, with op(A) and op(B)
+// rounded to `inputs` first (kF32: as they are, the default; kBF16 or kF16:
+// kernels.gemm_inputs 16bit in a 16-bit run).
+struct GemmConfig {
+  GemmBackend backend = GemmBackend::kOpenBlas;
+  DType inputs = DType::kF32;
+};
 
 // What each backend runs on this CPU: OpenBLAS's core name (the kernel it
 // picked, e.g. "Haswell", "SkylakeX", or the generic "Prescott"), oneDNN's
@@ -42,16 +50,11 @@ double measure_sgemm_gflops(GemmBackend b, int n, int reps);
 // mixed-precision work runs its GEMMs on this primitive.)
 double measure_matmul_gflops(int64_t M, int64_t N, int64_t K, bool bf16, int reps);
 
-// The element type every f32 GEMM (cpu::gemm<float>) rounds its inputs to
-// first: kF32 (none: the default), kBF16 or kF16 (kernels.gemm_inputs:
-// 16bit in a 16-bit run). Process-wide, like the backend.
-DType gemm_inputs();
-void set_gemm_inputs(DType t);
-
-// C = alpha op(A) op(B) + beta C, row-major, as cpu::gemm, through the
-// backend in use, inputs as given.
-void gemm_f32(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-              int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+// C = alpha op(A) op(B) + beta C, row-major, as cpu::gemm, through backend
+// b, inputs as given.
+void gemm_f32(GemmBackend b, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+              const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+              int64_t ldc);
 // The same with op(A) and op(B) rounded to t (kBF16 or kF16) and the
 // products accumulated in f32: bf16 through oneDNN's bf16 matmul (the
 // operands converted into 16-bit copies, never into f32 ones); f16, or bf16
@@ -60,14 +63,14 @@ void gemm_f32(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, co
 // With B16, B is that 16-bit matrix (values in t, same layout and ldb) and
 // B is not read: a weight held in 16 bits, multiplied as it is (bf16) or
 // widened a K-tile at a time (the tiled path), never copied to f32 whole.
-void gemm_16(DType t, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+void gemm_16(GemmBackend b, DType t, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
              const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
              int64_t ldc, const uint16_t* B16 = nullptr);
 // Which way gemm_16 multiplies t on this machine, in words.
 const char* gemm_16_path(DType t);
 // Median GFLOP/s of `reps` n^3 GEMMs with inputs rounded to t (kF32: the
-// backend's sgemm) after a warm-up, through the backend in use.
-double measure_gemm_gflops(DType t, int n, int reps);
+// backend's sgemm) after a warm-up, through backend b.
+double measure_gemm_gflops(GemmBackend b, DType t, int n, int reps);
 
 // C (M, N) = A (M, K) @ B (K, N) through that primitive with the inputs
 // rounded to bf16 (round to nearest even) and f32 accumulation: the same

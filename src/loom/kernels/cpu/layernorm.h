@@ -3,9 +3,9 @@
 
 #include <cstdint>
 
-namespace loom::cpu {
+#include "loom/kernels/types.h"
 
-inline constexpr double kLayerNormEps = 1e-5;
+namespace loom::cpu {
 
 // out (N, C) = (inp - mean) * rstd * weight + bias; saves mean (N) and rstd (N).
 template <typename T>

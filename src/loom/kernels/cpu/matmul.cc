@@ -15,21 +15,23 @@
 namespace loom::cpu {
 
 template <>
-void gemm<float>(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-                 int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+void gemm<float>(const GemmConfig& g, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                 float alpha, const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
+                 float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
-  if (const DType t = gemm_inputs(); t != DType::kF32) {
-    gemm_16(t, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  if (g.inputs != DType::kF32) {
+    gemm_16(g.backend, g.inputs, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
-  gemm_f32(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  gemm_f32(g.backend, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-void gemm_f32(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-              int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+void gemm_f32(GemmBackend backend, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+              const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+              int64_t ldc) {
   if (M == 0 || N == 0) return;
 #ifdef LOOM_HAVE_ONEDNN
-  if (gemm_backend() == GemmBackend::kOneDnn) {
+  if (backend == GemmBackend::kOneDnn) {
     // Row-major, as cblas with CblasRowMajor.
     const dnnl_status_t st =
         dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
@@ -37,14 +39,17 @@ void gemm_f32(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, co
                static_cast<int>(st));
     return;
   }
+#else
+  (void)backend;
 #endif
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
               K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 template <>
-void gemm<double>(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A,
-                  int64_t lda, const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
+void gemm<double>(const GemmConfig&, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                  double alpha, const double* A, int64_t lda, const double* B, int64_t ldb,
+                  double beta, double* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
   cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
               K, alpha, A, lda, B, ldb, beta, C, ldc);
@@ -54,15 +59,16 @@ namespace {
 
 // gemm with B a weight: a 16-bit one goes to gemm_16 as it is.
 template <typename T>
-void gemm_weight(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
-                 int64_t lda, const Weight<T>& B, int64_t ldb, T beta, T* C, int64_t ldc) {
+void gemm_weight(const GemmConfig& g, bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha,
+                 const T* A, int64_t lda, const Weight<T>& B, int64_t ldb, T beta, T* C,
+                 int64_t ldc) {
   if (B.w16 == nullptr) {
-    gemm<T>(ta, tb, M, N, K, alpha, A, lda, B.data, ldb, beta, C, ldc);
+    gemm<T>(g, ta, tb, M, N, K, alpha, A, lda, B.data, ldb, beta, C, ldc);
     return;
   }
   if constexpr (std::is_same_v<T, float>) {
     if (M == 0 || N == 0) return;
-    gemm_16(B.t, ta, tb, M, N, K, alpha, A, lda, nullptr, ldb, beta, C, ldc, B.w16);
+    gemm_16(g.backend, B.t, ta, tb, M, N, K, alpha, A, lda, nullptr, ldb, beta, C, ldc, B.w16);
   } else {
     LOOM_FAIL(kUnsupported, "16-bit weights need f32 layers");
   }
@@ -71,21 +77,22 @@ void gemm_weight(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, con
 }  // namespace
 
 template <typename T>
-void matmul_forward(T* out, const T* inp, WeightArg<T> weight, const T* bias, int64_t N, int64_t C,
-                    int64_t OC) {
+void matmul_forward(const GemmConfig& g, T* out, const T* inp, WeightArg<T> weight, const T* bias,
+                    int64_t N, int64_t C, int64_t OC) {
   if (bias != nullptr) {
 #pragma omp parallel for
     for (int64_t n = 0; n < N; ++n) std::copy(bias, bias + OC, out + n * OC);
   }
-  gemm_weight<T>(false, false, N, OC, C, T(1), inp, C, weight, OC, bias ? T(1) : T(0), out, OC);
+  gemm_weight<T>(g, false, false, N, OC, C, T(1), inp, C, weight, OC, bias ? T(1) : T(0), out, OC);
 }
 
 template <typename T>
-void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
-                     WeightArg<T> weight, int64_t N, int64_t C, int64_t OC) {
+void matmul_backward(const GemmConfig& g, T* dinp, T* dweight, T* dbias, const T* dout,
+                     const T* inp, WeightArg<T> weight, int64_t N, int64_t C, int64_t OC) {
   if (dinp != nullptr)
-    gemm_weight<T>(false, true, N, C, OC, T(1), dout, OC, weight, OC, T(1), dinp, C);
-  if (dweight != nullptr) gemm<T>(true, false, C, OC, N, T(1), inp, C, dout, OC, T(1), dweight, OC);
+    gemm_weight<T>(g, false, true, N, C, OC, T(1), dout, OC, weight, OC, T(1), dinp, C);
+  if (dweight != nullptr)
+    gemm<T>(g, true, false, C, OC, N, T(1), inp, C, dout, OC, T(1), dweight, OC);
   if (dbias == nullptr) return;
   // Column sums, split by column blocks so threads never share an output.
   constexpr int64_t kBlock = 64;
@@ -102,26 +109,28 @@ void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
 }
 
 template <typename T>
-void matmul_nt_forward(T* out, const T* inp, WeightArg<T> weight, int64_t N, int64_t C, int64_t V) {
-  gemm_weight<T>(false, true, N, V, C, T(1), inp, C, weight, C, T(0), out, V);
+void matmul_nt_forward(const GemmConfig& g, T* out, const T* inp, WeightArg<T> weight, int64_t N,
+                       int64_t C, int64_t V) {
+  gemm_weight<T>(g, false, true, N, V, C, T(1), inp, C, weight, C, T(0), out, V);
 }
 
 template <typename T>
-void matmul_nt_backward(T* dinp, T* dweight, const T* dout, const T* inp, WeightArg<T> weight,
-                        int64_t N, int64_t C, int64_t V) {
+void matmul_nt_backward(const GemmConfig& g, T* dinp, T* dweight, const T* dout, const T* inp,
+                        WeightArg<T> weight, int64_t N, int64_t C, int64_t V) {
   if (dinp != nullptr)
-    gemm_weight<T>(false, false, N, C, V, T(1), dout, V, weight, C, T(1), dinp, C);
-  if (dweight != nullptr) gemm<T>(true, false, V, C, N, T(1), dout, V, inp, C, T(1), dweight, C);
+    gemm_weight<T>(g, false, false, N, C, V, T(1), dout, V, weight, C, T(1), dinp, C);
+  if (dweight != nullptr) gemm<T>(g, true, false, V, C, N, T(1), dout, V, inp, C, T(1), dweight, C);
 }
 
 #define LOOM_INSTANTIATE(T)                                                                        \
-  template void matmul_forward<T>(T*, const T*, WeightArg<T>, const T*, int64_t, int64_t,          \
-                                  int64_t);                                                        \
-  template void matmul_backward<T>(T*, T*, T*, const T*, const T*, WeightArg<T>, int64_t, int64_t, \
-                                   int64_t);                                                       \
-  template void matmul_nt_forward<T>(T*, const T*, WeightArg<T>, int64_t, int64_t, int64_t);       \
-  template void matmul_nt_backward<T>(T*, T*, const T*, const T*, WeightArg<T>, int64_t, int64_t,  \
-                                      int64_t);
+  template void matmul_forward<T>(const GemmConfig&, T*, const T*, WeightArg<T>, const T*,         \
+                                  int64_t, int64_t, int64_t);                                      \
+  template void matmul_backward<T>(const GemmConfig&, T*, T*, T*, const T*, const T*,              \
+                                   WeightArg<T>, int64_t, int64_t, int64_t);                       \
+  template void matmul_nt_forward<T>(const GemmConfig&, T*, const T*, WeightArg<T>, int64_t,       \
+                                     int64_t, int64_t);                                            \
+  template void matmul_nt_backward<T>(const GemmConfig&, T*, T*, const T*, const T*, WeightArg<T>, \
+                                      int64_t, int64_t, int64_t);
 LOOM_INSTANTIATE(float)
 LOOM_INSTANTIATE(double)
 #undef LOOM_INSTANTIATE

@@ -5,14 +5,12 @@
 #include <exception>
 
 #include "loom/core/error.h"
-#include "loom/kernels/cpu/adamw.h"
-#include "loom/kernels/cpu/precision.h"
 
 namespace loom {
 
 GradBuckets::GradBuckets(const ParamLayout& layout, std::vector<BucketGroup> groups,
-                         int64_t bucket_elements, bool overlap)
-    : overlap_(overlap) {
+                         int64_t bucket_elements, bool overlap, const Backend<float>& backend)
+    : overlap_(overlap), be_(&backend) {
   LOOM_CHECK_KIND(kConfig, bucket_elements > 0,
                   "zero_optimization.reduce_bucket_size must be > 0, got {}", bucket_elements);
   LOOM_CHECK(groups.size() == layout.units().size(), "{} bucket groups for {} units", groups.size(),
@@ -92,9 +90,9 @@ BucketStats GradBuckets::finish() {
     }
     if (g.scale == 1.0f) continue;
     if (dtype_ == DType::kF32)
-      cpu::scale_inplace(reinterpret_cast<float*>(at(b.begin)), b.end - b.begin, g.scale);
+      be_->scale(reinterpret_cast<float*>(at(b.begin)), b.end - b.begin, g.scale);
     else
-      cpu::scale_16(reinterpret_cast<uint16_t*>(at(b.begin)), b.end - b.begin, g.scale, dtype_);
+      be_->scale_16(reinterpret_cast<uint16_t*>(at(b.begin)), b.end - b.begin, g.scale, dtype_);
   }
   s.exposed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   grads_ = nullptr;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "loom/comm/process_group.h"
+#include "loom/kernels/backend.h"
 #include "loom/nn/param.h"
 
 namespace loom {
@@ -34,8 +35,9 @@ class GradBuckets {
   // groups: per unit of the layout. bucket_elements: DeepSpeed's
   // reduce_bucket_size (elements); overlap: start each bucket during
   // backward (else all after it).
+  // Scaling after the reduction runs on `backend`.
   GradBuckets(const ParamLayout& layout, std::vector<BucketGroup> groups, int64_t bucket_elements,
-              bool overlap);
+              bool overlap, const Backend<float>& backend);
   // Waits for reductions still in flight: they write into the gradients.
   ~GradBuckets();
 
@@ -58,6 +60,7 @@ class GradBuckets {
 
   std::vector<BucketGroup> groups_;
   bool overlap_;
+  const Backend<float>* be_;
   std::vector<Bucket> buckets_;  // in launch order: highest offsets first
   size_t next_ = 0;              // first bucket not launched
   char* grads_ = nullptr;

@@ -4,7 +4,6 @@
 #include <vector>
 
 #include "loom/core/error.h"
-#include "loom/kernels/cpu/matmul.h"
 
 namespace loom::tp {
 
@@ -22,7 +21,8 @@ ColumnParallelLinear::ColumnParallelLinear(ParamLayout& layout, const std::strin
 
 void ColumnParallelLinear::forward(const ParamStore<float>& ps, float* y, const float* x,
                                    int64_t N) const {
-  cpu::matmul_forward(y, x, ps.weight(weight), ps.param(bias), N, in_, local_out());
+  const auto& be = ps.backend();
+  be.matmul_forward(y, x, ps.weight(weight), ps.param(bias), N, in_, local_out());
 }
 
 void ColumnParallelLinear::backward(const ParamStore<float>& ps, float* dx_partial, const float* dy,
@@ -58,29 +58,23 @@ RowParallelLinear::RowParallelLinear(ParamLayout& layout, const std::string& pre
   bias = layout.add(prefix + ".bias", {out}, false, ParamInit{});
 }
 
-namespace {
-void add_bias(float* y, const float* b, int64_t N, int64_t out) {
-#pragma omp parallel for
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t j = 0; j < out; ++j) y[n * out + j] += b[j];
-}
-}  // namespace
-
 void RowParallelLinear::forward(const ParamStore<float>& ps, float* y, const float* x_local,
                                 int64_t N) const {
-  cpu::matmul_forward(y, x_local, ps.weight(weight), static_cast<const float*>(nullptr), N,
-                      local_in(), out_);
+  const auto& be = ps.backend();
+  be.matmul_forward(y, x_local, ps.weight(weight), static_cast<const float*>(nullptr), N,
+                    local_in(), out_);
   reduce_from_region_forward(g_, y, N * out_);
-  add_bias(y, ps.param(bias), N, out_);
+  be.bias_add(y, ps.param(bias), N, out_);
 }
 
 void RowParallelLinear::forward_rows(const ParamStore<float>& ps, float* y_rows,
                                      const float* x_local, int64_t N, float* partial) const {
-  cpu::matmul_forward(partial, x_local, ps.weight(weight), static_cast<const float*>(nullptr), N,
-                      local_in(), out_);
+  const auto& be = ps.backend();
+  be.matmul_forward(partial, x_local, ps.weight(weight), static_cast<const float*>(nullptr), N,
+                    local_in(), out_);
   const int64_t n = N / g_.size();
   g_.reduce_scatter(partial, y_rows, n * out_);
-  add_bias(y_rows, ps.param(bias), n, out_);
+  be.bias_add(y_rows, ps.param(bias), n, out_);
 }
 
 void RowParallelLinear::backward(const ParamStore<float>& ps, float* dx_local, const float* dy,

@@ -2,8 +2,6 @@
 
 #include "loom/core/error.h"
 #include "loom/core/memory.h"
-#include "loom/kernels/cpu/attention.h"
-#include "loom/kernels/cpu/elementwise.h"
 
 namespace loom::tp {
 
@@ -54,24 +52,25 @@ int64_t ParallelAttention::scratch_elems(const Rows& rows) const {
   return BT * (4 * Cl_ + C_) + (rows.split() ? 2 * BT * C_ + rows.count * C_ : 0);
 }
 
-cpu::DropoutSpec ParallelAttention::local_heads(cpu::DropoutSpec probs) const {
+DropoutSpec ParallelAttention::local_heads(DropoutSpec probs) const {
   probs.site += static_cast<uint32_t>(g_.rank() * NHl_);  // this rank's first global head
   return probs;
 }
 
 void ParallelAttention::forward(const ParamStore<float>& ps, float* record, bool selective,
                                 float* out, const float* x, const Rows& rows,
-                                const cpu::DropoutSpec& probs, float* recompute) const {
+                                const DropoutSpec& probs, float* recompute) const {
+  const auto& be = ps.backend();
   const int64_t B = rows.B, Tn = rows.Tn, BT = rows.all();
   const Record r = bind(record, recompute, B, Tn, selective);
   Buffer all;  // sequence parallelism: the gathered input, then the partial output
   if (rows.split()) {
-    all = Buffer(static_cast<size_t>(BT * C_) * sizeof(float), MemCategory::kWorkspace);
+    all = be.alloc(static_cast<size_t>(BT * C_) * sizeof(float), MemCategory::kWorkspace);
     g_.gather(x, all.as<float>(), rows.count * C_);
     x = all.as<float>();
   }
   c_attn_.forward(ps, r.qkv, x, BT);
-  cpu::attention_forward(r.y, r.lse, r.qkv, B, Tn, Cl_, NHl_, local_heads(probs));
+  be.attention_forward(r.y, r.lse, r.qkv, B, Tn, Cl_, NHl_, local_heads(probs));
   if (rows.split())
     c_proj_.forward_rows(ps, out, r.y, BT, all.as<float>());
   else
@@ -80,8 +79,8 @@ void ParallelAttention::forward(const ParamStore<float>& ps, float* record, bool
 
 void ParallelAttention::backward(const ParamStore<float>& ps, float* record, bool selective,
                                  float* dx, const float* dout, const float* x, const Rows& rows,
-                                 const cpu::DropoutSpec& probs, float* scratch,
-                                 float* recompute) const {
+                                 const DropoutSpec& probs, float* scratch, float* recompute) const {
+  const auto& be = ps.backend();
   const int64_t B = rows.B, Tn = rows.Tn, BT = rows.all();
   const Record r = bind(record, recompute, B, Tn, selective);
   Arena<float> a(scratch);
@@ -89,14 +88,14 @@ void ParallelAttention::backward(const ParamStore<float>& ps, float* record, boo
   float* d_qkv = a.take(BT * 3 * Cl_);
   float* d_x = a.take(BT * C_);
   gather_for_backward(g_, rows, C_, dout, x, a);
-  if (selective) cpu::attention_forward(r.y, r.lse, r.qkv, B, Tn, Cl_, NHl_, local_heads(probs));
-  zero(d_y, BT * Cl_);
+  if (selective) be.attention_forward(r.y, r.lse, r.qkv, B, Tn, Cl_, NHl_, local_heads(probs));
+  be.fill(d_y, BT * Cl_, 0);
   c_proj_.backward(ps, d_y, dout, r.y, BT);
-  zero(d_qkv, BT * 3 * Cl_);
-  cpu::attention_backward(d_qkv, d_y, r.qkv, r.y, r.lse, B, Tn, Cl_, NHl_, local_heads(probs));
-  zero(d_x, BT * C_);
+  be.fill(d_qkv, BT * 3 * Cl_, 0);
+  be.attention_backward(d_qkv, d_y, r.qkv, r.y, r.lse, B, Tn, Cl_, NHl_, local_heads(probs));
+  be.fill(d_x, BT * C_, 0);
   c_attn_.backward(ps, d_x, d_qkv, x, BT);
-  add_input_gradient(g_, rows, C_, dx, d_x, a);
+  add_input_gradient(be, g_, rows, C_, dx, d_x, a);
 }
 
 ParallelMlp::ParallelMlp(ParamLayout& layout, const std::string& prefix, int64_t C, float proj_std,
@@ -125,17 +124,18 @@ int64_t ParallelMlp::scratch_elems(const Rows& rows) const {
 
 void ParallelMlp::forward(const ParamStore<float>& ps, float* record, bool selective, float* out,
                           const float* x, const Rows& rows, float* recompute) const {
+  const auto& be = ps.backend();
   const int64_t BT = rows.all();
   float* fch = record;
   float* fch_gelu = selective ? recompute : record + BT * Hl_;
   Buffer all;  // sequence parallelism: the gathered input, then the partial output
   if (rows.split()) {
-    all = Buffer(static_cast<size_t>(BT * C_) * sizeof(float), MemCategory::kWorkspace);
+    all = be.alloc(static_cast<size_t>(BT * C_) * sizeof(float), MemCategory::kWorkspace);
     g_.gather(x, all.as<float>(), rows.count * C_);
     x = all.as<float>();
   }
   c_fc_.forward(ps, fch, x, BT);
-  cpu::gelu_forward(fch_gelu, fch, BT * Hl_);
+  be.gelu_forward(fch_gelu, fch, BT * Hl_);
   if (out == nullptr) return;  // a recomputation for backward
   if (rows.split())
     c_proj_.forward_rows(ps, out, fch_gelu, BT, all.as<float>());
@@ -146,22 +146,23 @@ void ParallelMlp::forward(const ParamStore<float>& ps, float* record, bool selec
 void ParallelMlp::backward(const ParamStore<float>& ps, float* record, bool selective, float* dx,
                            const float* dout, const float* x, const Rows& rows, float* scratch,
                            float* recompute) const {
+  const auto& be = ps.backend();
   const int64_t BT = rows.all();
   const float* fch = record;
   float* fch_gelu = selective ? recompute : record + BT * Hl_;
-  if (selective) cpu::gelu_forward(fch_gelu, fch, BT * Hl_);
+  if (selective) be.gelu_forward(fch_gelu, fch, BT * Hl_);
   Arena<float> a(scratch);
   float* d_fch = a.take(BT * Hl_);
   float* d_fch_gelu = a.take(BT * Hl_);
   float* d_x = a.take(BT * C_);
   gather_for_backward(g_, rows, C_, dout, x, a);
-  zero(d_fch_gelu, BT * Hl_);
+  be.fill(d_fch_gelu, BT * Hl_, 0);
   c_proj_.backward(ps, d_fch_gelu, dout, fch_gelu, BT);
-  zero(d_fch, BT * Hl_);
-  cpu::gelu_backward(d_fch, fch, d_fch_gelu, BT * Hl_);
-  zero(d_x, BT * C_);
+  be.fill(d_fch, BT * Hl_, 0);
+  be.gelu_backward(d_fch, fch, d_fch_gelu, BT * Hl_);
+  be.fill(d_x, BT * C_, 0);
   c_fc_.backward(ps, d_x, d_fch, x, BT);
-  add_input_gradient(g_, rows, C_, dx, d_x, a);
+  add_input_gradient(be, g_, rows, C_, dx, d_x, a);
 }
 
 }  // namespace loom::tp

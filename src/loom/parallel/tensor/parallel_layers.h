@@ -34,10 +34,10 @@ class ParallelAttention final : public AttentionLayer<float> {
   std::vector<RecordRange> exact_ranges(const Rows& rows, bool selective) const override;
   int64_t scratch_elems(const Rows& rows) const override;
   void forward(const ParamStore<float>& ps, float* record, bool selective, float* out,
-               const float* x, const Rows& rows, const cpu::DropoutSpec& probs,
+               const float* x, const Rows& rows, const DropoutSpec& probs,
                float* recompute) const override;
   void backward(const ParamStore<float>& ps, float* record, bool selective, float* dx,
-                const float* dout, const float* x, const Rows& rows, const cpu::DropoutSpec& probs,
+                const float* dout, const float* x, const Rows& rows, const DropoutSpec& probs,
                 float* scratch, float* recompute) const override;
 
  private:
@@ -45,7 +45,7 @@ class ParallelAttention final : public AttentionLayer<float> {
     float *qkv, *y, *lse;  // (B,T,3C/tp) (B,T,C/tp) (B,NH/tp,T)
   };
   Record bind(float* record, float* recompute, int64_t B, int64_t Tn, bool selective) const;
-  cpu::DropoutSpec local_heads(cpu::DropoutSpec probs) const;
+  DropoutSpec local_heads(DropoutSpec probs) const;
   Group g_;
   int64_t C_, Cl_, NHl_;  // width, this rank's width and heads
   ColumnParallelLinear c_attn_;

@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <chrono>
 
-#include "loom/kernels/cpu/elementwise.h"
-
 namespace loom::tp {
 
 void Group::all_reduce(float* x, int64_t n, ReduceOp op) const {
@@ -62,8 +60,8 @@ void gather_for_backward(const Group& g, const Rows& rows, int64_t C, const floa
   dout = dout_all, x = x_all;
 }
 
-void add_input_gradient(const Group& g, const Rows& rows, int64_t C, float* dx, float* d_all,
-                        Arena<float>& a) {
+void add_input_gradient(const Backend<float>& be, const Group& g, const Rows& rows, int64_t C,
+                        float* dx, float* d_all, Arena<float>& a) {
   float* mine = d_all;
   if (rows.split()) {
     mine = a.take(rows.count * C);
@@ -71,7 +69,7 @@ void add_input_gradient(const Group& g, const Rows& rows, int64_t C, float* dx, 
   } else {
     copy_to_region_backward(g, d_all, rows.count * C);
   }
-  cpu::add_inplace(dx, mine, rows.count * C);
+  be.add(dx, mine, rows.count * C);
 }
 
 }  // namespace loom::tp

@@ -66,7 +66,7 @@ void gather_for_backward(const Group& g, const Rows& rows, int64_t C, const floa
 // Closing the copy-to region: dx (rows.count, C) += the group's sum of the
 // partial input gradient d_all (rows.all(), C), reduce-scattered to this
 // rank's rows when the sequence is split, else all-reduced in place.
-void add_input_gradient(const Group& g, const Rows& rows, int64_t C, float* dx, float* d_all,
-                        Arena<float>& a);
+void add_input_gradient(const Backend<float>& be, const Group& g, const Rows& rows, int64_t C,
+                        float* dx, float* d_all, Arena<float>& a);
 
 }  // namespace loom::tp

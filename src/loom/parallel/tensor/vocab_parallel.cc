@@ -8,10 +8,6 @@
 
 #include "loom/core/error.h"
 #include "loom/core/memory.h"
-#include "loom/kernels/cpu/elementwise.h"
-#include "loom/kernels/cpu/encoder.h"
-#include "loom/kernels/cpu/layernorm.h"
-#include "loom/kernels/cpu/matmul.h"
 
 namespace loom::tp {
 
@@ -39,46 +35,33 @@ VocabParallelEmbedding::VocabParallelEmbedding(ParamLayout& layout, const GptCon
 
 void VocabParallelEmbedding::forward(const ParamStore<float>& ps, float* out, const int32_t* tokens,
                                      const Rows& rows, const Dropout& drop) const {
-  const cpu::Weight<float> wte = ps.weight(wte_);  // 16-bit values widened as read
+  const auto& be = ps.backend();
+  const Weight<float> wte = ps.weight(wte_);  // 16-bit values widened as read
   const int64_t BT = rows.all(), Tn = rows.Tn;
   Buffer all;  // sequence parallelism: every row, before the reduce-scatter
   float* look = out;
   if (rows.split()) {
-    all = Buffer(static_cast<size_t>(BT * C_) * sizeof(float), MemCategory::kWorkspace);
+    all = be.alloc(static_cast<size_t>(BT * C_) * sizeof(float), MemCategory::kWorkspace, false);
     look = all.as<float>();
   }
-#pragma omp parallel for
-  for (int64_t n = 0; n < BT; ++n) {
-    float* o = look + n * C_;
-    const int64_t tok = tokens[n];
-    if (tok >= v0_ && tok < v1_ && wte.w16 == nullptr)
-      std::copy(wte.data + (tok - v0_) * C_, wte.data + (tok - v0_ + 1) * C_, o);
-    else if (tok >= v0_ && tok < v1_)
-      for (int64_t c = 0; c < C_; ++c) o[c] = wte[(tok - v0_) * C_ + c];
-    else
-      std::fill(o, o + C_, 0.0f);
-  }
+  be.embedding_lookup(look, tokens, wte, BT, C_, v0_, v1_);
   if (rows.split())
     g_.reduce_scatter(look, out, rows.count * C_);
   else
     reduce_from_region_forward(g_, out, BT * C_);
-  const cpu::Weight<float> wpe = ps.weight(wpe_);
-#pragma omp parallel for
-  for (int64_t n = 0; n < rows.count; ++n) {
-    const int64_t t = (rows.first + n) % Tn;
-    for (int64_t c = 0; c < C_; ++c) out[n * C_ + c] += wpe[t * C_ + c];
-  }
-  drop.apply(out, -1, DropoutSite::kEmbedding, rows, C_);
+  be.add_positions(out, ps.weight(wpe_), Tn, C_, rows.first, rows.count);
+  drop.apply(be, out, -1, DropoutSite::kEmbedding, rows, C_);
 }
 
 void VocabParallelEmbedding::backward(const ParamStore<float>& ps, float* dout,
                                       const int32_t* tokens, const Rows& rows,
                                       const Dropout& drop) const {
-  drop.apply(dout, -1, DropoutSite::kEmbedding, rows, C_);
+  const auto& be = ps.backend();
+  drop.apply(be, dout, -1, DropoutSite::kEmbedding, rows, C_);
   const int64_t B = rows.B, Tn = rows.Tn, BT = rows.all();
   Buffer all;  // sequence parallelism: every row's gradient, gathered
   if (rows.split()) {
-    all = Buffer(static_cast<size_t>(BT * C_) * sizeof(float), MemCategory::kWorkspace);
+    all = be.alloc(static_cast<size_t>(BT * C_) * sizeof(float), MemCategory::kWorkspace, false);
     g_.gather(dout, all.as<float>(), rows.count * C_);
     dout = all.as<float>();
   }
@@ -90,11 +73,11 @@ void VocabParallelEmbedding::backward(const ParamStore<float>& ps, float* dout,
     const float* dy = d->keep(static_cast<const float*>(dout), BT * C);
     const int32_t* tok = d->keep(tokens, BT);
     d->add([=](const ParamStore<float>& s) {
-      cpu::encoder_backward_rows(s.grad(wte), s.grad(wpe), dy, tok, B, Tn, C, v0, v1);
+      s.backend().encoder_backward(s.grad(wte), s.grad(wpe), dy, tok, B, Tn, C, v0, v1);
     });
     return;
   }
-  cpu::encoder_backward_rows(ps.grad(wte), ps.grad(wpe), dout, tokens, B, Tn, C, v0, v1);
+  be.encoder_backward(ps.grad(wte), ps.grad(wpe), dout, tokens, B, Tn, C, v0, v1);
 }
 
 VocabParallelHead::VocabParallelHead(std::unique_ptr<LayerNorm<float>> ln, const GptConfig& c,
@@ -124,35 +107,22 @@ HeadRecord<float> VocabParallelHead::bind(Arena<float>& rec, Arena<float>& room,
 
 void VocabParallelHead::logits_forward(const ParamStore<float>& ps, const HeadRecord<float>& r,
                                        const Rows& rows) const {
+  const auto& be = ps.backend();
   if (rows.split()) g_.gather(r.lnf, r.lnf_all, rows.count * c_.n_embd);
-  cpu::matmul_nt_forward(r.logits, r.lnf_all, ps.weight(wte_), rows.all(), c_.n_embd, Vl_);
+  be.matmul_nt_forward(r.logits, r.lnf_all, ps.weight(wte_), rows.all(), c_.n_embd, Vl_);
 }
 
-double VocabParallelHead::loss(const HeadRecord<float>& r, const int32_t* targets,
-                               const Rows& rows) const {
+double VocabParallelHead::loss(const ParamStore<float>& ps, const HeadRecord<float>& r,
+                               const int32_t* targets, const Rows& rows) const {
+  const auto& be = ps.backend();
   const int64_t BT = rows.all();
   // Columns of this rank that are real vocabulary (the rest is padding).
   const int64_t valid = std::clamp<int64_t>(c_.vocab_size - v0_, 0, Vl_);
   std::vector<float> mx(static_cast<size_t>(BT)), sum(static_cast<size_t>(BT)),
       target(static_cast<size_t>(BT));
-#pragma omp parallel for
-  for (int64_t n = 0; n < BT; ++n) {
-    const float* l = r.logits + n * Vl_;
-    float m = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < valid; ++j) m = std::max(m, l[j]);
-    mx[static_cast<size_t>(n)] = m;
-    const int64_t t = targets[n] - v0_;
-    target[static_cast<size_t>(n)] = (t >= 0 && t < Vl_) ? l[t] : 0.0f;
-  }
+  be.vocab_logit_stats(mx.data(), target.data(), r.logits, targets, BT, valid, Vl_, v0_);
   g_.max(mx.data(), BT);
-#pragma omp parallel for
-  for (int64_t n = 0; n < BT; ++n) {
-    const float* l = r.logits + n * Vl_;
-    const float m = mx[static_cast<size_t>(n)];
-    double s = 0;
-    for (int64_t j = 0; j < valid; ++j) s += std::exp(static_cast<double>(l[j] - m));
-    sum[static_cast<size_t>(n)] = static_cast<float>(s);
-  }
+  be.vocab_sum_exp(sum.data(), r.logits, mx.data(), BT, valid, Vl_);
   g_.sum(sum.data(), BT);
   g_.sum(target.data(), BT);
   double total = 0;
@@ -168,30 +138,23 @@ double VocabParallelHead::loss(const HeadRecord<float>& r, const int32_t* target
 void VocabParallelHead::logits_backward(const ParamStore<float>& ps, const HeadRecord<float>& r,
                                         const int32_t* targets, const float* dloss, float* d_lnf,
                                         const Rows& rows) const {
+  const auto& be = ps.backend();
   const int64_t BT = rows.all();
   const int64_t valid = std::clamp<int64_t>(c_.vocab_size - v0_, 0, Vl_);
-#pragma omp parallel for
-  for (int64_t n = 0; n < BT; ++n) {
-    float* l = r.logits + n * Vl_;
-    const float lse = r.lse[n], d = dloss[n];
-    for (int64_t j = 0; j < valid; ++j) l[j] = std::exp(l[j] - lse) * d;
-    for (int64_t j = valid; j < Vl_; ++j) l[j] = 0.0f;
-    const int64_t t = targets[n] - v0_;
-    if (t >= 0 && t < Vl_) l[t] -= d;
-  }
+  be.cross_entropy_backward(r.logits, r.lse, targets, dloss, BT, valid, Vl_, v0_);
   // The partial input gradient of this rank's vocabulary, summed over the
   // group (reduce-scattered to this rank's rows when the sequence is split).
   const int64_t C = c_.n_embd;
-  Buffer part(static_cast<size_t>(BT * C) * sizeof(float), MemCategory::kWorkspace);
-  zero(part.as<float>(), BT * C);
+  Buffer part = be.alloc(static_cast<size_t>(BT * C) * sizeof(float), MemCategory::kWorkspace);
   tied_head_backward(ps, part.as<float>(), wte_, r.logits, r.lnf_all, BT, C, Vl_);
   if (rows.split()) {
-    Buffer mine(static_cast<size_t>(rows.count * C) * sizeof(float), MemCategory::kWorkspace);
+    Buffer mine = be.alloc(static_cast<size_t>(rows.count * C) * sizeof(float),
+                           MemCategory::kWorkspace, false);
     g_.reduce_scatter(part.as<float>(), mine.as<float>(), rows.count * C);
-    cpu::add_inplace(d_lnf, mine.as<float>(), rows.count * C);
+    be.add(d_lnf, mine.as<float>(), rows.count * C);
   } else {
     copy_to_region_backward(g_, part.as<float>(), BT * C);
-    cpu::add_inplace(d_lnf, part.as<float>(), BT * C);
+    be.add(d_lnf, part.as<float>(), BT * C);
   }
 }
 

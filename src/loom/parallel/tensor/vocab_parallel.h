@@ -52,7 +52,8 @@ class VocabParallelHead final : public HeadLayer<float> {
                          bool recompute_logits) const override;
   void logits_forward(const ParamStore<float>& ps, const HeadRecord<float>& r,
                       const Rows& rows) const override;
-  double loss(const HeadRecord<float>& r, const int32_t* targets, const Rows& rows) const override;
+  double loss(const ParamStore<float>& ps, const HeadRecord<float>& r, const int32_t* targets,
+              const Rows& rows) const override;
   void logits_backward(const ParamStore<float>& ps, const HeadRecord<float>& r,
                        const int32_t* targets, const float* dloss, float* d_lnf,
                        const Rows& rows) const override;

@@ -8,8 +8,6 @@
 
 #include "loom/core/error.h"
 #include "loom/core/fault.h"
-#include "loom/kernels/cpu/adamw.h"
-#include "loom/kernels/cpu/precision.h"
 
 namespace loom {
 
@@ -60,7 +58,11 @@ StoreOptions ZeroEngine::storage(const ZeroConfig& config, int world) {
 ZeroEngine::ZeroEngine(ParamStore<float>& store, std::shared_ptr<ProcessGroup> group,
                        const ZeroConfig& config, const OptimizerConfig& optimizer,
                        ExpertGroups experts)
-    : store_(store), group_(std::move(group)), config_(config), experts_(std::move(experts)) {
+    : store_(store),
+      be_(store.backend()),
+      group_(std::move(group)),
+      config_(config),
+      experts_(std::move(experts)) {
   LOOM_CHECK_KIND(kConfig, config_.stage >= 0 && config_.stage <= 3,
                   "zero_optimization.stage must be 0, 1, 2 or 3, got {}", config_.stage);
   LOOM_CHECK_KIND(kConfig, config_.reduce_bucket_size > 0,
@@ -125,26 +127,28 @@ ZeroEngine::ZeroEngine(ParamStore<float>& store, std::shared_ptr<ProcessGroup> g
     nvme_ = std::make_unique<NvmeStore>(config_.nvme_path,
                                         (half() ? 3 : 2) * bytes_of(shard_elements_), rank_);
     optimizer_ = std::make_unique<AdamW>(std::move(segments), shard_elements_, optimizer,
-                                         nvme_->data(), nvme_->data() + shard_elements_);
+                                         nvme_->data(), nvme_->data() + shard_elements_, be_);
   } else {
-    optimizer_ = std::make_unique<AdamW>(std::move(segments), shard_elements_, optimizer);
-    if (half()) master_ = Buffer(bytes_of(shard_elements_), MemCategory::kOptimizer);
+    optimizer_ = std::make_unique<AdamW>(std::move(segments), shard_elements_, optimizer, nullptr,
+                                         nullptr, be_);
+    if (half()) master_ = be_.alloc(bytes_of(shard_elements_), MemCategory::kOptimizer);
   }
   if (half()) {
     const int64_t total = layout.total();
-    p16_ = Buffer(pbytes(config_.stage >= 3 ? shard_elements_ : total), MemCategory::kParams);
-    g16_ = Buffer(pbytes(config_.stage >= 2 ? shard_elements_ : total), MemCategory::kGrads);
+    p16_ = be_.alloc(pbytes(config_.stage >= 3 ? shard_elements_ : total), MemCategory::kParams);
+    g16_ = be_.alloc(pbytes(config_.stage >= 2 ? shard_elements_ : total), MemCategory::kGrads);
     work_.resize(units_.size());
     src16_.assign(units_.size(), nullptr);
   } else {
-    if (config_.stage >= 3) param_shard_ = Buffer(bytes_of(shard_elements_), MemCategory::kParams);
-    if (config_.stage >= 2) grad_shard_ = Buffer(bytes_of(shard_elements_), MemCategory::kGrads);
+    if (config_.stage >= 3)
+      param_shard_ = be_.alloc(bytes_of(shard_elements_), MemCategory::kParams);
+    if (config_.stage >= 2) grad_shard_ = be_.alloc(bytes_of(shard_elements_), MemCategory::kGrads);
   }
   if (config_.stage <= 1 && group_) {
     std::vector<BucketGroup> groups;
     for (int u = 0; u < num_units(); ++u) groups.push_back({ug(u).group, ug(u).scale});
     buckets_ = std::make_unique<GradBuckets>(layout, std::move(groups), config_.reduce_bucket_size,
-                                             config_.overlap_comm);
+                                             config_.overlap_comm, be_);
   }
 
   gathered_.resize(units_.size());
@@ -197,13 +201,13 @@ void ZeroEngine::init_params(uint64_t seed) {
       store_.init_range(seed, slice_begin(u), slice_begin(u) + slice_[u],
                         masters() + shard_off_[u]);
     if (config_.stage >= 3) {
-      cpu::round_to_16(masters(), params16(), shard_elements_, config_.dtype);
+      be_.round_16(masters(), params16(), shard_elements_, config_.dtype);
     } else {
       for (int u = 0; u < num_units(); ++u) {
         Buffer whole(bytes_of(units_[u].size()), MemCategory::kWorkspace);
         store_.init_range(seed, units_[u].begin, units_[u].end, whole.as<float>());
-        cpu::round_to_16(whole.as<float>(), params16() + units_[u].begin, units_[u].size(),
-                         config_.dtype);
+        be_.round_16(whole.as<float>(), params16() + units_[u].begin, units_[u].size(),
+                     config_.dtype);
       }
     }
     if (nvme_) nvme_->release(0, nvme_->bytes());
@@ -314,7 +318,7 @@ void ZeroEngine::launch_gather(int u) {
   Gathered& g = gathered_[u];
   if (g.buf.data()) return;
   // 16-bit mode gathers the 16-bit slices.
-  g.buf = Buffer(pbytes(units_[u].size()), MemCategory::kComm);
+  g.buf = be_.alloc(pbytes(units_[u].size()), MemCategory::kComm);
   const void* mine = half() ? static_cast<const void*>(params16() + shard_off_[u])
                             : static_cast<const void*>(shard_params() + shard_off_[u]);
   if (const UnitGroup& ugr = ug(u); ugr.group) {
@@ -366,16 +370,16 @@ void ZeroEngine::bind_for_use(int u) {
     // gathered copy stays until the unit is released); the rest widened.
     const auto* src16 = static_cast<const uint16_t*>(src);
     src16_[su] = src16;
-    w = Buffer(bytes_of(std::max<int64_t>(16, units_[u].widened)), MemCategory::kComm, false);
+    w = be_.alloc(bytes_of(std::max<int64_t>(16, units_[u].widened)), MemCategory::kComm, false);
     for (const Param& p : store_.layout().params())
       if (p.unit == u && !p.matrix())
-        cpu::widen_16(src16 + (p.offset - units_[u].begin), w.as<float>() + p.widened, p.numel,
-                      config_.dtype);
+        be_.widen_16(src16 + (p.offset - units_[u].begin), w.as<float>() + p.widened, p.numel,
+                     config_.dtype);
     store_.bind_params16(u, src16, w.as<float>(), config_.dtype);
     return;
   }
-  w = Buffer(bytes_of(units_[u].size()), MemCategory::kComm, false);  // all written next
-  cpu::widen_16(static_cast<const uint16_t*>(src), w.as<float>(), units_[u].size(), config_.dtype);
+  w = be_.alloc(bytes_of(units_[u].size()), MemCategory::kComm, false);  // all written next
+  be_.widen_16(static_cast<const uint16_t*>(src), w.as<float>(), units_[u].size(), config_.dtype);
   // The gathered 16-bit copy is not needed beside the f32 one.
   if (config_.stage >= 3 && !persistent_[u]) {
     gathered_elements_ -= static_cast<size_t>(units_[u].size());
@@ -438,7 +442,7 @@ void ZeroEngine::acquire_grads(int u) {
   while (!reducing_.empty() && (!reducing_.front().work || reducing_.front().work->test()))
     drain_one();
   while (reducing_.size() > 1 && reducing_elements_ > config_.reduce_bucket_size) drain_one();
-  grad_bufs_[u] = Buffer(bytes_of(units_[u].size()), MemCategory::kComm);
+  grad_bufs_[u] = be_.alloc(bytes_of(units_[u].size()), MemCategory::kComm);
   store_.bind_grads(u, grad_bufs_[u].as<float>());
 }
 
@@ -451,7 +455,7 @@ void ZeroEngine::launch_reduce(int u) {
     if (half()) {
       // Rounded to 16 bits and reduced in 16 bits (accumulated in f32).
       Buffer h(pbytes(units_[u].size()), MemCategory::kComm, false);  // all written next
-      cpu::round_to_16(buf.as<float>(), h.as<uint16_t>(), units_[u].size(), config_.dtype);
+      be_.round_16(buf.as<float>(), h.as<uint16_t>(), units_[u].size(), config_.dtype);
       buf = std::move(h);
       half16 = true;
     }
@@ -477,9 +481,11 @@ void ZeroEngine::drain_one() {
     uint16_t* dst = grads16() + shard_off_[u];
     const int64_t at = ug(u).srank * slice_[u];
     if (r.half)
-      cpu::accumulate_16(r.buf.as<uint16_t>() + at, ug(u).scale, dst, slice_[u], config_.dtype);
+      be_.accumulate_16(nullptr, r.buf.as<uint16_t>() + at, ug(u).scale, dst, slice_[u],
+                        config_.dtype);
     else
-      cpu::accumulate_16(r.buf.as<float>() + at, ug(u).scale, dst, slice_[u], config_.dtype);
+      be_.accumulate_16(r.buf.as<float>() + at, nullptr, ug(u).scale, dst, slice_[u],
+                        config_.dtype);
     reducing_elements_ -= units_[u].size();
     reducing_.pop_front();
     return;
@@ -498,8 +504,8 @@ void ZeroEngine::drain_one() {
 void ZeroEngine::flush_grads(int u) {
   Buffer buf = std::move(grad_bufs_[u]);
   store_.bind_grads(u, nullptr);
-  cpu::accumulate_16(buf.as<float>(), 1.0f, grads16() + units_[u].begin, units_[u].size(),
-                     config_.dtype);
+  be_.accumulate_16(buf.as<float>(), nullptr, 1.0f, grads16() + units_[u].begin, units_[u].size(),
+                    config_.dtype);
 }
 
 std::pair<double, double> ZeroEngine::split_sum_squares(int skip) {
@@ -517,8 +523,8 @@ std::pair<double, double> ZeroEngine::split_sum_squares(int skip) {
       if (b >= e) continue;
       const double ss =
           half()
-              ? cpu::sum_squares_16(grads16() + at + (b - lo), e - b, config_.dtype)
-              : cpu::sum_squares(
+              ? be_.sum_squares_16(grads16() + at + (b - lo), e - b, config_.dtype)
+              : be_.sum_squares(
                     (config_.stage >= 2 ? shard_grads() : store_.grads()) + at + (b - lo), e - b);
       if (units_[u].expert() && experts_.ep_size() > 1)
         experts += ss;
@@ -555,9 +561,9 @@ void ZeroEngine::scale_grads(float scale) {
   if (half())
     grad_factor_ *= scale;
   else if (config_.stage >= 2)
-    cpu::scale_inplace(shard_grads(), shard_elements_, scale);
+    be_.scale(shard_grads(), shard_elements_, scale);
   else
-    cpu::scale_inplace(store_.grads(), store_.num_params(), scale);
+    be_.scale(store_.grads(), store_.num_params(), scale);
 }
 
 void ZeroEngine::sum_unit_grads(int u, int64_t n, ProcessGroup& group) {
@@ -595,16 +601,15 @@ double ZeroEngine::grad_norm() {
   const bool tp = tp_ && tp_->size() > 1;
   const bool ep = experts_.ep_size() > 1;
   if (config_.stage < 2 && !tp && !ep && !half())
-    return std::sqrt(cpu::sum_squares(store_.grads(), store_.num_params()));
+    return std::sqrt(be_.sum_squares(store_.grads(), store_.num_params()));
   double ss = 0;
   if (!tp && !ep) {
     if (half())
-      ss =
-          cpu::sum_squares_16(grads16(), config_.stage >= 2 ? shard_elements_ : store_.num_params(),
+      ss = be_.sum_squares_16(grads16(), config_.stage >= 2 ? shard_elements_ : store_.num_params(),
                               config_.dtype) *
-          double(grad_factor_) * double(grad_factor_);
+           double(grad_factor_) * double(grad_factor_);
     else
-      ss = cpu::sum_squares(shard_grads(), shard_elements_);
+      ss = be_.sum_squares(shard_grads(), shard_elements_);
     // Below stage 2 every rank holds the same whole gradients.
     if (group_ && config_.stage >= 2) {
       // The ranks' partial sums, added in rank order, the same on every rank:
@@ -701,11 +706,11 @@ void ZeroEngine::drop_resident() {
 void ZeroEngine::sync_params() {
   if (!half()) return;
   if (config_.stage >= 3) {
-    cpu::round_to_16(masters(), params16(), shard_elements_, config_.dtype);
+    be_.round_16(masters(), params16(), shard_elements_, config_.dtype);
   } else {
     for (int u = 0; u < num_units(); ++u)
-      cpu::round_to_16(masters() + shard_off_[u], params16() + slice_begin(u), slice_[u],
-                       config_.dtype);
+      be_.round_16(masters() + shard_off_[u], params16() + slice_begin(u), slice_[u],
+                   config_.dtype);
     gather_updated_params();
   }
   drop_resident();
@@ -762,7 +767,7 @@ std::vector<float> ZeroEngine::gather_grads() {
   // holds, widened and scaled to the values the optimizer will use.
   auto read = [&](int64_t at, int64_t n, float* dst) {
     if (half()) {
-      cpu::widen_16(grads16() + at, dst, n, config_.dtype);
+      be_.widen_16(grads16() + at, dst, n, config_.dtype);
       for (int64_t i = 0; i < n; ++i) dst[i] *= f;
     } else {
       std::memcpy(dst, (config_.stage >= 2 ? shard_grads() : store_.grads()) + at, bytes_of(n));

@@ -225,6 +225,7 @@ class ZeroEngine {
   std::pair<double, double> split_sum_squares(int skip = -1);
 
   ParamStore<float>& store_;
+  const Backend<float>& be_;  // the store's: every buffer and operation of the engine
   std::shared_ptr<ProcessGroup> group_;
   std::shared_ptr<ProcessGroup> tp_;  // null: no tensor parallelism
   ZeroConfig config_;

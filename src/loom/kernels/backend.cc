@@ -1,0 +1,93 @@
+#include "loom/kernels/backend.h"
+
+#include <array>
+
+#include "loom/core/error.h"
+
+namespace loom {
+
+const char* op_name(Op op) {
+  static constexpr std::array<const char*, kNumOps> kNames = {
+      "gemm",
+      "matmul_forward",
+      "matmul_backward",
+      "matmul_nt_forward",
+      "matmul_nt_backward",
+      "layernorm_forward",
+      "layernorm_backward",
+      "gelu_forward",
+      "gelu_backward",
+      "residual_forward",
+      "add",
+      "bias_add",
+      "dropout",
+      "attention_forward",
+      "attention_backward",
+      "cross_entropy_forward",
+      "cross_entropy_backward",
+      "vocab_logit_stats",
+      "vocab_sum_exp",
+      "encoder_forward",
+      "encoder_backward",
+      "embedding_lookup",
+      "add_positions",
+      "adamw",
+      "adamw_16",
+      "sum_squares",
+      "sum_squares_16",
+      "scale",
+      "scale_16",
+      "round_16",
+      "widen_16",
+      "accumulate_16",
+      "nonfinite_16",
+      "copy",
+      "fill",
+      "axpy",
+  };
+  const int i = static_cast<int>(op);
+  return i >= 0 && i < kNumOps ? kNames[static_cast<size_t>(i)] : "unknown";
+}
+
+template <typename T>
+void Backend<T>::unsupported(Op op) const {
+  LOOM_FAIL(kUnsupported, "backend {} does not support {}{}", name(), op_name(op),
+            sizeof(T) == 8 ? " in f64" : "");
+}
+
+// The 16-bit operations: a backend without them says so.
+template <typename T>
+void Backend<T>::adamw_16(float*, const uint16_t*, float, float*, float*, uint16_t*, int64_t, DType,
+                          const AdamWParams&) const {
+  unsupported(Op::kAdamW16);
+}
+template <typename T>
+double Backend<T>::sum_squares_16(const uint16_t*, int64_t, DType) const {
+  unsupported(Op::kSumSquares16);
+}
+template <typename T>
+void Backend<T>::scale_16(uint16_t*, int64_t, float, DType) const {
+  unsupported(Op::kScale16);
+}
+template <typename T>
+void Backend<T>::round_16(const float*, uint16_t*, int64_t, DType) const {
+  unsupported(Op::kRound16);
+}
+template <typename T>
+void Backend<T>::widen_16(const uint16_t*, float*, int64_t, DType) const {
+  unsupported(Op::kWiden16);
+}
+template <typename T>
+void Backend<T>::accumulate_16(const float*, const uint16_t*, float, uint16_t*, int64_t,
+                               DType) const {
+  unsupported(Op::kAccumulate16);
+}
+template <typename T>
+bool Backend<T>::nonfinite_16(const uint16_t*, int64_t, DType) const {
+  unsupported(Op::kNonfinite16);
+}
+
+template class Backend<float>;
+template class Backend<double>;
+
+}  // namespace loom

@@ -1,0 +1,85 @@
+// The reference backend: the plainest loop that computes each operation's
+// definition, accumulating in double, one thread; no GEMM library. It is the
+// oracle every backend is tested against, op by op (values, and gradients
+// by finite differences: tests/unit/test_backend_ops.cc), and it runs whole
+// models too (a stage built on it trains like one on the CPU backend, to
+// rounding), which makes it the first backend a new device is compared to.
+#pragma once
+
+#include "loom/kernels/backend.h"
+
+namespace loom {
+
+template <typename T>
+class ReferenceBackend final : public Backend<T> {
+ public:
+  std::string name() const override;
+  Device device() const override { return Device::kCpu; }
+  bool supports(Op op) const override;
+  Buffer alloc(size_t bytes, MemCategory category, bool zeroed) const override;
+
+  void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
+            const T* B, int64_t ldb, T beta, T* C, int64_t ldc) const override;
+  void matmul_forward(T* out, const T* inp, WeightArg<T> weight, const T* bias, int64_t N,
+                      int64_t C, int64_t OC) const override;
+  void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
+                       WeightArg<T> weight, int64_t N, int64_t C, int64_t OC) const override;
+  void matmul_nt_forward(T* out, const T* inp, WeightArg<T> weight, int64_t N, int64_t C,
+                         int64_t V) const override;
+  void matmul_nt_backward(T* dinp, T* dweight, const T* dout, const T* inp, WeightArg<T> weight,
+                          int64_t N, int64_t C, int64_t V) const override;
+  void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias,
+                         int64_t N, int64_t C) const override;
+  void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
+                          const T* weight, const T* mean, const T* rstd, int64_t N,
+                          int64_t C) const override;
+  void gelu_forward(T* out, const T* inp, int64_t n) const override;
+  void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n) const override;
+  void residual_forward(T* out, const T* a, const T* b, int64_t n) const override;
+  void add(T* dst, const T* src, int64_t n) const override;
+  void bias_add(T* y, const T* bias, int64_t N, int64_t C) const override;
+  void dropout(T* x, const DropoutSpec& spec, int64_t Tn, int64_t C, int64_t row0,
+               int64_t n) const override;
+  void attention_forward(T* out, T* lse, const T* qkv, int64_t B, int64_t Tn, int64_t C, int64_t NH,
+                         const DropoutSpec& dropout) const override;
+  void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse,
+                          int64_t B, int64_t Tn, int64_t C, int64_t NH,
+                          const DropoutSpec& dropout) const override;
+  void cross_entropy_forward(T* losses, T* lse, const T* logits, const int32_t* targets, int64_t N,
+                             int64_t V, int64_t Vp) const override;
+  void cross_entropy_backward(T* logits, const T* lse, const int32_t* targets, const T* dloss,
+                              int64_t N, int64_t V, int64_t Vp, int64_t v0) const override;
+  void vocab_logit_stats(T* mx, T* target, const T* logits, const int32_t* targets, int64_t N,
+                         int64_t V, int64_t Vp, int64_t v0) const override;
+  void vocab_sum_exp(T* sum, const T* logits, const T* mx, int64_t N, int64_t V,
+                     int64_t Vp) const override;
+  void encoder_forward(T* out, const int32_t* tokens, WeightArg<T> wte, WeightArg<T> wpe, int64_t B,
+                       int64_t Tn, int64_t C) const override;
+  void encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t B,
+                        int64_t Tn, int64_t C, int64_t v0, int64_t v1) const override;
+  void embedding_lookup(T* out, const int32_t* tokens, WeightArg<T> wte, int64_t N, int64_t C,
+                        int64_t v0, int64_t v1) const override;
+  void add_positions(T* out, WeightArg<T> wpe, int64_t Tn, int64_t C, int64_t row0,
+                     int64_t n) const override;
+  void adamw(T* params, const T* grads, T* m, T* v, int64_t n,
+             const AdamWParams& hp) const override;
+  void adamw_16(float* master, const uint16_t* grads, float grad_scale, float* m, float* v,
+                uint16_t* params, int64_t n, DType t, const AdamWParams& hp) const override;
+  double sum_squares(const T* x, int64_t n) const override;
+  double sum_squares_16(const uint16_t* x, int64_t n, DType t) const override;
+  void scale(T* x, int64_t n, T s) const override;
+  void scale_16(uint16_t* x, int64_t n, float s, DType t) const override;
+  void round_16(const float* x, uint16_t* out, int64_t n, DType t) const override;
+  void widen_16(const uint16_t* x, float* out, int64_t n, DType t) const override;
+  void accumulate_16(const float* x, const uint16_t* x16, float scale, uint16_t* acc, int64_t n,
+                     DType t) const override;
+  bool nonfinite_16(const uint16_t* x, int64_t n, DType t) const override;
+  void copy(T* dst, const T* src, int64_t n) const override;
+  void fill(T* x, int64_t n, T value) const override;
+  void axpy(T* y, T a, const T* x, int64_t n) const override;
+};
+
+extern template class ReferenceBackend<float>;
+extern template class ReferenceBackend<double>;
+
+}  // namespace loom
