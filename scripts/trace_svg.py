@@ -30,7 +30,10 @@ def main():
     a = ap.parse_args()
     events = json.load(open(a.trace))["traceEvents"]
     names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
-    boxes = [e for e in events if e.get("ph") == "X" and e["args"].get("step") == a.step]
+    # The pipeline's instructions (the compute and communication rows are
+    # for a trace viewer).
+    boxes = [e for e in events if e.get("ph") == "X" and e["args"].get("step") == a.step
+             and e.get("cat") not in ("compute", "comm")]
     if not boxes:
         raise SystemExit(f"{a.trace}: no slices of step {a.step}")
     t0 = min(e["ts"] for e in boxes)

@@ -29,5 +29,21 @@ for dir in */; do
       { echo "layering: $file includes loom/$target/ (a $dir file may include: ${allowed[$dir]})"; bad=1; }
   done < <(grep -rn '#include "loom/' "$dir" || true)
 done
+# Inside the layers: a backend's own kernels are reached through the backend
+# table (kernels/backend.h); only the code that makes a CPU backend or
+# measures its GEMMs (train, profile) names kernels/cpu, and compute threads
+# live in the CPU backend (and the host pool of core/threads).
+while IFS=: read -r file _ _; do
+  case $file in kernels/* | train/* | profile/*) ;; *)
+    echo "layering: $file includes loom/kernels/cpu/ (layers reach kernels through kernels/backend.h)"
+    bad=1 ;;
+  esac
+done < <(grep -rn '#include "loom/kernels/cpu/' . | sed 's#^\./##' || true)
+while IFS=: read -r file _ _; do
+  case $file in kernels/cpu/* | core/threads.cc) ;; *)
+    echo "layering: $file has an OpenMP loop (compute belongs to a backend, kernels/cpu)"
+    bad=1 ;;
+  esac
+done < <(grep -rn '#pragma omp' . | sed 's#^\./##' || true)
 ((bad == 0)) && echo "layering: every include goes down"
 exit $bad

@@ -1375,12 +1375,15 @@ TEST(MixedPrecisionCheckpoints, ResumeBitwiseAtEveryZeroStage) {
   }
 }
 
-// 16-bit runs reduce and gather 16-bit elements: the bytes the ZeRO engine
-// moves halve against f32 at every stage.
-TEST(Zero, SixteenBitRunsMoveHalfTheBytes) {
+// What a 16-bit run sends, as the record of every operation counts it: the
+// parameter all-gathers (stages 1-3) move 16-bit elements, half the
+// bytes of f32; gradient reductions move f32 either way (the transport
+// widens 16-bit gradients and sums them in f32, rounding once). The step's
+// comm_bytes is the sum of the record's events.
+TEST(Zero, SixteenBitRunsGatherHalfTheBytesAndReduceInF32) {
   const int n = runtime().world_size();
   for (int stage : {0, 1, 2, 3}) {
-    double bytes[2] = {0, 0};
+    double gathered[2] = {0, 0}, reduced[2] = {0, 0};
     for (const bool half : {false, true}) {
       Config c = parse_config(kBase, "harness",
                               {"parallel.data=" + std::to_string(n), "train.steps=6",
@@ -1391,13 +1394,43 @@ TEST(Zero, SixteenBitRunsMoveHalfTheBytes) {
       o.quiet = true;
       o.parallel = make_parallel_context(runtime().world(CommOptions{}), GridShape{});
       Trainer t(std::move(c), o, ThreadConfig{});
-      bytes[half] = t.train_step().comm_bytes;
+      const StepResult r = t.train_step();
+      const std::string dp_name = t.engine().context().dp->name();
+      double sum = 0;
+      for (const CommEvent& e : r.comm_events) {
+        sum += e.sent_bytes;
+        if (e.group != dp_name) continue;
+        // Parameters; not the statistics of 8-byte words, nor the trainer's
+        // per-rank times (two f32 values a rank, on the world, which is the
+        // data-parallel group here).
+        if (e.kind == "allgather" && is_float_storage(e.dtype) && e.count > 2) {
+          gathered[half] += e.sent_bytes;
+          EXPECT_EQ(e.wire, half ? DType::kBF16 : DType::kF32);
+        }
+        if (e.kind == "allreduce" || e.kind == "reducescatter") {
+          reduced[half] += e.sent_bytes;
+          EXPECT_EQ(e.wire, DType::kF32);
+        }
+      }
+      EXPECT_EQ(r.comm_bytes, sum) << "stage " << stage;
+      double dp = 0;
+      for (const CommTotals& g : r.comm_groups)
+        if (g.group == dp_name) dp = g.sent_bytes;
+      EXPECT_GT(dp, 0) << "stage " << stage;
     }
-    EXPECT_GT(bytes[0], 0) << "stage " << stage;
-    EXPECT_EQ(bytes[1], bytes[0] / 2) << "stage " << stage;
+    EXPECT_GT(reduced[0], 0) << "stage " << stage;
+    EXPECT_EQ(reduced[1], reduced[0]) << "stage " << stage;
+    if (stage >= 1) {  // the updated shards, gathered
+      EXPECT_GT(gathered[0], 0) << "stage " << stage;
+      EXPECT_EQ(gathered[1], gathered[0] / 2) << "stage " << stage;
+    } else {
+      EXPECT_EQ(gathered[0] + gathered[1], 0) << "stage " << stage << " gathers nothing";
+    }
     if (runtime().world_rank() == 0)
-      std::printf("[ comm bytes ] stage %d N %d: f32 %.0f, bf16 %.0f per step and rank\n", stage, n,
-                  bytes[0], bytes[1]);
+      std::printf(
+          "[ comm bytes ] stage %d N %d: gathered f32 %.0f bf16 %.0f, reduced f32 %.0f bf16 %.0f "
+          "per step and rank\n",
+          stage, n, gathered[0], gathered[1], reduced[0], reduced[1]);
   }
 }
 

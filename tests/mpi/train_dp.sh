@@ -169,13 +169,25 @@ for a, b in zip(pp[3:], resumed):
 events = json.load(open(sys.argv[1] + "/trace.json"))["traceEvents"]
 slices = [e for e in events if e["ph"] == "X"]
 names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
-assert names == {0: "rank 0: stage 0 (tp 0, dp 0)", 1: "rank 1: stage 1 (tp 0, dp 0)"}, names
+assert names == {0: "rank 0: stage 0 (tp 0, dp 0, ep 0)", 1: "rank 1: stage 1 (tp 0, dp 0, ep 0)"}, names
+rows = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
 for rank in (0, 1):
     mine = [e for e in slices if e["pid"] == rank]
-    # Per step: 4 forwards, 4 backwards, the reduction and the optimizer step.
-    assert len(mine) == 6 * 10, len(mine)
-    assert sum(e["cat"] == "forward" for e in mine) == 24, mine[:3]
     assert all(e["dur"] >= 0 for e in mine)
+    schedule = [e for e in mine if rows[(rank, e["tid"])] == "pipeline schedule"]
+    # Per step: 4 forwards, 4 backwards, the reduction and the optimizer step.
+    assert len(schedule) == 6 * 10, len(schedule)
+    assert sum(e["cat"] == "forward" for e in schedule) == 24, schedule[:3]
+    # The stage's block, forward and backward, per micro-batch.
+    compute = [e for e in mine if e["cat"] == "compute" and e["name"].endswith(" h." + str(rank))]
+    assert sum(e["name"].startswith("forward") for e in compute) == 6 * 4, compute[:3]
+    # The activations (stage 0) or their gradients (stage 1): 4 sends a step,
+    # on the pipeline group's row (the world's, on 2 ranks).
+    sends = [e for e in mine if e["cat"] == "comm" and e["name"] == "send"]
+    assert len(sends) == 6 * 4 and all(e["args"]["bytes_sent"] > 0 for e in sends), len(sends)
+    assert all(rows[(rank, e["tid"])].startswith("comm: ") for e in sends)
+for l in pp:
+    assert sum(g["bytes"] for g in l["comm_groups"].values()) == l["comm_bytes"] > 0, l
 print("ok: pp 2 trains like one process, bubble", round(pp[-1]["bubble_fraction"], 3),
       "trace", len(slices), "slices; resumes in one process")
 PY

@@ -22,6 +22,8 @@
 
 namespace loom {
 
+class CommRecord;
+
 enum class ReduceOp { kSum, kAvg, kMax };
 const char* reduce_op_name(ReduceOp op);
 
@@ -93,16 +95,18 @@ class ProcessGroup {
   virtual WorkPtr recv(void* buf, size_t count, DType t, int peer, int tag,
                        const std::string& what = {}) = 0;
   virtual WorkPtr barrier() = 0;
+  // Where the group records each operation as it ran (comm/record.h); null:
+  // not recorded.
+  virtual CommRecord* record() const { return nullptr; }
 };
 
-// Every rank's n values of an 8-byte type (double, size_t), in rank order.
-// They travel as raw bits (an all-gather copies them unchanged), so they keep
-// their full width where the groups' reductions work in f32.
+// Every rank's n values of an 8-byte type (double, size_t), in rank order,
+// as raw bytes (an all-gather copies them unchanged).
 template <typename T>
 std::vector<T> all_gather_words(ProcessGroup& group, const T* in, size_t n) {
-  static_assert(sizeof(T) == 2 * sizeof(float), "an 8-byte type");
+  static_assert(sizeof(T) == 8, "an 8-byte type");
   std::vector<T> out(n * static_cast<size_t>(group.size()));
-  group.all_gather(in, out.data(), 2 * n, DType::kF32)->wait();
+  group.all_gather(in, out.data(), sizeof(T) * n, DType::kU8)->wait();
   return out;
 }
 

@@ -8,7 +8,19 @@
 namespace loom {
 
 size_t dtype_size(DType t) {
-  return t == DType::kF32 ? 4 : 2;
+  switch (t) {
+    case DType::kF32:
+      return 4;
+    case DType::kBF16:
+    case DType::kF16:
+      return 2;
+    case DType::kU8:
+      return 1;
+    case DType::kF64:
+    case DType::kI64:
+      return 8;
+  }
+  return 0;
 }
 
 std::string_view dtype_name(DType t) {
@@ -19,6 +31,12 @@ std::string_view dtype_name(DType t) {
       return "bf16";
     case DType::kF16:
       return "f16";
+    case DType::kU8:
+      return "u8";
+    case DType::kF64:
+      return "f64";
+    case DType::kI64:
+      return "i64";
   }
   return "?";
 }
@@ -39,6 +57,8 @@ float load(const void* src, DType t, size_t i) {
       return bf16_to_f32(static_cast<const uint16_t*>(src)[i]);
     case DType::kF16:
       return f16_to_f32(static_cast<const uint16_t*>(src)[i]);
+    default:
+      break;
   }
   return 0.0f;
 }
@@ -53,6 +73,8 @@ void store(void* dst, DType t, size_t i, float v) {
     case DType::kF16:
       static_cast<uint16_t*>(dst)[i] = f32_to_f16(v);
       break;
+    default:
+      break;
   }
 }
 }  // namespace
@@ -62,6 +84,8 @@ void convert(const void* src, DType src_type, void* dst, DType dst_type, size_t 
     std::memmove(dst, src, n * dtype_size(src_type));
     return;
   }
+  LOOM_CHECK(is_float_storage(src_type) && is_float_storage(dst_type),
+             "no conversion from {} to {}", dtype_name(src_type), dtype_name(dst_type));
   for (size_t i = 0; i < n; ++i) store(dst, dst_type, i, load(src, src_type, i));
 }
 

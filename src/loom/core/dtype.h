@@ -1,4 +1,7 @@
-// Element types. Storage and conversion for f32, bf16 and f16; compute is f32.
+// Element types. Storage and conversion for f32, bf16 and f16; compute is
+// f32. u8, f64 and i64 are payloads for communication alone (bytes, exact
+// statistics, counters): they travel as they are and reduce exactly, and do
+// not convert to the others.
 #pragma once
 
 #include <bit>
@@ -8,7 +11,11 @@
 
 namespace loom {
 
-enum class DType : uint8_t { kF32, kBF16, kF16 };
+enum class DType : uint8_t { kF32, kBF16, kF16, kU8, kF64, kI64 };
+// f32, bf16, f16: the types tensors are stored in.
+inline bool is_float_storage(DType t) {
+  return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16;
+}
 
 size_t dtype_size(DType t);
 std::string_view dtype_name(DType t);

@@ -30,6 +30,8 @@ const char* st_dtype(DType t) {
       return "BF16";
     case DType::kF16:
       return "F16";
+    default:
+      break;
   }
   return "?";
 }

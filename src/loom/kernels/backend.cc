@@ -64,6 +64,7 @@ void Backend<T>::adamw_16(float*, const uint16_t*, float, float*, float*, uint16
 template <typename T>
 double Backend<T>::sum_squares_16(const uint16_t*, int64_t, DType) const {
   unsupported(Op::kSumSquares16);
+  return 0;
 }
 template <typename T>
 void Backend<T>::scale_16(uint16_t*, int64_t, float, DType) const {
@@ -85,6 +86,7 @@ void Backend<T>::accumulate_16(const float*, const uint16_t*, float, uint16_t*, 
 template <typename T>
 bool Backend<T>::nonfinite_16(const uint16_t*, int64_t, DType) const {
   unsupported(Op::kNonfinite16);
+  return true;
 }
 
 template class Backend<float>;

@@ -127,10 +127,18 @@ class ParamStore {
   DeferredGrads<T>* deferral() const { return defer_; }
 
   void set_hooks(UnitHooks hooks) { hooks_ = std::move(hooks); }
+  // Told when the layers begin and end computing with a unit (inside the
+  // hooks: a gather before and a reduction after are not part of it); the
+  // trace draws these spans.
+  void set_observer(std::function<void(int unit, Pass pass, bool begin)> f) {
+    observer_ = std::move(f);
+  }
   void before(int u, Pass pass) const {
     if (hooks_.before) hooks_.before(u, pass);
+    if (observer_) observer_(u, pass, true);
   }
   void after(int u, Pass pass) const {
+    if (observer_) observer_(u, pass, false);
     if (hooks_.after) hooks_.after(u, pass);
   }
 
@@ -148,6 +156,7 @@ class ParamStore {
   std::vector<T*> unit_widened_;
   DType dtype16_ = DType::kF32;
   UnitHooks hooks_;
+  std::function<void(int, Pass, bool)> observer_;
   DeferredGrads<T>* defer_ = nullptr;
 };
 

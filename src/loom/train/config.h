@@ -61,7 +61,7 @@ struct KernelsConfig {
 
 struct LogConfig {
   int64_t every = 1;
-  bool trace = false;      // write trace.json: the timeline of the pipelined steps
+  bool trace = false;      // write trace.json: the first steps' timeline (train/trace.h)
   double peak_gflops = 0;  // the MFU denominator; 0: measured at start
 };
 

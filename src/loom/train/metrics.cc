@@ -69,6 +69,12 @@ void MetricsLog::write(const StepResult& r) {
   j["bubble_fraction"] = r.bubble_fraction;
   if (r.val_loss) j["val_loss"] = *r.val_loss;
   j["comm_bytes"] = r.comm_bytes;
+  if (!r.comm_groups.empty()) {
+    json groups = json::object();
+    for (const CommTotals& g : r.comm_groups)
+      groups[g.group] = {{"ops", g.ops}, {"bytes", g.sent_bytes}, {"seconds", g.seconds}};
+    j["comm_groups"] = groups;
+  }
   if (!r.rank_compute.empty())
     j["ranks"] = {{"compute", r.rank_compute}, {"wait", r.rank_wait}, {"score", r.rank_score}};
   if (r.restart > 0)

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/comm/record.h"
 #include "loom/core/memory.h"
 
 namespace loom {
@@ -31,8 +32,13 @@ struct StepResult {
   double t_forward = 0, t_backward = 0, t_recompute = 0, t_optimizer = 0, t_step = 0;  // seconds
   double tokens_per_s = 0, mfu = 0;
   std::optional<double> val_loss;
-  double t_comm = 0, t_comm_exposed = 0, comm_bytes = 0;  // all communication
-  double t_all_to_all = 0;  // of it, the MoE layers' all-to-alls (expert parallelism)
+  double t_comm = 0, t_comm_exposed = 0;  // all communication
+  // Bytes this rank sent in the step, and per group, from the record of
+  // every operation (comm/record.h).
+  double comm_bytes = 0;
+  std::vector<CommTotals> comm_groups;
+  std::vector<CommEvent> comm_events;  // the step's operations (not written to metrics.jsonl)
+  double t_all_to_all = 0;             // of it, the MoE layers' all-to-alls (expert parallelism)
   // Pipelined: seconds the most idle stage waited in the schedule, that
   // stage's idle share, and seconds this rank blocked on pipeline messages.
   double t_bubble = 0, bubble_fraction = 0, t_p2p_wait = 0;

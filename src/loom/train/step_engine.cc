@@ -1,6 +1,7 @@
 #include "loom/train/step_engine.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -112,13 +113,15 @@ StepEngine::StepEngine(const Config& config, ParallelContext ctx, const Backend<
   if (schedule) {
     executor_ = std::make_unique<pp::Executor>(*schedule, stage, refs, ctx_.pp, B, Tn);
     executor_->set_tracing(config_.log.trace);
-    // One time origin for every rank (the bubble's span, the timeline),
-    // taken right after a barrier.
-    if (ctx_.world) ctx_.world->barrier()->wait();
-    executor_->set_time_origin(std::chrono::steady_clock::now());
   } else {
     acts_ = chunks_[0].stage->make_activations(B, Tn);
   }
+  // One time origin for every rank (the bubble's span, the timeline),
+  // taken right after a barrier.
+  if (ctx_.world) ctx_.world->barrier()->wait();
+  const auto origin = std::chrono::steady_clock::now();
+  origin_s_ = std::chrono::duration<double>(origin.time_since_epoch()).count();
+  if (executor_) executor_->set_time_origin(origin);
   const int64_t micro_batches = schedule ? m : 1;
   inputs_.resize(static_cast<size_t>(micro_batches * B * Tn));
   targets_.resize(static_cast<size_t>(micro_batches * B * Tn));
@@ -192,7 +195,6 @@ StepStats StepEngine::step(const BatchSource& data, int64_t step, double lr) {
   const tp::Traffic t = tp_.take_traffic();
   r.comm.comm_s += t.seconds;
   r.comm.exposed_s += t.seconds;
-  r.comm.bytes += t.bytes;
   take_all_to_all(r);
   return r;
 }
@@ -201,10 +203,8 @@ void StepEngine::take_all_to_all(StepStats& r) {
   if (!experts_) return;
   const ep::AllToAllStats a = experts_->take_stats();
   r.t_all_to_all = a.seconds;
-  r.all_to_all_bytes = a.bytes;
   r.comm.comm_s += a.seconds;
   r.comm.exposed_s += a.seconds;
-  r.comm.bytes += a.bytes;
 }
 
 double StepEngine::evaluate(const BatchSource& data, int64_t batches) {
@@ -245,10 +245,12 @@ std::vector<float> StepEngine::gather_params() {
 MemStats StepEngine::peak_memory_over_ranks() {
   MemStats mem = memory_tracker().stats();
   if (!ctx_.world) return mem;
-  const std::vector<size_t> all = all_gather_words(*ctx_.world, mem.peak.data(), kNumMemCategories);
-  for (int r = 0; r < ctx_.world->size(); ++r)
-    for (int c = 0; c < kNumMemCategories; ++c)
-      mem.peak[c] = std::max(mem.peak[c], all[static_cast<size_t>(r * kNumMemCategories + c)]);
+  // One small reduction of counters, whatever the world's size.
+  std::array<int64_t, kNumMemCategories> peak{};
+  for (int c = 0; c < kNumMemCategories; ++c) peak[c] = static_cast<int64_t>(mem.peak[c]);
+  ctx_.world->all_reduce(peak.data(), peak.data(), peak.size(), DType::kI64, ReduceOp::kMax)
+      ->wait();
+  for (int c = 0; c < kNumMemCategories; ++c) mem.peak[c] = static_cast<size_t>(peak[c]);
   return mem;
 }
 
@@ -326,12 +328,10 @@ StepStats StepEngine::step_pipelined(const BatchSource& data, int64_t step, doub
     const CommStats z = c.zero->take_stats();
     r.comm.comm_s += z.comm_s;
     r.comm.exposed_s += z.exposed_s;
-    r.comm.bytes += z.bytes;
   }
   const tp::Traffic t = tp_.take_traffic();
   r.comm.comm_s += t.seconds + st.wait;
   r.comm.exposed_s += t.seconds + st.wait;
-  r.comm.bytes += t.bytes + st.p2p.bytes;
   take_all_to_all(r);
   return r;
 }

@@ -35,9 +35,9 @@ struct StepStats {
   std::vector<MoeLayerStats> moe;
   double t_forward = 0, t_backward = 0, t_recompute = 0, t_optimizer = 0;  // seconds
   CommStats comm;
-  // Expert parallelism: seconds and bytes of the MoE layers' all-to-alls
+  // Expert parallelism: seconds of the MoE layers' all-to-alls
   // (also in comm; they block the layers, so all of it is exposed).
-  double t_all_to_all = 0, all_to_all_bytes = 0;
+  double t_all_to_all = 0;
   // Pipelined: over the pipeline's span (the first rank's start to the last
   // rank's last compute), the most idle rank's seconds without compute, the
   // mean idle share over the ranks; and this rank's seconds blocked on
@@ -73,6 +73,9 @@ class StepEngine {
   // The last pipelined step's instructions as they ran (log.trace), in
   // seconds from one origin the ranks took together when the engine was built.
   const std::vector<pp::TraceSlice>& trace() const;
+  // The ranks' common time origin, on comm_clock() (taken after a barrier
+  // when the engine was built).
+  double time_origin() const { return origin_s_; }
 
   // Runs optimizer step `step` (0-based) at learning rate `lr` over the
   // global batch `data` yields for it. When a gradient holds a non-finite
@@ -163,6 +166,7 @@ class StepEngine {
   const Config config_;
   ParallelContext ctx_;
   const Backend<float>& backend_;
+  double origin_s_ = 0;
   tp::Group tp_;                                     // the tensor-parallel group (traffic counted)
   std::shared_ptr<ep::AllToAllDispatcher> experts_;  // expert parallelism; null: none
   bool moe_split_ = false;                           // tensor ranks split the MoE layers' sequences

@@ -29,7 +29,6 @@ using nlohmann::json;
 namespace {
 
 constexpr int kAssembleTag = 7101;   // checkpoint assembly's point-to-point messages
-constexpr int kTraceTag = 7102;      // trace slices to the writer
 constexpr int64_t kTraceSteps = 20;  // steps a trace keeps (the first ones)
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -89,6 +88,10 @@ Trainer::Trainer(Config config, RunOptions options, ThreadConfig threads)
   backend_ = std::make_unique<CpuBackend<float>>(cpu::GemmConfig{
       gemm_.backend, config_.kernels.gemm_inputs == "16bit" ? config_.precision : DType::kF32});
   engine_ = std::make_unique<StepEngine>(config_, options_.parallel, *backend_);
+  if (config_.log.trace) {
+    trace_ = std::make_unique<RunTrace>(engine_->time_origin(), kTraceSteps);
+    for (int c = 0; c < engine_->num_chunks(); ++c) trace_->observe(engine_->stage(c));
+  }
   load_initial_state(seed);
   // Per rank; MFU divides the job's FLOP/s by it times the ranks. Under
   // mpirun rank 0 measures while the others wait (ranks measuring at once
@@ -175,6 +178,11 @@ StepResult Trainer::train_step() {
   // A skipped step does not advance the schedule (as DeepSpeed's scheduler
   // is not stepped on an overflow); its data is consumed.
   r.lr = learning_rate(config_.scheduler, config_.optimizer.lr, step_ - engine_->skipped_steps());
+  // The step's communication: what the record holds from now on (between
+  // steps, evaluation's and checkpoints' are not the step's).
+  CommRecord* record = options_.parallel.world ? options_.parallel.world->record() : nullptr;
+  if (record) record->take();
+  if (trace_) trace_->begin_step(r.step);
   const StepStats s = engine_->step(*train_data_, step_, r.lr);
   if (config_.comm.debug) engine_->check_replicas();
   r.loss = s.loss;
@@ -200,7 +208,6 @@ StepResult Trainer::train_step() {
   r.t_optimizer = s.t_optimizer;
   r.t_comm = s.comm.comm_s;
   r.t_comm_exposed = s.comm.exposed_s;
-  r.comm_bytes = s.comm.bytes;
   r.t_all_to_all = s.t_all_to_all;
   r.t_bubble = s.t_bubble;
   r.bubble_fraction = s.bubble_fraction;
@@ -212,6 +219,13 @@ StepResult Trainer::train_step() {
   r.gemm_backend = cpu::gemm_backend_name(gemm_.backend);
   r.peak_gflops = peak_gflops_;
   gather_rank_times(r);
+  if (record) {
+    r.comm_events = record->take();
+    for (const CommEvent& e : r.comm_events) r.comm_bytes += e.sent_bytes;
+    r.comm_groups = totals_by_group(r.comm_events);
+    if (trace_) trace_->add_comm(r.comm_events);
+  }
+  if (trace_) trace_->add_schedule(engine_->trace());
   ++step_;
   return r;
 }
@@ -428,72 +442,6 @@ std::string Trainer::save_pipelined(double lr) {
   return dir;
 }
 
-void Trainer::keep_trace(int64_t step) {
-  if (step > kTraceSteps) return;
-  for (const pp::TraceSlice& s : engine_->trace())
-    trace_.insert(trace_.end(), {double(step), s.start, s.end, double(static_cast<int>(s.instr.op)),
-                                 double(s.instr.micro), double(s.instr.chunk)});
-}
-
-void Trainer::write_trace() {
-  // Every rank's slices to the writer, as raw 8-byte words.
-  const ParallelContext& ctx = options_.parallel;
-  std::vector<std::vector<double>> ranks;
-  if (ctx.world) {
-    const size_t mine = trace_.size();
-    const std::vector<size_t> counts = all_gather_words(*ctx.world, &mine, 1);
-    if (writer_) {
-      for (int r = 0; r < ctx.world->size(); ++r) {
-        if (r == ctx.world->rank()) {
-          ranks.push_back(trace_);
-          continue;
-        }
-        std::vector<double> v(counts[static_cast<size_t>(r)]);
-        if (!v.empty()) ctx.world->recv(v.data(), 2 * v.size(), DType::kF32, r, kTraceTag)->wait();
-        ranks.push_back(std::move(v));
-      }
-    } else if (mine > 0) {
-      ctx.world->send(trace_.data(), 2 * mine, DType::kF32, 0, kTraceTag)->wait();
-    }
-  } else {
-    ranks.push_back(trace_);
-  }
-  if (!writer_ || options_.out_dir.empty()) return;
-  // Chrome trace JSON (Perfetto, chrome://tracing): a process per rank, a
-  // complete event per instruction, microseconds.
-  json events = json::array();
-  for (size_t r = 0; r < ranks.size(); ++r) {
-    const GridCoord c = ctx.grid.coord(static_cast<int>(r));
-    const int pid = static_cast<int>(r);
-    events.push_back(
-        {{"name", "process_name"},
-         {"ph", "M"},
-         {"pid", pid},
-         {"args", {{"name", format("rank {}: stage {} (tp {}, dp {})", r, c.pp, c.tp, c.dp)}}}});
-    events.push_back({{"name", "process_sort_index"},
-                      {"ph", "M"},
-                      {"pid", pid},
-                      {"args", {{"sort_index", pid}}}});
-    const std::vector<double>& v = ranks[r];
-    for (size_t k = 0; k + 6 <= v.size(); k += 6) {
-      const pp::Instr in{static_cast<pp::Op>(static_cast<int>(v[k + 3])),
-                         static_cast<int>(v[k + 4]), static_cast<int>(v[k + 5])};
-      json args = {{"step", static_cast<int64_t>(v[k])}};
-      if (in.micro >= 0) args["micro_batch"] = in.micro, args["chunk"] = in.chunk;
-      events.push_back({{"name", in.describe()},
-                        {"cat", pp::op_name(in.op)},
-                        {"ph", "X"},
-                        {"ts", v[k + 1] * 1e6},
-                        {"dur", (v[k + 2] - v[k + 1]) * 1e6},
-                        {"pid", pid},
-                        {"tid", 0},
-                        {"args", args}});
-    }
-  }
-  json trace = {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
-  write_file_atomic((fs::path(options_.out_dir) / "trace.json").string(), trace.dump() + "\n");
-}
-
 std::vector<StepResult> Trainer::run() {
   if (writer_ && !options_.out_dir.empty()) open_run_folder();
   if (!options_.quiet) describe_run();
@@ -508,15 +456,14 @@ std::vector<StepResult> Trainer::run() {
   const int64_t total = config_.train.steps, every = config_.checkpoint.every;
   // Every rank takes part in a save.
   const bool checkpoints = every > 0 && !checkpoint_root().empty();
-  const bool tracing = config_.log.trace && engine_->pipelined();
   while (step_ < total) {
     StepResult r = train_step();
+    r.comm_events = {};  // summed into the step's figures; a long run keeps only those
     if (results.empty() && options_.restart > 0) {
       r.restart = options_.restart;
       r.restart_cause = options_.restart_cause;
       r.world = options_.parallel.world ? options_.parallel.world->size() : 1;
     }
-    if (tracing) keep_trace(r.step);
     const int64_t eval = config_.train.eval_every;
     if (eval > 0 && (r.step % eval == 0 || r.step == total)) r.val_loss = evaluate();
     r.mem = engine_->peak_memory_over_ranks();
@@ -527,7 +474,10 @@ std::vector<StepResult> Trainer::run() {
     if (checkpoints && (r.step % every == 0 || r.step == total)) save(r.lr);
   }
   finish_save();
-  if (tracing) write_trace();
+  if (trace_)
+    trace_->write(
+        options_.parallel, writer_,
+        options_.out_dir.empty() ? "" : (fs::path(options_.out_dir) / "trace.json").string());
   // The closing sample decodes on rank 0 from full parameters; at stage 3
   // every rank takes part in gathering them.
   const TrainConfig& t = config_.train;

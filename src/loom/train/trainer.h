@@ -20,6 +20,7 @@
 #include "loom/train/metrics.h"
 #include "loom/train/step_engine.h"
 #include "loom/train/straggler.h"
+#include "loom/train/trace.h"
 
 namespace loom {
 
@@ -85,10 +86,6 @@ class Trainer {
   // A model spread over stages or expert-parallel ranks: gathered tensor by
   // tensor (WholeModel).
   std::string save_pipelined(double lr);
-  // log.trace: keeps the step's pipeline instructions; write_trace gathers
-  // every rank's on the writer and writes trace.json (collective).
-  void keep_trace(int64_t step);
-  void write_trace();
   void open_run_folder();
   std::string checkpoint_root() const;
   void describe_run() const;
@@ -114,7 +111,7 @@ class Trainer {
   int64_t step_ = 0;
   double resume_s_ = 0;  // verifying and reading the checkpoint resumed from (this rank)
   MetricsLog metrics_;
-  std::vector<double> trace_;  // per slice: step, start, end, op, micro, chunk
+  std::unique_ptr<RunTrace> trace_;  // log.trace: the first steps' timeline (train/trace.h)
   std::unique_ptr<Progress> progress_;
 };
 

@@ -31,6 +31,7 @@ int as_int(size_t n) {
 void exchange(const P2p& g, const float* send, size_t n_send, int to, float* recv, size_t n_recv,
               int from, int tag, float* reduce_into, ReduceOp op) {
   std::vector<MPI_Request> sends, recvs;
+  g.count_sent(n_send);
   for (size_t off = 0; off < n_send; off += kSegment) {
     sends.emplace_back();
     MPI_Isend(send + off, as_int(std::min(kSegment, n_send - off)), MPI_FLOAT, to, tag, g.comm,
@@ -102,6 +103,7 @@ void rhd_all_reduce(const P2p& g, float* data, size_t count, ReduceOp op) {
   if (r < 2 * extra) {
     if (r % 2 == 0) {
       MPI_Request req;
+      g.count_sent(count);
       MPI_Isend(data, as_int(count), MPI_FLOAT, r + 1, kAlgoTagBase + 3, g.comm, &req);
       g.wait(&req, 1);
       vrank = -1;
@@ -144,10 +146,12 @@ void rhd_all_reduce(const P2p& g, float* data, size_t count, ReduceOp op) {
   // Unfold: odd ranks return the result to the even rank that sat out.
   if (r < 2 * extra) {
     MPI_Request req;
-    if (r % 2 == 1)
+    if (r % 2 == 1) {
+      g.count_sent(count);
       MPI_Isend(data, as_int(count), MPI_FLOAT, r - 1, kAlgoTagBase + 6, g.comm, &req);
-    else
+    } else {
       MPI_Irecv(data, as_int(count), MPI_FLOAT, r + 1, kAlgoTagBase + 6, g.comm, &req);
+    }
     g.wait(&req, 1);
   }
 }

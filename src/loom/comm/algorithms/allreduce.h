@@ -16,6 +16,10 @@ struct P2p {
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0, size = 1;
   std::function<void(MPI_Request*, int)> wait;
+  double* sent = nullptr;  // when set, the bytes every send of the algorithm posts are added
+  void count_sent(size_t elements) const {
+    if (sent != nullptr) *sent += static_cast<double>(elements) * sizeof(float);
+  }
 };
 
 // Tags at or above this value are reserved for the algorithms.

@@ -29,9 +29,20 @@ int as_int(size_t n, const char* what) {
   return static_cast<int>(n);
 }
 
-// Raw transport type: reductions of bf16/f16 go through f32 (see reduce_f32).
+// Raw transport type: reductions of bf16/f16 go through f32 (F32View).
 MPI_Datatype transport_type(DType t) {
-  return t == DType::kF32 ? MPI_FLOAT : MPI_UINT16_T;
+  switch (t) {
+    case DType::kF32:
+      return MPI_FLOAT;
+    case DType::kU8:
+      return MPI_BYTE;
+    case DType::kF64:
+      return MPI_DOUBLE;
+    case DType::kI64:
+      return MPI_INT64_T;
+    default:
+      return MPI_UINT16_T;
+  }
 }
 
 MPI_Op mpi_op(ReduceOp op) {
@@ -298,7 +309,7 @@ std::shared_ptr<MpiProcessGroup> MpiProcessGroup::split(const std::vector<std::v
   // order with this group's other collectives. A rank in none of the groups
   // (a middle pipeline stage and the embedding groups) takes part and gets none.
   MPI_Comm comm = MPI_COMM_NULL;
-  enqueue(Op{"split", groups.size(), DType::kF32, 0}, [&](const Op&) {
+  enqueue(Op{"split", groups.size(), DType::kF32, 0}, [&](Op&) {
     MPI_Comm_split(comm_, color >= 0 ? color : MPI_UNDEFINED, key, &comm);
   })->wait();
   if (comm == MPI_COMM_NULL) return nullptr;
@@ -314,20 +325,41 @@ std::string MpiProcessGroup::Op::describe() const {
   return s + ")";
 }
 
-WorkPtr MpiProcessGroup::enqueue(Op op, std::function<void(const Op&)> body) {
+void MpiProcessGroup::add_record(const Op& op, double started) {
+  if (runtime_ == nullptr || op.kind == "split") return;
+  CommEvent e;
+  e.group = name_;
+  e.kind = op.kind;
+  e.algo = op.algo;
+  e.dtype = op.dtype;
+  e.wire = op.wire;
+  e.count = op.count;
+  if (op.kind == "send" || op.kind == "recv") e.peer = op.arg;
+  e.sent_bytes = op.sent;
+  e.exact = op.exact;
+  e.enqueued = op.enqueued;
+  e.started = started;
+  e.ended = comm_clock();
+  runtime_->record().add(std::move(e));
+}
+
+WorkPtr MpiProcessGroup::enqueue(Op op, std::function<void(Op&)> body) {
   op.seq = ++next_seq_;
+  op.enqueued = comm_clock();
   auto work =
       std::make_shared<Work>(format("{} in group '{}'", op.describe(), name_), options_.timeout_s);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back({work, [this, op, body = std::move(body), work] {
+    queue_.push_back({work, [this, op, body = std::move(body), work]() mutable {
                         started_ = op.seq;
                         work->mark_started();
                         auto t0 = Clock::now();
+                        const double started = comm_clock();
                         try {
                           if (options_.debug && op.kind != "send" && op.kind != "recv")
                             check_descriptors(op);
                           body(op);
+                          add_record(op, started);
                           work->finish(since(t0));
                         } catch (const Error& e) {
                           work->fail(format("group '{}' rank {}: {}: {}", name_, rank_,
@@ -353,6 +385,9 @@ WorkPtr MpiProcessGroup::enqueue_p2p(Op op, std::function<void(MPI_Request*)> po
   // must not shift the collectives' positions that debug mode and the
   // watchdog compare across the group.
   op.seq = ++next_p2p_seq_;
+  op.enqueued = comm_clock();
+  op.wire = op.dtype;
+  if (op.kind == "send") op.sent = static_cast<double>(op.count * dtype_size(op.dtype));
   auto work = std::make_shared<Work>(
       format("{}{}{} in group '{}'", op.what, op.what.empty() ? "" : ": ", op.describe(), name_),
       options_.timeout_s);
@@ -360,7 +395,7 @@ WorkPtr MpiProcessGroup::enqueue_p2p(Op op, std::function<void(MPI_Request*)> po
     std::lock_guard<std::mutex> lock(mu_);
     queue_.push_back({work, [this, op, post = std::move(post), work] {
                         work->mark_started();
-                        PendingP2p p{MPI_REQUEST_NULL, work, op, Clock::now()};
+                        PendingP2p p{MPI_REQUEST_NULL, work, op, Clock::now(), comm_clock()};
                         post(&p.req);
                         p2p_.push_back(std::move(p));
                         poll_p2p();
@@ -375,6 +410,7 @@ void MpiProcessGroup::poll_p2p() {
     int done = 0;
     MPI_Test(&p2p_[i].req, &done, MPI_STATUS_IGNORE);
     if (done) {
+      add_record(p2p_[i].op, p2p_[i].started);
       p2p_[i].work->finish(since(p2p_[i].start));
       p2p_.erase(p2p_.begin() + static_cast<std::ptrdiff_t>(i));
       continue;
@@ -613,9 +649,30 @@ WorkPtr MpiProcessGroup::all_reduce_with(const std::string& algo, const void* in
       kConfig,
       algo == "mpi" || algo == "ring" || algo == "rhd" || algo == "hierarchical" || algo == "auto",
       "comm.allreduce: unknown algorithm '{}' (mpi, ring, rhd, hierarchical, auto)", algo);
+  LOOM_CHECK_KIND(kUnsupported, t != DType::kU8, "group '{}': bytes (u8) do not reduce", name_);
+  LOOM_CHECK_KIND(kUnsupported, !(t == DType::kI64 && op == ReduceOp::kAvg),
+                  "group '{}': an average of i64 counters is not an i64", name_);
   Op o{"allreduce", count, t, static_cast<int>(op)};
-  return enqueue(o, [this, algo, in, out, count, t, op](const Op& o) {
+  if (t == DType::kF64 || t == DType::kI64) {
+    // Statistics and counters: reduced exactly, by MPI, as they are.
+    return enqueue(o, [this, in, out, count, t, op](Op& o) {
+      o.algo = "mpi";
+      o.wire = t;
+      o.sent = 2.0 * (size_ - 1) / size_ * double(count * dtype_size(t));
+      o.exact = false;
+      MPI_Request req;
+      MPI_Iallreduce(in == out ? MPI_IN_PLACE : in, out, as_int(count, "all-reduce"),
+                     transport_type(t), mpi_op(op), comm_, &req);
+      wait_requests(&req, 1, o);
+      if (op == ReduceOp::kAvg)
+        for (size_t i = 0; i < count; ++i) static_cast<double*>(out)[i] /= size_;
+    });
+  }
+  return enqueue(o, [this, algo, in, out, count, t, op](Op& o) {
     std::string a = algo == "auto" ? choose_algorithm(count * dtype_size(t)) : algo;
+    // 16-bit data is reduced in f32: it travels widened.
+    o.algo = a;
+    o.wire = DType::kF32;
     // f32 works on `out` directly; bf16 and f16 on a widened f32 copy of `in`.
     F32View src(in, t, count);
     float* res = t == DType::kF32 ? static_cast<float*>(out) : src.data;
@@ -623,6 +680,8 @@ WorkPtr MpiProcessGroup::all_reduce_with(const std::string& algo, const void* in
       MPI_Request req;
       MPI_Iallreduce(src.data == res ? MPI_IN_PLACE : src.data, res, as_int(count, "all-reduce"),
                      MPI_FLOAT, mpi_op(op), comm_, &req);
+      o.sent = 2.0 * (size_ - 1) / size_ * double(count) * sizeof(float);
+      o.exact = false;
       wait_requests(&req, 1, o);
       if (op == ReduceOp::kAvg)
         for (size_t i = 0; i < count; ++i) res[i] /= static_cast<float>(size_);
@@ -634,7 +693,7 @@ WorkPtr MpiProcessGroup::all_reduce_with(const std::string& algo, const void* in
     F32View work(res, DType::kF32, count);
     auto wait = [this, &o](MPI_Request* r, int n) { wait_requests(r, n, o); };
     ReduceOp base = op == ReduceOp::kMax ? ReduceOp::kMax : ReduceOp::kSum;
-    algo::P2p g{comm_, rank_, size_, wait};
+    algo::P2p g{comm_, rank_, size_, wait, &o.sent};
     if (a == "ring") {
       algo::ring_all_reduce(g, work.data, count, base);
     } else if (a == "rhd") {
@@ -648,8 +707,8 @@ WorkPtr MpiProcessGroup::all_reduce_with(const std::string& algo, const void* in
       if (!equal_nodes_) {
         algo::ring_all_reduce(g, work.data, count, base);  // unequal nodes: flat ring
       } else {
-        algo::hierarchical_all_reduce(algo::P2p{node_comm_, node_rank, node_size, wait},
-                                      algo::P2p{cross_comm_, cross_rank, cross_size, wait},
+        algo::hierarchical_all_reduce(algo::P2p{node_comm_, node_rank, node_size, wait, &o.sent},
+                                      algo::P2p{cross_comm_, cross_rank, cross_size, wait, &o.sent},
                                       work.data, count, base);
       }
     }
@@ -661,8 +720,14 @@ WorkPtr MpiProcessGroup::all_reduce_with(const std::string& algo, const void* in
 
 WorkPtr MpiProcessGroup::reduce_scatter(const void* in, void* out, size_t count, DType t,
                                         ReduceOp op) {
-  return enqueue(Op{"reducescatter", count, t, static_cast<int>(op)}, [=, this](const Op& o) {
+  LOOM_CHECK_KIND(kUnsupported, is_float_storage(t),
+                  "group '{}': reduce-scatter of {} is not supported (f32, bf16, f16)", name_,
+                  dtype_name(t));
+  return enqueue(Op{"reducescatter", count, t, static_cast<int>(op)}, [=, this](Op& o) {
     const size_t total = count * static_cast<size_t>(size_);
+    o.wire = DType::kF32;  // reduced in f32
+    o.sent = double(size_ - 1) * double(count) * sizeof(float);
+    o.exact = false;
     F32View buf(in, t, total);
     F32View res(count);
     MPI_Request req;
@@ -676,8 +741,11 @@ WorkPtr MpiProcessGroup::reduce_scatter(const void* in, void* out, size_t count,
 }
 
 WorkPtr MpiProcessGroup::all_gather(const void* in, void* out, size_t count, DType t) {
-  return enqueue(Op{"allgather", count, t, 0}, [=, this](const Op& o) {
+  return enqueue(Op{"allgather", count, t, 0}, [=, this](Op& o) {
     const size_t bytes = count * dtype_size(t);
+    o.wire = t;
+    o.sent = double(size_ - 1) * double(bytes);
+    o.exact = false;
     char* dst = static_cast<char*>(out);
     char* mine = dst + static_cast<size_t>(rank_) * bytes;
     // An input inside the output but not at this rank's block (in == out on
@@ -700,7 +768,10 @@ WorkPtr MpiProcessGroup::all_gather(const void* in, void* out, size_t count, DTy
 WorkPtr MpiProcessGroup::broadcast(void* buf, size_t count, DType t, int root) {
   LOOM_CHECK(root >= 0 && root < size_, "broadcast root {} outside group '{}' of size {}", root,
              name_, size_);
-  return enqueue(Op{"broadcast", count, t, root}, [=, this](const Op& o) {
+  return enqueue(Op{"broadcast", count, t, root}, [=, this](Op& o) {
+    o.wire = t;
+    o.sent = size_ > 1 ? double(count * dtype_size(t)) : 0.0;
+    o.exact = false;
     MPI_Request req;
     MPI_Ibcast(buf, as_int(count, "broadcast"), transport_type(t), root, comm_, &req);
     wait_requests(&req, 1, o);
@@ -715,7 +786,10 @@ WorkPtr MpiProcessGroup::all_to_all(const void* in, const std::vector<size_t>& s
              send_counts.size(), recv_counts.size());
   size_t total = 0;
   for (size_t c : send_counts) total += c;
-  return enqueue(Op{"alltoall", total, t, 0}, [=, this](const Op& o) {
+  return enqueue(Op{"alltoall", total, t, 0}, [=, this](Op& o) {
+    o.wire = t;
+    for (int r = 0; r < size_; ++r)
+      if (r != rank_) o.sent += double(send_counts[static_cast<size_t>(r)] * dtype_size(t));
     std::vector<int> sc(static_cast<size_t>(size_)), sd(sc.size()), rc(sc.size()), rd(sc.size());
     size_t so = 0, ro = 0;
     for (int r = 0; r < size_; ++r) {
@@ -759,7 +833,7 @@ WorkPtr MpiProcessGroup::recv(void* buf, size_t count, DType t, int peer, int ta
 }
 
 WorkPtr MpiProcessGroup::barrier() {
-  return enqueue(Op{"barrier", 0, DType::kF32, 0}, [=, this](const Op& o) {
+  return enqueue(Op{"barrier", 0, DType::kF32, 0}, [=, this](Op& o) {
     MPI_Request req;
     MPI_Ibarrier(comm_, &req);
     wait_requests(&req, 1, o);

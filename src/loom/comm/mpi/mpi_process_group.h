@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "loom/comm/process_group.h"
+#include "loom/comm/record.h"
 #include "loom/comm/topology.h"
 
 namespace loom {
@@ -71,6 +72,8 @@ class MpiRuntime {
   const Topology& topology() const { return topology_; }
   // The group of all ranks.
   std::shared_ptr<MpiProcessGroup> world(const CommOptions& options);
+  // Every operation of every group of this process, as it ran.
+  CommRecord& record() { return record_; }
   // Ends the job from any rank with this message (printed first). Should
   // MPI_Abort not end this rank within kAbortGraceS (a launcher it cannot
   // reach), the rank exits by itself.
@@ -85,6 +88,7 @@ class MpiRuntime {
   void discover_topology();
 
   Topology topology_;
+  CommRecord record_;
   int world_rank_ = 0, world_size_ = 1, node_size_ = 1;
   MPI_Comm control_ = MPI_COMM_NULL;  // watchdog queries and answers
   std::mutex groups_mu_;
@@ -128,6 +132,7 @@ class MpiProcessGroup : public ProcessGroup {
   WorkPtr recv(void* buf, size_t count, DType t, int peer, int tag,
                const std::string& what = {}) override;
   WorkPtr barrier() override;
+  CommRecord* record() const override { return runtime_ ? &runtime_->record() : nullptr; }
 
   // What comm.allreduce "auto" runs for a message of `bytes` on this group.
   std::string choose_algorithm(size_t bytes) const;
@@ -144,9 +149,16 @@ class MpiProcessGroup : public ProcessGroup {
     int arg = 0;            // reduce op or root
     uint64_t seq = 0;       // this group's sequence number, from 1
     std::string what = {};  // point-to-point: the caller's account of the message
+    // Filled in as it runs, for the record (comm/record.h).
+    std::string algo = {};     // an all-reduce's algorithm
+    DType wire = DType::kF32;  // what crossed the wire
+    double sent = 0;           // bytes this rank sent
+    bool exact = true;         // counted (else the algorithm's known volume)
+    double enqueued = 0;       // comm_clock() when the caller enqueued it
     std::string describe() const;
   };
-  WorkPtr enqueue(Op op, std::function<void(const Op&)> body);
+  WorkPtr enqueue(Op op, std::function<void(Op&)> body);
+  void add_record(const Op& op, double started);  // into the runtime's record
   // Send and receive: the worker posts the request and goes on with the next
   // operation; the request completes in the background (see poll_p2p), so a
   // send queued before a receive cannot block it, whatever the message size.
@@ -184,6 +196,7 @@ class MpiProcessGroup : public ProcessGroup {
     WorkPtr work;
     Op op;
     std::chrono::steady_clock::time_point start;
+    double started = 0;  // comm_clock() at the post
   };
   std::vector<PendingP2p> p2p_;  // worker thread only
 

@@ -85,8 +85,6 @@ BucketStats GradBuckets::finish() {
     if (b.work) {
       b.work->wait();
       s.comm_s += b.work->seconds();
-      s.bytes += 2.0 * (g.group->size() - 1) / g.group->size() * double(b.end - b.begin) *
-                 double(dtype_size(dtype_));
     }
     if (g.scale == 1.0f) continue;
     if (dtype_ == DType::kF32)

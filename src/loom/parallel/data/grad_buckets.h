@@ -20,7 +20,6 @@ namespace loom {
 struct BucketStats {
   double comm_s = 0;     // sum of the buckets' all-reduce times on the worker
   double exposed_s = 0;  // time the caller waited for them after backward
-  double bytes = 0;      // bytes each rank sends (ring model: 2 (p - 1) / p per element byte)
 };
 
 // Where a unit's gradients are averaged: over `group` (null: this rank

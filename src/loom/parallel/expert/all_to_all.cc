@@ -67,7 +67,6 @@ void AllToAllDispatcher::exchange(const void* in, const std::vector<size_t>& sen
   for (size_t j = 0; j < send.size(); ++j) {
     s[j] = send[j] * static_cast<size_t>(C);
     r[j] = recv[j] * static_cast<size_t>(C);
-    if (static_cast<int>(j) != rank()) stats_.bytes += double(s[j]) * sizeof(float);
   }
   const auto t0 = std::chrono::steady_clock::now();
   group_->all_to_all(in, s, out, r, DType::kF32)->wait();

@@ -19,7 +19,6 @@ namespace loom::ep {
 // What the all-to-alls cost since the last take_stats().
 struct AllToAllStats {
   double seconds = 0;  // waiting for them (they block the layer)
-  double bytes = 0;    // sent to other ranks
   int64_t calls = 0;
 };
 

@@ -149,7 +149,6 @@ void Executor::send(const Instr& in, ExecStats& st) {
     s.pending_send =
         group_->send(s.acts.output, n, DType::kF32, peer, tag(in.micro, to, false), what);
   }
-  st.p2p.bytes += static_cast<double>(n * sizeof(float));
 }
 
 void Executor::forward(const Instr& in, const MicroBatch& mb, bool training, ExecStats& st) {

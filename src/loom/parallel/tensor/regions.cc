@@ -11,7 +11,6 @@ void Group::all_reduce(float* x, int64_t n, ReduceOp op) const {
   g_->all_reduce(x, x, static_cast<size_t>(n), DType::kF32, op)->wait();
   traffic_->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // A ring all-reduce sends 2 (p - 1) / p of the buffer from every rank.
-  traffic_->bytes += 2.0 * (size() - 1) / size() * double(n) * sizeof(float);
 }
 
 void Group::sum(float* x, int64_t n) const {
@@ -30,7 +29,6 @@ void Group::gather(const float* local, float* all, int64_t n) const {
   const auto t0 = std::chrono::steady_clock::now();
   g_->all_gather(local, all, static_cast<size_t>(n), DType::kF32)->wait();
   traffic_->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  traffic_->bytes += double(size() - 1) * double(n) * sizeof(float);
 }
 
 void Group::reduce_scatter(const float* all, float* local, int64_t n) const {
@@ -41,7 +39,6 @@ void Group::reduce_scatter(const float* all, float* local, int64_t n) const {
   const auto t0 = std::chrono::steady_clock::now();
   g_->reduce_scatter(all, local, static_cast<size_t>(n), DType::kF32, ReduceOp::kSum)->wait();
   traffic_->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  traffic_->bytes += double(size() - 1) * double(n) * sizeof(float);
 }
 
 Traffic Group::take_traffic() const {

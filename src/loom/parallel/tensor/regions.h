@@ -17,9 +17,9 @@
 namespace loom::tp {
 
 // Time spent in the group's collectives (all blocking: the layer waits for
-// each) and the bytes each rank sent (ring model), since the last take().
+// each) since the last take(); the bytes are in the record (comm/record.h).
 struct Traffic {
-  double seconds = 0, bytes = 0;
+  double seconds = 0;
 };
 
 class Group {

@@ -266,7 +266,6 @@ void ZeroEngine::end_micro_batch() {
     BucketStats s = buckets_->finish();
     stats_.comm_s += s.comm_s;
     stats_.exposed_s += s.exposed_s;
-    stats_.bytes += s.bytes;
   }
   // Nothing but the persistent units stays gathered: a gathered copy kept
   // past the optimizer step would be stale.
@@ -324,7 +323,6 @@ void ZeroEngine::launch_gather(int u) {
   if (const UnitGroup& ugr = ug(u); ugr.group) {
     g.work =
         ugr.group->all_gather(mine, g.buf.data(), static_cast<size_t>(slice_[u]), config_.dtype);
-    stats_.bytes += double(ugr.size - 1) / ugr.size * double(pbytes(units_[u].size()));
     fault_point("zero_gather");
   } else {
     std::memcpy(g.buf.data(), mine, pbytes(slice_[u]));
@@ -463,7 +461,6 @@ void ZeroEngine::launch_reduce(int u) {
     char* p = buf.as<char>();
     w = g.group->reduce_scatter(p, p + pbytes(g.srank * slice_[u]), static_cast<size_t>(slice_[u]),
                                 config_.dtype, ReduceOp::kAvg);
-    stats_.bytes += double(g.size - 1) / g.size * double(pbytes(units_[u].size()));
   }
   reducing_.push_back({u, std::move(buf), std::move(w), half16});
   if (reducing_.back().work) fault_point("zero_reduce");
@@ -592,7 +589,6 @@ void ZeroEngine::sum_grads(int64_t begin, int64_t end, ProcessGroup& group) {
                      : static_cast<void*>(r.data + (lo - r.begin));
     works.push_back(
         group.all_reduce(g, g, static_cast<size_t>(hi - lo), config_.dtype, ReduceOp::kSum));
-    stats_.bytes += 2.0 * (group.size() - 1) / group.size() * double(pbytes(hi - lo));
   }
   wait_all(works, &stats_.exposed_s, &stats_.comm_s);
 }
@@ -686,7 +682,6 @@ void ZeroEngine::gather_updated_params() {
                         : reinterpret_cast<char*>(store_.params() + units_[u].begin);
     works.push_back(g.group->all_gather(unit + pbytes(g.srank * slice_[u]), unit,
                                         static_cast<size_t>(slice_[u]), config_.dtype));
-    stats_.bytes += double(g.size - 1) / g.size * double(pbytes(units_[u].size()));
   }
   wait_all(works, &stats_.exposed_s, &stats_.comm_s);
 }

@@ -54,7 +54,6 @@ namespace loom {
 struct CommStats {
   double comm_s = 0;     // time the collectives took on the communication thread
   double exposed_s = 0;  // time the caller waited for them
-  double bytes = 0;      // bytes this rank sent (ring model)
 };
 
 // Expert parallelism (parallel.expert > 1): the expert units (Unit::expert)
