@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "loom/comm/grid.h"
+#include "loom/comm/record.h"
 #include "loom/core/error.h"
 #include "mpi_main.h"
 
@@ -158,6 +159,102 @@ TEST(Collectives, AllToAllWithPerRankCountsAndPointToPoint) {
     EXPECT_EQ(got[n - 1], static_cast<float>((r - 1 + p) % p));
   }
   g->barrier()->wait();
+}
+
+// The record of every operation (comm/record.h): one event per collective
+// and message, with the group, the kind, the type on the wire and the bytes
+// this rank sent, counted message by message where loom sends them.
+TEST(Collectives, EveryOperationIsRecordedWithTheBytesItSent) {
+  CommOptions opt;
+  opt.timeout_s = 120;
+  auto world = runtime().world(opt);
+  const int p = world->size(), r = world->rank();
+  CommRecord& record = *world->record();
+  record.take();
+  const size_t n = 1024 * static_cast<size_t>(p);  // the ring's chunks are equal
+  std::vector<float> x(n, 1.0f);
+  world->all_reduce_with("ring", x.data(), x.data(), n, DType::kF32, ReduceOp::kSum)->wait();
+  world->all_reduce_with("rhd", x.data(), x.data(), n, DType::kF32, ReduceOp::kSum)->wait();
+  std::vector<uint16_t> h = narrow(std::vector<float>(n, 1.0f), DType::kBF16),
+                        all(n * static_cast<size_t>(p));
+  world->all_reduce(h.data(), h.data(), n, DType::kBF16, ReduceOp::kSum)->wait();
+  world->all_gather(h.data(), all.data(), n, DType::kBF16)->wait();
+  std::vector<size_t> counts(static_cast<size_t>(p));
+  for (int k = 0; k < p; ++k) counts[static_cast<size_t>(k)] = static_cast<size_t>(k + 1);
+  const size_t total = static_cast<size_t>(p * (p + 1) / 2);
+  std::vector<float> send(total, 1.0f), recv(static_cast<size_t>((r + 1) * p));
+  std::vector<size_t> rcounts(static_cast<size_t>(p), static_cast<size_t>(r + 1));
+  world->all_to_all(send.data(), counts, recv.data(), rcounts, DType::kF32)->wait();
+  if (p > 1) {
+    std::vector<float> msg(100, 2.0f);
+    const int to = (r + 1) % p, from = (r + p - 1) % p;
+    WorkPtr s1 = world->send(msg.data(), 100, DType::kF32, to, 5);
+    std::vector<float> in(100);
+    world->recv(in.data(), 100, DType::kF32, from, 5)->wait();
+    s1->wait();
+  }
+  const std::vector<CommEvent> ev = record.take();
+  ASSERT_EQ(ev.size(), p > 1 ? 7u : 5u);
+  for (const CommEvent& e : ev) {
+    EXPECT_EQ(e.group, "world");
+    EXPECT_LE(e.enqueued, e.started + 1e-9);
+    EXPECT_LE(e.started, e.ended);
+  }
+  const double fp = 4.0 * double(n);
+  EXPECT_EQ(ev[0].kind, "allreduce");
+  EXPECT_EQ(ev[0].algo, "ring");
+  EXPECT_TRUE(ev[0].exact);
+  EXPECT_EQ(ev[0].sent_bytes, 2.0 * (p - 1) / p * fp);  // counted send by send
+  EXPECT_EQ(ev[1].algo, "rhd");
+  if ((p & (p - 1)) == 0) EXPECT_EQ(ev[1].sent_bytes, 2.0 * (p - 1) / p * fp);
+  // 16-bit gradients are reduced in f32 and cross the wire as f32; gathers
+  // move 16 bits.
+  EXPECT_EQ(ev[2].dtype, DType::kBF16);
+  EXPECT_EQ(ev[2].wire, DType::kF32);
+  EXPECT_EQ(ev[2].sent_bytes, 2.0 * (p - 1) / p * fp);
+  EXPECT_FALSE(ev[2].exact);
+  EXPECT_EQ(ev[3].kind, "allgather");
+  EXPECT_EQ(ev[3].wire, DType::kBF16);
+  EXPECT_EQ(ev[3].sent_bytes, double(p - 1) * 2.0 * double(n));
+  EXPECT_EQ(ev[4].kind, "alltoall");
+  EXPECT_TRUE(ev[4].exact);
+  EXPECT_EQ(ev[4].sent_bytes, 4.0 * double(total - static_cast<size_t>(r + 1)));
+  if (p > 1) {
+    // The receive completes first or second; the send is the one that sent.
+    double sent = 0, received = 0;
+    for (size_t k = 5; k < 7; ++k) (ev[k].kind == "send" ? sent : received) += ev[k].sent_bytes;
+    EXPECT_EQ(sent, 400.0);
+    EXPECT_EQ(received, 0.0);
+  }
+  const std::vector<CommTotals> t = totals_by_group(ev);
+  ASSERT_EQ(t.size(), 1u);
+  EXPECT_EQ(t[0].ops, static_cast<int>(ev.size()));
+}
+
+// Statistics and counters travel exactly: f64 and i64 reduce as they are,
+// bytes gather as they are and do not reduce.
+TEST(Collectives, SixtyFourBitAndBytePayloads) {
+  auto world = runtime().world(CommOptions{});
+  const int p = world->size(), r = world->rank();
+  double d[2] = {1e-17 * (r + 1), 1.0 + r};
+  world->all_reduce(d, d, 2, DType::kF64, ReduceOp::kSum)->wait();
+  EXPECT_DOUBLE_EQ(d[0], 1e-17 * p * (p + 1) / 2);
+  EXPECT_EQ(d[1], p + p * (p - 1) / 2.0);
+  int64_t big[2] = {(int64_t{1} << 40) + r, -r};
+  world->all_reduce(big, big, 2, DType::kI64, ReduceOp::kMax)->wait();
+  EXPECT_EQ(big[0], (int64_t{1} << 40) + p - 1);
+  EXPECT_EQ(big[1], 0);
+  const std::string mine = "rank " + std::to_string(r) + "!";
+  std::string all(mine.size() * static_cast<size_t>(p), ' ');
+  world->all_gather(mine.data(), all.data(), mine.size(), DType::kU8)->wait();
+  EXPECT_EQ(all.substr(0, 7), "rank 0!");
+  uint8_t b = 1;
+  try {
+    world->all_reduce(&b, &b, 1, DType::kU8, ReduceOp::kSum);
+    ADD_FAILURE() << "bytes reduced";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("bytes (u8) do not reduce"), std::string::npos);
+  }
 }
 
 TEST(Collectives, GroupsFromTheGridProgressIndependently) {

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "loom/comm/grid.h"
+#include "loom/comm/record.h"
 #include "loom/comm/topology.h"
 #include "loom/core/error.h"
 
@@ -94,6 +95,34 @@ TEST(Grid, InvalidShapesGiveNumbersAndNearestChoices) {
   EXPECT_EQ(error_of({8, 2, 1, 3}),
             "parallel.expert 3 does not divide the data-parallel size 4 (world 8 / (tp 2 x pp "
             "1)); valid expert sizes: 1, 2, 4; nearest: 2 or 4");
+}
+
+// The record keeps the newest events when nobody takes them, and counts
+// what it dropped; totals add per group in order of first appearance.
+TEST(CommRecord, KeepsTheNewestAndCountsTheDropped) {
+  CommRecord rec(3);
+  for (int i = 0; i < 5; ++i) {
+    CommEvent e;
+    e.group = i % 2 ? "tp" : "dp";
+    e.sent_bytes = i;
+    e.started = i, e.ended = i + 0.5;
+    rec.add(e);
+  }
+  EXPECT_EQ(rec.dropped(), 2u);
+  const std::vector<CommEvent> ev = rec.take();
+  ASSERT_EQ(ev.size(), 3u);
+  EXPECT_EQ(ev[0].sent_bytes, 2);
+  EXPECT_EQ(ev[2].sent_bytes, 4);
+  EXPECT_TRUE(rec.take().empty());
+  const std::vector<CommTotals> t = totals_by_group(ev);
+  ASSERT_EQ(t.size(), 2u);
+  EXPECT_EQ(t[0].group, "dp");
+  EXPECT_EQ(t[0].ops, 2);
+  EXPECT_EQ(t[0].sent_bytes, 6);
+  EXPECT_EQ(t[0].seconds, 1.0);
+  EXPECT_EQ(t[1].group, "tp");
+  EXPECT_EQ(t[1].sent_bytes, 3);
+  EXPECT_THROW(CommRecord(0), Error);
 }
 
 }  // namespace
