@@ -12,6 +12,7 @@
 #include "commands.h"
 #include "loom/comm/comm_options.h"
 #include "loom/comm/mpi/mpi_process_group.h"
+#include "loom/core/clock.h"
 #include "loom/core/error.h"
 #include "loom/core/memory.h"
 #include "loom/kernels/backend.h"
@@ -46,10 +47,6 @@ size_t parse_size(const std::string& s, const char* what) {
 }
 
 using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
 // The bus bandwidth factor of nccl-tests: the share of the data each rank
 // must send for the operation, so results compare across group sizes.
 double bus_factor(const std::string& op, int n) {
@@ -80,14 +77,14 @@ double time_op(MpiProcessGroup& g, const CommBenchArgs& a, const std::string& al
     run();
     if (i > 0 || a.budget_s <= 0) continue;
     // Every rank must run the same count: the slowest rank's first run decides.
-    double first = since(t0), worst = 0;
+    double first = seconds_since(t0), worst = 0;
     MPI_Allreduce(&first, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     iters = static_cast<int>(std::clamp(a.budget_s / worst, 2.0, double(a.iters)));
   }
   g.barrier()->wait();
   auto t0 = Clock::now();
   for (int i = 0; i < iters; ++i) run();
-  double local = since(t0) / iters, slowest = 0;
+  double local = seconds_since(t0) / iters, slowest = 0;
   MPI_Allreduce(&local, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   return slowest;
 }
@@ -112,25 +109,25 @@ void run_overlap(MpiProcessGroup& g, size_t bytes, const std::string& algo) {
   g.barrier()->wait();
   auto t0 = Clock::now();
   comm()->wait();
-  double t_comm = since(t0);
+  double t_comm = seconds_since(t0);
   // Enough matmuls to outlast the all-reduce alone.
   t0 = Clock::now();
   compute(1);
-  double one = since(t0);
+  double one = seconds_since(t0);
   int reps = std::max(1, static_cast<int>(1.5 * t_comm / one) + 1);
   g.barrier()->wait();
   t0 = Clock::now();
   compute(reps);
-  double t_compute = since(t0);
+  double t_compute = seconds_since(t0);
   g.barrier()->wait();
   t0 = Clock::now();
   WorkPtr w = comm();
   compute(reps);
-  double t_compute_overlapped = since(t0);
+  double t_compute_overlapped = seconds_since(t0);
   auto t1 = Clock::now();
   bool finished = w->test();
   w->wait();
-  double waited = since(t1);
+  double waited = seconds_since(t1);
   double local[5] = {t_comm, t_compute, t_compute_overlapped, waited, finished ? 1.0 : 0.0};
   double worst[5];
   MPI_Allreduce(local, worst, 5, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);

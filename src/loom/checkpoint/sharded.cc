@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "loom/core/error.h"
+#include "loom/core/range.h"
 #include "loom/core/fault.h"
 #include "loom/core/memory.h"
 #include "loom/io/fs.h"
@@ -346,7 +347,7 @@ void CheckpointReader::read(const std::string& name, const Param& p, int64_t beg
     int64_t covered = 0;
     for (const Piece& pc : t.pieces) {
       if (!same_slicing(pc.shard, p.shard)) continue;
-      const int64_t lo = std::max(pc.begin, begin), hi = std::min(pc.end, end);
+      const auto [lo, hi] = intersect({pc.begin, pc.end}, {begin, end});
       if (lo >= hi) continue;
       copy_piece(name, pc, lo, hi, dst + (lo - begin));
       covered += hi - lo;

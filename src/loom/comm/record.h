@@ -12,7 +12,9 @@
 // for MPI's own collectives, whose inner messages MPI does not show, they
 // are the volume of the bandwidth-optimal algorithm (all-reduce 2 (p - 1) / p
 // of the message, reduce-scatter and all-gather (p - 1) / p of the whole,
-// broadcast the message), and the event says so (exact = false).
+// broadcast (p - 1) / p of the message), and the event says so (exact =
+// false). Events are keyed by the group's name: a grid group that is the
+// whole job (dp on a data-parallel-only job) is the world, named "world".
 #pragma once
 
 #include <cstddef>
@@ -39,6 +41,7 @@ struct CommEvent {
   int peer = -1;              // send and receive: the other rank (in the group)
   double sent_bytes = 0;      // bytes this rank sent to the others
   bool exact = true;          // sent_bytes counted message by message (else: the model above)
+  bool failed = false;        // the operation failed (its Work threw); bytes as far as known
   double enqueued = 0, started = 0, ended = 0;  // comm_clock() seconds
 };
 

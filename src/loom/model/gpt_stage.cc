@@ -7,18 +7,11 @@
 #include <string>
 #include <type_traits>
 
+#include "loom/core/clock.h"
 #include "loom/core/error.h"
 #include "loom/core/fault.h"
 
 namespace loom {
-
-namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-}  // namespace
 
 template <typename T>
 GptStage<T>::GptStage(const GptConfig& config, StageSpec spec, StoreOptions storage,

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "loom/core/error.h"
+#include "loom/core/range.h"
 
 namespace loom {
 
@@ -24,7 +25,7 @@ std::vector<AdamWSegment> adamw_segments(const ParamLayout& layout, int64_t begi
   if (!runs.empty()) runs.back().end = layout.total();
   std::vector<AdamWSegment> out;
   for (const Run& r : runs) {
-    const int64_t b = std::max(r.begin, begin), e = std::min(r.end, end);
+    const auto [b, e] = intersect({r.begin, r.end}, {begin, end});
     if (b < e) out.push_back({b, b, b, e - b, r.decay});
   }
   return out;

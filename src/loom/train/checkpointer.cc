@@ -5,7 +5,9 @@
 #include <cstring>
 #include <filesystem>
 
+#include "loom/core/clock.h"
 #include "loom/core/error.h"
+#include "loom/core/range.h"
 #include "loom/core/memory.h"
 
 namespace loom {
@@ -19,10 +21,6 @@ using State = ZeroEngine::State;
 
 constexpr std::pair<State, const char*> kStates[] = {
     {State::kParams, ""}, {State::kExpAvg, "exp_avg."}, {State::kExpAvgSq, "exp_avg_sq."}};
-
-double seconds_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
 
 // A rank's file as the all-gather carries it: its size, then its SHA-256 in
 // hex, 8 characters to a word.
@@ -72,7 +70,7 @@ std::vector<PieceOut> Checkpointer::pieces() const {
         // written by its first rank.
         if (p.unit == skip || (!p.shard.sharded() && tp_rank != 0)) continue;
         const ZeroEngine::StateRange& r = share[static_cast<size_t>(p.unit)];
-        const int64_t lo = std::max(r.begin, p.offset), hi = std::min(r.end, p.offset + p.numel);
+        const auto [lo, hi] = intersect({r.begin, r.end}, {p.offset, p.offset + p.numel});
         if (lo >= hi) continue;
         out.push_back({prefix + p.name, &p, lo - p.offset, hi - p.offset, r.data + (lo - r.begin)});
       }
@@ -220,7 +218,7 @@ void Checkpointer::load(StepEngine& engine, const CheckpointReader& reader, bool
                           reader.where(), p.name, dtype_name(reader.stored_dtype(prefix + p.name)),
                           dtype_name(zero.dtype()));
         const ZeroEngine::StateRange& r = held[static_cast<size_t>(p.unit)];
-        const int64_t lo = std::max(r.begin, p.offset), hi = std::min(r.end, p.offset + p.numel);
+        const auto [lo, hi] = intersect({r.begin, r.end}, {p.offset, p.offset + p.numel});
         if (lo < hi)
           reader.read(prefix + p.name, p, lo - p.offset, hi - p.offset, r.data + (lo - r.begin));
       }

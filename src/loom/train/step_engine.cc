@@ -9,7 +9,9 @@
 #include <optional>
 #include <string>
 
+#include "loom/core/clock.h"
 #include "loom/core/error.h"
+#include "loom/core/range.h"
 #include "loom/core/fault.h"
 #include "loom/core/rng.h"
 #include "loom/parallel/expert/all_to_all.h"
@@ -40,9 +42,6 @@ std::shared_ptr<ep::AllToAllDispatcher> experts_for(const Config& c, const Paral
   return std::make_shared<ep::AllToAllDispatcher>(ctx.ep);
 }
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 }  // namespace
 
 StepEngine::StepEngine(const Config& config, ParallelContext ctx, const Backend<float>& backend)
@@ -519,7 +518,7 @@ std::string StepEngine::first_nonfinite_param() {
     const std::vector<ZeroEngine::StateRange> held = c.zero->held(ZeroEngine::State::kGrads);
     for (const Param& p : c.stage->layout().params()) {
       const ZeroEngine::StateRange& r = held[static_cast<size_t>(p.unit)];
-      const int64_t lo = std::max(r.begin, p.offset), hi = std::min(r.end, p.offset + p.numel);
+      const auto [lo, hi] = intersect({r.begin, r.end}, {p.offset, p.offset + p.numel});
       if (lo >= hi) continue;
       bool bad = false;
       if (r.data16)
@@ -555,7 +554,7 @@ void StepEngine::inject_nonfinite(int64_t step) {
     if (p == nullptr) continue;
     const ZeroEngine::StateRange r =
         c.zero->held(ZeroEngine::State::kGrads)[static_cast<size_t>(p->unit)];
-    const int64_t lo = std::max(r.begin, p->offset), hi = std::min(r.end, p->offset + p->numel);
+    const auto [lo, hi] = intersect({r.begin, r.end}, {p->offset, p->offset + p->numel});
     if (lo >= hi) continue;
     if (r.data16)
       r.data16[lo - r.begin] = c.zero->dtype() == DType::kBF16 ? 0x7fc0 : 0x7e00;  // NaN
@@ -578,7 +577,7 @@ void StepEngine::inject_grad_scale() {
     if (p == nullptr || (name == "transformer.wte.weight" && c.stage->wte_is_copy())) continue;
     const ZeroEngine::StateRange r =
         c.zero->held(ZeroEngine::State::kGrads)[static_cast<size_t>(p->unit)];
-    const int64_t lo = std::max(r.begin, p->offset), hi = std::min(r.end, p->offset + p->numel);
+    const auto [lo, hi] = intersect({r.begin, r.end}, {p->offset, p->offset + p->numel});
     if (lo >= hi) continue;
     if (r.data16)
       backend_.scale_16(r.data16 + (lo - r.begin), hi - lo, factor, c.zero->dtype());
@@ -599,7 +598,7 @@ void StepEngine::check_replicas() {
     for (const Param& p : c.stage->layout().params()) {
       if (p.shard.sharded()) continue;
       const ZeroEngine::StateRange& r = held[static_cast<size_t>(p.unit)];
-      const int64_t lo = std::max(r.begin, p.offset), hi = std::min(r.end, p.offset + p.numel);
+      const auto [lo, hi] = intersect({r.begin, r.end}, {p.offset, p.offset + p.numel});
       // FNV-1a over the elements' bytes (empty when this rank holds none).
       const bool held = lo < hi;
       const char* x = held ? reinterpret_cast<const char*>(r.data + (lo - r.begin)) : "";

@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "loom/checkpoint/checkpoint.h"
+#include "loom/core/clock.h"
 #include "loom/core/error.h"
 #include "loom/core/fault.h"
 #include "loom/core/rng.h"
@@ -30,10 +31,6 @@ namespace {
 
 constexpr int kAssembleTag = 7101;   // checkpoint assembly's point-to-point messages
 constexpr int64_t kTraceSteps = 20;  // steps a trace keeps (the first ones)
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 // The tokenizer named in meta.json beside a token file, if there is one.
 std::unique_ptr<Tokenizer> tokenizer_for(const std::string& token_path) {
@@ -224,8 +221,16 @@ StepResult Trainer::train_step() {
     for (const CommEvent& e : r.comm_events) r.comm_bytes += e.sent_bytes;
     r.comm_groups = totals_by_group(r.comm_events);
     if (trace_) trace_->add_comm(r.comm_events);
+    if (record->dropped() > comm_dropped_ && writer_ && comm_dropped_ == 0)
+      std::printf("loom: warning: the communication record overflowed in step %ld (%lu events "
+                  "lost): comm_bytes undercounts\n",
+                  long(r.step), static_cast<unsigned long>(record->dropped()));
+    comm_dropped_ = record->dropped();
   }
-  if (trace_) trace_->add_schedule(engine_->trace());
+  if (trace_) {
+    trace_->add_schedule(engine_->trace());
+    trace_->begin_step(0);  // evaluation and checkpoints between steps are not traced
+  }
   ++step_;
   return r;
 }

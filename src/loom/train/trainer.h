@@ -99,6 +99,10 @@ class Trainer {
   // The run's backend (kernels.gemm, kernels.gemm_inputs): every stage of
   // the engine computes on it. Declared before the engine, which it outlives.
   std::unique_ptr<CpuBackend<float>> backend_;
+  // log.trace: the first steps' timeline (train/trace.h). Before the engine:
+  // the stages' observers point at it.
+  std::unique_ptr<RunTrace> trace_;
+  uint64_t comm_dropped_ = 0;  // events the record lost (warned once)
   std::unique_ptr<StepEngine> engine_;
   std::unique_ptr<Checkpointer> checkpointer_;
   std::unique_ptr<BatchSource> train_data_, val_data_;
@@ -111,7 +115,6 @@ class Trainer {
   int64_t step_ = 0;
   double resume_s_ = 0;  // verifying and reading the checkpoint resumed from (this rank)
   MetricsLog metrics_;
-  std::unique_ptr<RunTrace> trace_;  // log.trace: the first steps' timeline (train/trace.h)
   std::unique_ptr<Progress> progress_;
 };
 

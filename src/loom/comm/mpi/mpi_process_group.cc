@@ -9,6 +9,7 @@
 #include <exception>
 
 #include "loom/comm/algorithms/allreduce.h"
+#include "loom/core/clock.h"
 #include "loom/core/error.h"
 #include "loom/core/memory.h"
 
@@ -18,36 +19,6 @@ namespace {
 
 constexpr int kQueryTag = 1, kReplyTagBase = 1000;
 using Clock = std::chrono::steady_clock;
-
-double since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-int as_int(size_t n, const char* what) {
-  LOOM_CHECK_KIND(kUnsupported, n <= static_cast<size_t>(INT_MAX),
-                  "{} of {} elements exceeds MPI's int count", what, n);
-  return static_cast<int>(n);
-}
-
-// Raw transport type: reductions of bf16/f16 go through f32 (F32View).
-MPI_Datatype transport_type(DType t) {
-  switch (t) {
-    case DType::kF32:
-      return MPI_FLOAT;
-    case DType::kU8:
-      return MPI_BYTE;
-    case DType::kF64:
-      return MPI_DOUBLE;
-    case DType::kI64:
-      return MPI_INT64_T;
-    default:
-      return MPI_UINT16_T;
-  }
-}
-
-MPI_Op mpi_op(ReduceOp op) {
-  return op == ReduceOp::kMax ? MPI_MAX : MPI_SUM;
-}
 
 // Operation names by the code the debug-mode descriptors carry.
 constexpr const char* kKinds[] = {"allreduce", "reducescatter", "allgather", "broadcast",
@@ -59,23 +30,6 @@ int kind_code(const std::string& kind) {
     if (kind == kKinds[i]) return i;
   return -1;
 }
-
-// Runs a reduction in f32: bf16 and f16 inputs are widened into a comm-category
-// buffer and the result narrowed back, so accumulation is always f32.
-struct F32View {
-  Buffer owned;
-  float* data = nullptr;
-  F32View(const void* src, DType t, size_t n) {
-    if (t == DType::kF32) {
-      data = const_cast<float*>(static_cast<const float*>(src));
-      return;
-    }
-    owned = Buffer(n * sizeof(float), MemCategory::kComm);
-    data = owned.as<float>();
-    convert(src, t, data, DType::kF32, n);
-  }
-  F32View(size_t n) : owned(n * sizeof(float), MemCategory::kComm), data(owned.as<float>()) {}
-};
 
 }  // namespace
 
@@ -325,7 +279,7 @@ std::string MpiProcessGroup::Op::describe() const {
   return s + ")";
 }
 
-void MpiProcessGroup::add_record(const Op& op, double started) {
+void MpiProcessGroup::add_record(const Op& op, double started, bool failed) {
   if (runtime_ == nullptr || op.kind == "split") return;
   CommEvent e;
   e.group = name_;
@@ -337,6 +291,7 @@ void MpiProcessGroup::add_record(const Op& op, double started) {
   if (op.kind == "send" || op.kind == "recv") e.peer = op.arg;
   e.sent_bytes = op.sent;
   e.exact = op.exact;
+  e.failed = failed;
   e.enqueued = op.enqueued;
   e.started = started;
   e.ended = comm_clock();
@@ -360,17 +315,20 @@ WorkPtr MpiProcessGroup::enqueue(Op op, std::function<void(Op&)> body) {
                             check_descriptors(op);
                           body(op);
                           add_record(op, started);
-                          work->finish(since(t0));
+                          work->finish(seconds_since(t0));
                         } catch (const Error& e) {
+                          add_record(op, started, true);
                           work->fail(format("group '{}' rank {}: {}: {}", name_, rank_,
                                             op.describe(), e.what()));
                         } catch (const std::exception& e) {
                           // Anything else (std::bad_alloc in an algorithm's buffers) fails the
                           // operation too: an exception leaving the worker would terminate the
                           // process and leave the waiting side blocked.
+                          add_record(op, started, true);
                           work->fail(format("group '{}' rank {}: {}: {}", name_, rank_,
                                             op.describe(), e.what()));
                         } catch (...) {
+                          add_record(op, started, true);
                           work->fail(format("group '{}' rank {}: {}: unknown exception", name_,
                                             rank_, op.describe()));
                         }
@@ -411,11 +369,11 @@ void MpiProcessGroup::poll_p2p() {
     MPI_Test(&p2p_[i].req, &done, MPI_STATUS_IGNORE);
     if (done) {
       add_record(p2p_[i].op, p2p_[i].started);
-      p2p_[i].work->finish(since(p2p_[i].start));
+      p2p_[i].work->finish(seconds_since(p2p_[i].start));
       p2p_.erase(p2p_.begin() + static_cast<std::ptrdiff_t>(i));
       continue;
     }
-    if (since(p2p_[i].start) > options_.timeout_s) timed_out(p2p_[i].op);
+    if (seconds_since(p2p_[i].start) > options_.timeout_s) timed_out(p2p_[i].op);
     ++i;
   }
 }
@@ -462,7 +420,8 @@ void MpiProcessGroup::cancel_p2p() {
     int done = 0;
     MPI_Test(&p.req, &done, MPI_STATUS_IGNORE);
     if (done) {
-      p.work->finish(since(p.start));
+      add_record(p.op, p.started);
+      p.work->finish(seconds_since(p.start));
       continue;
     }
     // A receive is cancelled (it completes locally). A send would go on
@@ -475,7 +434,7 @@ void MpiProcessGroup::cancel_p2p() {
       const auto t0 = Clock::now();
       int completed = 0;
       while (MPI_Test(&p.req, &completed, MPI_STATUS_IGNORE), !completed) {
-        if (since(t0) > options_.timeout_s) {
+        if (seconds_since(t0) > options_.timeout_s) {
           fail_fast(
               format("group '{}' rank {}: destroyed with {} that could not be cancelled "
                      "({})",
@@ -621,223 +580,6 @@ void MpiProcessGroup::check_descriptors(const Op& op) {
               "called {}",
               op.seq, rank_, op.describe(), r, other.describe());
   }
-}
-
-// ------------------------------------------------------------ collectives ---
-
-WorkPtr MpiProcessGroup::all_reduce(const void* in, void* out, size_t count, DType t, ReduceOp op) {
-  return all_reduce_with(options_.allreduce, in, out, count, t, op);
-}
-
-std::string MpiProcessGroup::choose_algorithm(size_t bytes) const {
-  // Crossover points measured with `loom bench comm` on 2 and 4 ranks of one
-  // machine (docs/performance.md): MPI's own algorithm for small messages,
-  // the pipelined ring above.
-  if (size_ <= 1) return "mpi";
-  // Across hosts (2 hosts x 2 ranks over 1 and 10 Gbit/s links, the same
-  // file): the hierarchical all-reduce sends each byte over the network
-  // once per host instead of once per rank and wins from 128 KiB; below,
-  // MPI's latency-bound algorithm is as fast or faster.
-  if (spans_hosts_ && equal_nodes_ && node_size_ > 1)
-    return bytes >= (size_t{128} << 10) ? "hierarchical" : "mpi";
-  return bytes >= (size_t{1} << 20) ? "ring" : "mpi";
-}
-
-WorkPtr MpiProcessGroup::all_reduce_with(const std::string& algo, const void* in, void* out,
-                                         size_t count, DType t, ReduceOp op) {
-  LOOM_CHECK_KIND(
-      kConfig,
-      algo == "mpi" || algo == "ring" || algo == "rhd" || algo == "hierarchical" || algo == "auto",
-      "comm.allreduce: unknown algorithm '{}' (mpi, ring, rhd, hierarchical, auto)", algo);
-  LOOM_CHECK_KIND(kUnsupported, t != DType::kU8, "group '{}': bytes (u8) do not reduce", name_);
-  LOOM_CHECK_KIND(kUnsupported, !(t == DType::kI64 && op == ReduceOp::kAvg),
-                  "group '{}': an average of i64 counters is not an i64", name_);
-  Op o{"allreduce", count, t, static_cast<int>(op)};
-  if (t == DType::kF64 || t == DType::kI64) {
-    // Statistics and counters: reduced exactly, by MPI, as they are.
-    return enqueue(o, [this, in, out, count, t, op](Op& o) {
-      o.algo = "mpi";
-      o.wire = t;
-      o.sent = 2.0 * (size_ - 1) / size_ * double(count * dtype_size(t));
-      o.exact = false;
-      MPI_Request req;
-      MPI_Iallreduce(in == out ? MPI_IN_PLACE : in, out, as_int(count, "all-reduce"),
-                     transport_type(t), mpi_op(op), comm_, &req);
-      wait_requests(&req, 1, o);
-      if (op == ReduceOp::kAvg)
-        for (size_t i = 0; i < count; ++i) static_cast<double*>(out)[i] /= size_;
-    });
-  }
-  return enqueue(o, [this, algo, in, out, count, t, op](Op& o) {
-    std::string a = algo == "auto" ? choose_algorithm(count * dtype_size(t)) : algo;
-    // 16-bit data is reduced in f32: it travels widened.
-    o.algo = a;
-    o.wire = DType::kF32;
-    // f32 works on `out` directly; bf16 and f16 on a widened f32 copy of `in`.
-    F32View src(in, t, count);
-    float* res = t == DType::kF32 ? static_cast<float*>(out) : src.data;
-    if (a == "mpi") {
-      MPI_Request req;
-      MPI_Iallreduce(src.data == res ? MPI_IN_PLACE : src.data, res, as_int(count, "all-reduce"),
-                     MPI_FLOAT, mpi_op(op), comm_, &req);
-      o.sent = 2.0 * (size_ - 1) / size_ * double(count) * sizeof(float);
-      o.exact = false;
-      wait_requests(&req, 1, o);
-      if (op == ReduceOp::kAvg)
-        for (size_t i = 0; i < count; ++i) res[i] /= static_cast<float>(size_);
-      if (t != DType::kF32) convert(res, DType::kF32, out, t, count);
-      return;
-    }
-    // loom's algorithms reduce in place.
-    if (res != src.data) std::memcpy(res, src.data, count * sizeof(float));
-    F32View work(res, DType::kF32, count);
-    auto wait = [this, &o](MPI_Request* r, int n) { wait_requests(r, n, o); };
-    ReduceOp base = op == ReduceOp::kMax ? ReduceOp::kMax : ReduceOp::kSum;
-    algo::P2p g{comm_, rank_, size_, wait, &o.sent};
-    if (a == "ring") {
-      algo::ring_all_reduce(g, work.data, count, base);
-    } else if (a == "rhd") {
-      algo::rhd_all_reduce(g, work.data, count, base);
-    } else {
-      int node_size = 0, node_rank = 0, cross_size = 0, cross_rank = 0;
-      MPI_Comm_size(node_comm_, &node_size);
-      MPI_Comm_rank(node_comm_, &node_rank);
-      MPI_Comm_size(cross_comm_, &cross_size);
-      MPI_Comm_rank(cross_comm_, &cross_rank);
-      if (!equal_nodes_) {
-        algo::ring_all_reduce(g, work.data, count, base);  // unequal nodes: flat ring
-      } else {
-        algo::hierarchical_all_reduce(algo::P2p{node_comm_, node_rank, node_size, wait, &o.sent},
-                                      algo::P2p{cross_comm_, cross_rank, cross_size, wait, &o.sent},
-                                      work.data, count, base);
-      }
-    }
-    if (op == ReduceOp::kAvg)
-      for (size_t i = 0; i < count; ++i) work.data[i] /= static_cast<float>(size_);
-    if (t != DType::kF32) convert(work.data, DType::kF32, out, t, count);
-  });
-}
-
-WorkPtr MpiProcessGroup::reduce_scatter(const void* in, void* out, size_t count, DType t,
-                                        ReduceOp op) {
-  LOOM_CHECK_KIND(kUnsupported, is_float_storage(t),
-                  "group '{}': reduce-scatter of {} is not supported (f32, bf16, f16)", name_,
-                  dtype_name(t));
-  return enqueue(Op{"reducescatter", count, t, static_cast<int>(op)}, [=, this](Op& o) {
-    const size_t total = count * static_cast<size_t>(size_);
-    o.wire = DType::kF32;  // reduced in f32
-    o.sent = double(size_ - 1) * double(count) * sizeof(float);
-    o.exact = false;
-    F32View buf(in, t, total);
-    F32View res(count);
-    MPI_Request req;
-    MPI_Ireduce_scatter_block(buf.data, res.data, as_int(count, "reduce-scatter"), MPI_FLOAT,
-                              mpi_op(op), comm_, &req);
-    wait_requests(&req, 1, o);
-    if (op == ReduceOp::kAvg)
-      for (size_t i = 0; i < count; ++i) res.data[i] /= static_cast<float>(size_);
-    convert(res.data, DType::kF32, out, t, count);
-  });
-}
-
-WorkPtr MpiProcessGroup::all_gather(const void* in, void* out, size_t count, DType t) {
-  return enqueue(Op{"allgather", count, t, 0}, [=, this](Op& o) {
-    const size_t bytes = count * dtype_size(t);
-    o.wire = t;
-    o.sent = double(size_ - 1) * double(bytes);
-    o.exact = false;
-    char* dst = static_cast<char*>(out);
-    char* mine = dst + static_cast<size_t>(rank_) * bytes;
-    // An input inside the output but not at this rank's block (in == out on
-    // ranks above 0) would be overwritten by the others' blocks as MPI
-    // writes them: move it to its block first and gather in place.
-    const char* src = static_cast<const char*>(in);
-    if (src != mine && src + bytes > dst && src < dst + static_cast<size_t>(size_) * bytes) {
-      std::memmove(mine, src, bytes);
-      src = mine;
-    }
-    const bool in_place = src == mine;
-    const int n = as_int(count, "all-gather");
-    MPI_Request req;
-    MPI_Iallgather(in_place ? MPI_IN_PLACE : src, n, transport_type(t), out, n, transport_type(t),
-                   comm_, &req);
-    wait_requests(&req, 1, o);
-  });
-}
-
-WorkPtr MpiProcessGroup::broadcast(void* buf, size_t count, DType t, int root) {
-  LOOM_CHECK(root >= 0 && root < size_, "broadcast root {} outside group '{}' of size {}", root,
-             name_, size_);
-  return enqueue(Op{"broadcast", count, t, root}, [=, this](Op& o) {
-    o.wire = t;
-    o.sent = size_ > 1 ? double(count * dtype_size(t)) : 0.0;
-    o.exact = false;
-    MPI_Request req;
-    MPI_Ibcast(buf, as_int(count, "broadcast"), transport_type(t), root, comm_, &req);
-    wait_requests(&req, 1, o);
-  });
-}
-
-WorkPtr MpiProcessGroup::all_to_all(const void* in, const std::vector<size_t>& send_counts,
-                                    void* out, const std::vector<size_t>& recv_counts, DType t) {
-  LOOM_CHECK(send_counts.size() == static_cast<size_t>(size_) &&
-                 recv_counts.size() == static_cast<size_t>(size_),
-             "all-to-all needs {} send and receive counts, got {} and {}", size_,
-             send_counts.size(), recv_counts.size());
-  size_t total = 0;
-  for (size_t c : send_counts) total += c;
-  return enqueue(Op{"alltoall", total, t, 0}, [=, this](Op& o) {
-    o.wire = t;
-    for (int r = 0; r < size_; ++r)
-      if (r != rank_) o.sent += double(send_counts[static_cast<size_t>(r)] * dtype_size(t));
-    std::vector<int> sc(static_cast<size_t>(size_)), sd(sc.size()), rc(sc.size()), rd(sc.size());
-    size_t so = 0, ro = 0;
-    for (int r = 0; r < size_; ++r) {
-      sc[r] = as_int(send_counts[r], "all-to-all"), sd[r] = as_int(so, "all-to-all offset");
-      rc[r] = as_int(recv_counts[r], "all-to-all"), rd[r] = as_int(ro, "all-to-all offset");
-      so += send_counts[r], ro += recv_counts[r];
-    }
-    // In place: MPI needs distinct buffers, so send from a copy.
-    Buffer copy;
-    const void* src = in;
-    if (in == out) {
-      copy = Buffer(so * dtype_size(t), MemCategory::kComm);
-      std::memcpy(copy.data(), in, so * dtype_size(t));
-      src = copy.data();
-    }
-    MPI_Request req;
-    MPI_Ialltoallv(src, sc.data(), sd.data(), transport_type(t), out, rc.data(), rd.data(),
-                   transport_type(t), comm_, &req);
-    wait_requests(&req, 1, o);
-  });
-}
-
-WorkPtr MpiProcessGroup::send(const void* buf, size_t count, DType t, int peer, int tag,
-                              const std::string& what) {
-  LOOM_CHECK(tag >= 0 && tag < algo::kAlgoTagBase, "tag {} outside [0, {})", tag,
-             algo::kAlgoTagBase);
-  const int n = as_int(count, "send");
-  return enqueue_p2p(Op{"send", count, t, peer, 0, what}, [=, this](MPI_Request* req) {
-    MPI_Isend(buf, n, transport_type(t), peer, tag, comm_, req);
-  });
-}
-
-WorkPtr MpiProcessGroup::recv(void* buf, size_t count, DType t, int peer, int tag,
-                              const std::string& what) {
-  LOOM_CHECK(tag >= 0 && tag < algo::kAlgoTagBase, "tag {} outside [0, {})", tag,
-             algo::kAlgoTagBase);
-  const int n = as_int(count, "recv");
-  return enqueue_p2p(Op{"recv", count, t, peer, 0, what}, [=, this](MPI_Request* req) {
-    MPI_Irecv(buf, n, transport_type(t), peer, tag, comm_, req);
-  });
-}
-
-WorkPtr MpiProcessGroup::barrier() {
-  return enqueue(Op{"barrier", 0, DType::kF32, 0}, [=, this](Op& o) {
-    MPI_Request req;
-    MPI_Ibarrier(comm_, &req);
-    wait_requests(&req, 1, o);
-  });
 }
 
 }  // namespace loom

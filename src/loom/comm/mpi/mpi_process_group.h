@@ -158,7 +158,7 @@ class MpiProcessGroup : public ProcessGroup {
     std::string describe() const;
   };
   WorkPtr enqueue(Op op, std::function<void(Op&)> body);
-  void add_record(const Op& op, double started);  // into the runtime's record
+  void add_record(const Op& op, double started, bool failed = false);  // into the runtime's record
   // Send and receive: the worker posts the request and goes on with the next
   // operation; the request completes in the background (see poll_p2p), so a
   // send queued before a receive cannot block it, whatever the message size.

@@ -3,6 +3,7 @@
 #include <exception>
 
 #include "loom/comm/algorithms/allreduce.h"
+#include "loom/core/clock.h"
 #include "loom/core/error.h"
 #include "loom/core/fault.h"
 
@@ -12,9 +13,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
 
 }  // namespace
 
@@ -65,7 +63,7 @@ void Executor::wait(const WorkPtr& w, ExecStats& st) {
   if (!w) return;
   const auto t = Clock::now();
   w->wait();
-  st.wait += seconds(t, Clock::now());
+  st.wait += seconds_between(t, Clock::now());
 }
 
 int Executor::take_buffer() {
@@ -129,7 +127,7 @@ void Executor::post_recv(const Instr& in) {
       peer, tag(in.micro, in.chunk, gradient), describe(in, gradient, false));
 }
 
-void Executor::send(const Instr& in, ExecStats& st) {
+void Executor::send(const Instr& in) {
   Chunk& c = chunks_[static_cast<size_t>(in.chunk)];
   const bool gradient = in.op == Op::kSendGrad;
   const size_t n = static_cast<size_t>(rows_ * C_);
@@ -170,7 +168,7 @@ void Executor::forward(const Instr& in, const MicroBatch& mb, bool training, Exe
   const double loss = stage.forward(c.slots[static_cast<size_t>(slot)]->acts, mb.tokens, input,
                                     last ? mb.targets : nullptr, mb.ctx);
   c.ref.zero->end_micro_batch();
-  st.forward += seconds(t, Clock::now());
+  st.forward += seconds_between(t, Clock::now());
   if (last) st.loss += loss;
   if (input) in_use_[static_cast<size_t>(c.act_in[m])] = false;
   // Evaluation keeps nothing for backward: the store is free once its
@@ -217,7 +215,7 @@ void Executor::backward(const Instr& in, size_t pos, double loss_scale, ExecStat
                                 static_cast<int>(pos) == c.last_backward);
   stage.backward(s.acts, loss_scale, d_output, d_input, defer);
   c.ref.zero->end_micro_batch();
-  st.backward += seconds(t, Clock::now());
+  st.backward += seconds_between(t, Clock::now());
   if (d_output) in_use_[static_cast<size_t>(c.grad_in[m])] = false;
   s.busy = false;
   c.slot_of[m] = -1;
@@ -233,7 +231,7 @@ void Executor::backward_weights(const Instr& in, size_t pos, ExecStats& st) {
                                 static_cast<int>(pos) == c.last_backward);
   stage.apply_deferred(*d);
   c.ref.zero->end_micro_batch();
-  st.backward += seconds(t, Clock::now());
+  st.backward += seconds_between(t, Clock::now());
 }
 
 ExecStats Executor::run(const std::vector<Instr>& list, const std::vector<MicroBatch>& mbs,
@@ -252,7 +250,7 @@ ExecStats Executor::run(const std::vector<Instr>& list, const std::vector<MicroB
   ExecStats st;
   trace_.clear();
   t0_ = Clock::now();
-  st.start = st.compute_end = seconds(origin_, t0_);
+  st.start = st.compute_end = seconds_between(origin_, t0_);
   for (size_t pos = 0; pos < list.size(); ++pos) {
     const Instr& in = list[pos];
     const auto t = Clock::now();
@@ -264,7 +262,7 @@ ExecStats Executor::run(const std::vector<Instr>& list, const std::vector<MicroB
         break;
       case Op::kSendAct:
       case Op::kSendGrad:
-        send(in, st);
+        send(in);
         break;
       case Op::kForward:
         forward(in, mbs[static_cast<size_t>(in.micro)], training, st);
@@ -284,9 +282,9 @@ ExecStats Executor::run(const std::vector<Instr>& list, const std::vector<MicroB
         break;
     }
     const auto done = Clock::now();
-    if (is_compute(in.op)) st.compute_end = seconds(origin_, done);
+    if (is_compute(in.op)) st.compute_end = seconds_between(origin_, done);
     if (tracing_ && (is_compute(in.op) || in.op == Op::kReduceGrads || in.op == Op::kOptimizerStep))
-      trace_.push_back({in, seconds(origin_, t), seconds(origin_, done)});
+      trace_.push_back({in, seconds_between(origin_, t), seconds_between(origin_, done)});
   }
   // Every buffer is quiet before the caller touches the model again.
   for (Pooled& p : pool_) {
@@ -302,7 +300,7 @@ ExecStats Executor::run(const std::vector<Instr>& list, const std::vector<MicroB
     st.recompute += c.ref.stage->take_recompute_seconds();
   }
   std::fill(in_use_.begin(), in_use_.end(), false);
-  st.total = seconds(t0_, Clock::now());
+  st.total = seconds_between(t0_, Clock::now());
   return st;
 }
 

@@ -52,7 +52,6 @@ struct ExecStats {
   // span over every rank.
   double start = 0, compute_end = 0;
   double loss = 0;  // sum of the last part's micro-batch losses (0 elsewhere)
-  CommStats p2p;    // point-to-point traffic
   double idle() const { return total - forward - backward; }
 };
 
@@ -119,7 +118,7 @@ class Executor {
   void forward(const Instr& in, const MicroBatch& mb, bool training, ExecStats& st);
   void backward(const Instr& in, size_t pos, double loss_scale, ExecStats& st);
   void backward_weights(const Instr& in, size_t pos, ExecStats& st);
-  void send(const Instr& in, ExecStats& st);
+  void send(const Instr& in);
   int take_slot(Chunk& c);
   int take_buffer();
   void wait(const WorkPtr& w, ExecStats& st);

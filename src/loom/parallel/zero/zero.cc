@@ -6,16 +6,14 @@
 #include <cstring>
 #include <exception>
 
+#include "loom/core/clock.h"
 #include "loom/core/error.h"
+#include "loom/core/range.h"
 #include "loom/core/fault.h"
 
 namespace loom {
 
 namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 size_t bytes_of(int64_t elements) {
   return static_cast<size_t>(elements) * sizeof(float);
@@ -516,7 +514,7 @@ std::pair<double, double> ZeroEngine::split_sum_squares(int skip) {
     const int64_t hi = config_.stage >= 2 ? lo + slice_[u] : units_[u].end;
     const int64_t at = config_.stage >= 2 ? shard_off_[u] : lo;  // element lo's index
     for (const Param& p : params) {
-      const int64_t b = std::max(lo, p.offset), e = std::min(hi, p.offset + p.numel);
+      const auto [b, e] = intersect({lo, hi}, {p.offset, p.offset + p.numel});
       if (b >= e) continue;
       const double ss =
           half()
@@ -583,7 +581,7 @@ void ZeroEngine::sum_unit_grads(int u, int64_t n, ProcessGroup& group) {
 void ZeroEngine::sum_grads(int64_t begin, int64_t end, ProcessGroup& group) {
   std::vector<WorkPtr> works;
   for (const StateRange& r : held(State::kGrads)) {
-    const int64_t lo = std::max(begin, r.begin), hi = std::min(end, r.end);
+    const auto [lo, hi] = intersect({begin, end}, {r.begin, r.end});
     if (lo >= hi) continue;
     void* g = half() ? static_cast<void*>(r.data16 + (lo - r.begin))
                      : static_cast<void*>(r.data + (lo - r.begin));
