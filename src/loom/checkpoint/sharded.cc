@@ -8,9 +8,9 @@
 #include <tuple>
 
 #include "loom/core/error.h"
-#include "loom/core/range.h"
 #include "loom/core/fault.h"
 #include "loom/core/memory.h"
+#include "loom/core/range.h"
 #include "loom/io/fs.h"
 
 namespace loom {

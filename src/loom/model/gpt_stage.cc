@@ -65,14 +65,49 @@ Rows GptStage<T>::rows(int64_t B, int64_t Tn) const {
 }
 
 template <typename T>
-std::vector<UnitUse> GptStage<T>::unit_schedule(bool backward) const {
-  std::vector<UnitUse> s;
-  if (embedding_) s.push_back({emb_unit_, Pass::kForward});
-  for (const StageBlock& b : blocks_) s.push_back({b.unit, Pass::kForward});
+std::vector<typename GptStage<T>::UnitStep> GptStage<T>::forward_steps() const {
+  std::vector<UnitStep> s;
+  if (embedding_) s.push_back({UnitStep::kEmbedding, emb_unit_, 0, Pass::kForward});
+  for (size_t i = 0; i < blocks_.size(); ++i)
+    s.push_back({UnitStep::kBlock, blocks_[i].unit, i, Pass::kForward});
   if (head_) {
-    s.push_back({lnf_unit_, Pass::kForward});
-    s.push_back({wte_unit_, Pass::kForward});  // the tied LM head
+    s.push_back({UnitStep::kNorm, lnf_unit_, 0, Pass::kForward});
+    s.push_back({UnitStep::kLogits, wte_unit_, 0, Pass::kForward});  // the tied LM head
   }
+  return s;
+}
+
+template <typename T>
+std::vector<typename GptStage<T>::UnitStep> GptStage<T>::backward_steps(bool deferred) const {
+  const Pass pass = deferred ? Pass::kBackwardInput : Pass::kBackward;
+  std::vector<UnitStep> s;
+  if (head_) {
+    s.push_back({UnitStep::kLogits, wte_unit_, 0, pass});
+    s.push_back({UnitStep::kNorm, lnf_unit_, 0, pass});
+  }
+  for (size_t i = blocks_.size(); i-- > 0;) {
+    if (mode(i) == Recompute::kFull)
+      s.push_back({UnitStep::kRecompute, blocks_[i].unit, i, Pass::kRecompute});
+    s.push_back({UnitStep::kBlock, blocks_[i].unit, i, pass});
+  }
+  // The lookup's backward writes gradients without reading parameters;
+  // deferred, it only records them and uses no unit (apply_deferred does).
+  if (embedding_)
+    s.push_back({UnitStep::kEmbedding, emb_unit_, 0, Pass::kBackwardGradsOnly, !deferred});
+  return s;
+}
+
+template <typename T>
+std::vector<UnitUse> GptStage<T>::uses(const std::vector<UnitStep>& steps) {
+  std::vector<UnitUse> u;
+  for (const UnitStep& st : steps)
+    if (st.hooks) u.push_back({st.unit, st.pass});
+  return u;
+}
+
+template <typename T>
+std::vector<UnitUse> GptStage<T>::unit_schedule(bool backward) const {
+  std::vector<UnitUse> s = uses(forward_steps());
   if (!backward) return s;
   const std::vector<UnitUse> b = backward_unit_schedule();
   s.insert(s.end(), b.begin(), b.end());
@@ -81,20 +116,7 @@ std::vector<UnitUse> GptStage<T>::unit_schedule(bool backward) const {
 
 template <typename T>
 std::vector<UnitUse> GptStage<T>::backward_unit_schedule(bool deferred) const {
-  const Pass pass = deferred ? Pass::kBackwardInput : Pass::kBackward;
-  std::vector<UnitUse> s;
-  if (head_) {
-    s.push_back({wte_unit_, pass});
-    s.push_back({lnf_unit_, pass});
-  }
-  for (size_t i = blocks_.size(); i-- > 0;) {
-    if (mode(i) == Recompute::kFull) s.push_back({blocks_[i].unit, Pass::kRecompute});
-    s.push_back({blocks_[i].unit, pass});
-  }
-  // The lookup's backward writes gradients without reading parameters
-  // (deferred, it only records).
-  if (embedding_ && !deferred) s.push_back({emb_unit_, Pass::kBackwardGradsOnly});
-  return s;
+  return uses(backward_steps(deferred));
 }
 
 template <typename T>
@@ -305,50 +327,68 @@ double GptStage<T>::forward(StageActivations<T>& a, const int32_t* tokens, const
   const Dropout drop(ctx, config_.dropout);
   if (embedding_) {
     LOOM_CHECK(tokens != nullptr, "the first stage's forward needs tokens");
-    store_.before(emb_unit_, Pass::kForward);
-    embedding_->forward(store_, a.input, tokens, rw, drop);
-    store_.after(emb_unit_, Pass::kForward);
   } else {
     LOOM_CHECK(input != nullptr, "stage [{}, {}) needs the previous stage's output", first_, last_);
     store_.backend().copy(a.input, input, rw.count * C);
   }
-  for (size_t i = 0; i < blocks_.size(); ++i) {
-    const int u = blocks_[i].unit;
-    const T* x = block_input(a, i);
-    Arena<T> rec(a.blocks[i]), rm(room);
-    BlockRecord<T> r;
-    const Block<T>& block = *blocks_[i].layer;
-    if (mode(i) == Recompute::kFull) {
-      // Computed in the shared room; only the output stays.
-      Arena<T> whole(room), none;
-      r = block.bind(whole, none, rw, Recompute::kNone);
-      r.res3 = block.bind(rec, rm, rw, Recompute::kFull).res3;
-    } else if (packed(plan_, i)) {
-      // Computed in the room, the output straight into the slot, then packed.
-      Arena<T> whole(room), part(room + block.record_elems(rw, mode(i)));
-      r = block.bind(whole, part, rw, mode(i));
-      r.res3 = a.blocks[i];
-    } else {
-      r = block.bind(rec, rm, rw, mode(i));
+  HeadRecord<T> h{};
+  if (head_) h = head_record(a, room);
+  // The units in the order forward_steps declares, which unit_schedule
+  // publishes to the hooks.
+  for (const UnitStep& st : forward_steps()) {
+    store_.before(st.unit, st.pass);
+    switch (st.kind) {
+      case UnitStep::kEmbedding:
+        embedding_->forward(store_, a.input, tokens, rw, drop);
+        break;
+      case UnitStep::kBlock:
+        block_forward(a, st.block, drop);
+        break;
+      case UnitStep::kNorm:
+        head_->norm_forward(store_, h, a.output, rw);
+        break;
+      case UnitStep::kLogits:
+        head_->logits_forward(store_, h, rw);
+        break;
+      case UnitStep::kRecompute:
+        LOOM_FAIL(kInternal, "a recompute in forward");
     }
-    store_.before(u, Pass::kForward);
-    block.forward(store_, r, x, rw, mode(i) == Recompute::kSelective, drop);
-    store_.after(u, Pass::kForward);
-    if (packed(plan_, i))
-      block.pack(store_.backend(), room, a.blocks[i], rw, mode(i), plan_.records);
-    if (i == 0) fault_point("forward");
+    store_.after(st.unit, st.pass);
+    if (st.kind == UnitStep::kBlock) {
+      const size_t i = st.block;
+      if (packed(plan_, i))
+        blocks_[i].layer->pack(store_.backend(), room, a.blocks[i], rw, mode(i), plan_.records);
+      if (i == 0) fault_point("forward");
+    }
   }
   if (!head_) return 0.0;
-  HeadRecord<T> h = head_record(a, room);
-  store_.before(lnf_unit_, Pass::kForward);
-  head_->norm_forward(store_, h, a.output, rw);
-  store_.after(lnf_unit_, Pass::kForward);
-  store_.before(wte_unit_, Pass::kForward);
-  head_->logits_forward(store_, h, rw);
-  store_.after(wte_unit_, Pass::kForward);
   a.logits = h.logits;
   if (targets == nullptr) return 0.0;
   return head_->loss(store_, h, targets, rw) / static_cast<double>(BT);
+}
+
+template <typename T>
+void GptStage<T>::block_forward(StageActivations<T>& a, size_t i, const Dropout& drop) {
+  const Rows rw = rows(a.B, a.Tn);
+  const T* x = block_input(a, i);
+  T* room = room_.as<T>();
+  Arena<T> rec(a.blocks[i]), rm(room);
+  BlockRecord<T> r;
+  const Block<T>& block = *blocks_[i].layer;
+  if (mode(i) == Recompute::kFull) {
+    // Computed in the shared room; only the output stays.
+    Arena<T> whole(room), none;
+    r = block.bind(whole, none, rw, Recompute::kNone);
+    r.res3 = block.bind(rec, rm, rw, Recompute::kFull).res3;
+  } else if (packed(plan_, i)) {
+    // Computed in the room, the output straight into the slot, then packed.
+    Arena<T> whole(room), part(room + block.record_elems(rw, mode(i)));
+    r = block.bind(whole, part, rw, mode(i));
+    r.res3 = a.blocks[i];
+  } else {
+    r = block.bind(rec, rm, rw, mode(i));
+  }
+  block.forward(store_, r, x, rw, mode(i) == Recompute::kSelective, drop);
 }
 
 template <typename T>
@@ -382,24 +422,51 @@ void GptStage<T>::backward(StageActivations<T>& a, double loss_scale, const T* d
     ~Deferral() { s.set_deferral(nullptr); }
   } restore{store_};
   store_.set_deferral(defer);
-  backward_pass_ = defer ? Pass::kBackwardInput : Pass::kBackward;
-  if (head_)
-    head_backward(a, loss_scale, d_resid, rest);
-  else
-    be.copy(d_resid, d_output, rw.count * C);
-  for (size_t i = blocks_.size(); i-- > 0;) {
-    block_backward(a, i, d_resid, rest, drop);
-    if (i + 1 == blocks_.size()) fault_point("backward");
+  if (!head_) be.copy(d_resid, d_output, rw.count * C);
+  // d(mean loss)/d(loss_n) = 1 / BT, times the caller's scale (accumulation, loss scaling).
+  std::vector<T> dloss;
+  HeadRecord<T> h{};
+  if (head_) {
+    dloss.assign(static_cast<size_t>(B * Tn), T(loss_scale / static_cast<double>(B * Tn)));
+    h = head_record(a, room_.as<T>());
   }
-  if (embedding_) {
-    // The lookup's backward writes gradients alone: deferred, all of it waits.
-    if (defer) defer->begin_unit(emb_unit_);
-    if (!defer) store_.before(emb_unit_, Pass::kBackwardGradsOnly);
-    embedding_->backward(store_, d_resid, a.tokens, rw, drop);
-    if (!defer) store_.after(emb_unit_, Pass::kBackwardGradsOnly);
-  } else {
-    be.copy(d_input, d_resid, rw.count * C);
+  T* d_lnf = rest;
+  // The units in the order backward_steps declares (backward_unit_schedule
+  // publishes it to the hooks).
+  for (const UnitStep& st : backward_steps(defer != nullptr)) {
+    if (defer && st.pass != Pass::kRecompute) defer->begin_unit(st.unit);
+    if (st.kind == UnitStep::kLogits) be.fill(d_lnf, rw.count * C, T(0));
+    if (st.kind == UnitStep::kNorm) be.fill(d_resid, rw.count * C, T(0));
+    if (st.hooks) store_.before(st.unit, st.pass);
+    switch (st.kind) {
+      case UnitStep::kLogits:
+        if (plan_.head_logits) {
+          const auto t0 = std::chrono::steady_clock::now();
+          head_->logits_forward(store_, h, rw);  // the same GEMM as forward: the same logits
+          recompute_s_ += seconds_since(t0);
+        }
+        head_->logits_backward(store_, h, a.targets, dloss.data(), d_lnf, rw);
+        break;
+      case UnitStep::kNorm:
+        head_->norm_backward(store_, h, d_resid, d_lnf, a.output, rw);
+        break;
+      case UnitStep::kRecompute: {
+        const auto t0 = std::chrono::steady_clock::now();
+        block_recompute(a, st.block, drop);
+        recompute_s_ += seconds_since(t0);
+        break;
+      }
+      case UnitStep::kBlock:
+        block_backward(a, st.block, d_resid, rest, drop);
+        break;
+      case UnitStep::kEmbedding:
+        embedding_->backward(store_, d_resid, a.tokens, rw, drop);
+        break;
+    }
+    if (st.hooks) store_.after(st.unit, st.pass);
+    if (st.kind == UnitStep::kBlock && st.block + 1 == blocks_.size()) fault_point("backward");
   }
+  if (!embedding_) be.copy(d_input, d_resid, rw.count * C);
 }
 
 template <typename T>
@@ -420,30 +487,15 @@ void GptStage<T>::apply_deferred(DeferredGrads<T>& d) {
   d.clear();
 }
 
+// A block recomputed in full: its forward again, into the room, from its
+// kept input (record only: backward reads it next, from the room).
 template <typename T>
-void GptStage<T>::head_backward(StageActivations<T>& a, double loss_scale, T* d_resid, T* d_lnf) {
-  const int64_t BT = a.B * a.Tn, C = config_.n_embd;
+void GptStage<T>::block_recompute(StageActivations<T>& a, size_t i, const Dropout& drop) {
   const Rows rw = rows(a.B, a.Tn);
-  const Backend<T>& be = store_.backend();
-  HeadRecord<T> h = head_record(a, room_.as<T>());
-  // d(mean loss)/d(loss_n) = 1 / BT, times the caller's scale (accumulation, loss scaling).
-  std::vector<T> dloss(static_cast<size_t>(BT), T(loss_scale / static_cast<double>(BT)));
-  be.fill(d_lnf, rw.count * C, 0);
-  DeferredGrads<T>* defer = store_.deferral();
-  if (defer) defer->begin_unit(wte_unit_);
-  store_.before(wte_unit_, backward_pass_);
-  if (plan_.head_logits) {
-    const auto t0 = std::chrono::steady_clock::now();
-    head_->logits_forward(store_, h, rw);  // the same GEMM as forward: the same logits
-    recompute_s_ += seconds_since(t0);
-  }
-  head_->logits_backward(store_, h, a.targets, dloss.data(), d_lnf, rw);
-  store_.after(wte_unit_, backward_pass_);
-  be.fill(d_resid, rw.count * C, 0);
-  if (defer) defer->begin_unit(lnf_unit_);
-  store_.before(lnf_unit_, backward_pass_);
-  head_->norm_backward(store_, h, d_resid, d_lnf, a.output, rw);
-  store_.after(lnf_unit_, backward_pass_);
+  const Block<T>& block = *blocks_[i].layer;
+  Arena<T> whole(room_.as<T>()), none;
+  const BlockRecord<T> r = block.bind(whole, none, rw, Recompute::kNone);
+  block.forward(store_, r, block_input(a, i), rw, false, drop, /*record_only=*/true);
 }
 
 template <typename T>
@@ -451,19 +503,12 @@ void GptStage<T>::block_backward(StageActivations<T>& a, size_t i, T* d_resid, T
                                  const Dropout& drop) {
   const Rows rw = rows(a.B, a.Tn);
   const Block<T>& block = *blocks_[i].layer;
-  const int u = blocks_[i].unit;
-  const T* x = block_input(a, i);
   T* room = room_.as<T>();
   BlockRecord<T> r;
   if (mode(i) == Recompute::kFull) {
-    // The block's forward again, into the room, from its kept input.
+    // block_recompute left the whole record in the room.
     Arena<T> whole(room), none;
     r = block.bind(whole, none, rw, Recompute::kNone);
-    store_.before(u, Pass::kRecompute);  // (ZeRO-3 gathers here: not recompute time)
-    const auto t0 = std::chrono::steady_clock::now();
-    block.forward(store_, r, x, rw, false, drop, /*record_only=*/true);
-    recompute_s_ += seconds_since(t0);
-    store_.after(u, Pass::kRecompute);
   } else if (packed(plan_, i)) {
     // Widened back into the room, where forward computed it.
     Arena<T> whole(room), part(room + block.record_elems(rw, mode(i)));
@@ -473,10 +518,8 @@ void GptStage<T>::block_backward(StageActivations<T>& a, size_t i, T* d_resid, T
     Arena<T> rec(a.blocks[i]), rm(room);
     r = block.bind(rec, rm, rw, mode(i));
   }
-  if (DeferredGrads<T>* defer = store_.deferral()) defer->begin_unit(u);
-  store_.before(u, backward_pass_);
-  block.backward(store_, r, x, d_resid, rw, mode(i) == Recompute::kSelective, drop, scratch);
-  store_.after(u, backward_pass_);
+  block.backward(store_, r, block_input(a, i), d_resid, rw, mode(i) == Recompute::kSelective, drop,
+                 scratch);
 }
 
 template <typename T>

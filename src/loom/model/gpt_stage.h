@@ -111,7 +111,8 @@ class GptStage {
   // split the sequence).
   Rows rows(int64_t B, int64_t Tn) const;
 
-  // Units in the order forward (and then backward) uses them.
+  // Units in the order forward (and then backward) uses them: derived from
+  // forward_steps / backward_steps, the lists forward and backward run.
   std::vector<UnitUse> unit_schedule(bool backward) const;
   // Those of backward alone (a pipeline runs it apart from its forward);
   // `deferred`: of a backward whose parameter gradients are deferred.
@@ -169,6 +170,22 @@ class GptStage {
   double flops_per_token() const;
 
  private:
+  // One use of a unit: what runs (the token and position lookup, block
+  // `block`, the final norm, the tied LM head, a block's recomputation) and
+  // under which pass. forward() and backward() walk these lists, and the
+  // unit schedules the hooks see are read off them, so the order is
+  // declared once. hooks: the use is announced to the store's hooks (a
+  // deferred lookup backward only records, and announces nothing).
+  struct UnitStep {
+    enum Kind { kEmbedding, kBlock, kNorm, kLogits, kRecompute } kind;
+    int unit = -1;
+    size_t block = 0;
+    Pass pass = Pass::kForward;
+    bool hooks = true;
+  };
+  std::vector<UnitStep> forward_steps() const;
+  std::vector<UnitStep> backward_steps(bool deferred) const;
+  static std::vector<UnitUse> uses(const std::vector<UnitStep>& steps);
   Recompute mode(size_t i) const { return plan_.blocks[i]; }
   // Whether block i's record is packed into 16 bits under `p`.
   static bool packed(const RecomputePlan& p, size_t i) {
@@ -178,10 +195,11 @@ class GptStage {
   int64_t slot_elems(size_t i, const Rows& rows, const RecomputePlan& p) const;
   void ensure_work(int64_t B, int64_t Tn);
   void check_store(const StageActivations<T>& a) const;
-  // Backward through the head: d_resid (B,T,C) gets the gradient of its
-  // input; d_lnf is scratch of the same size.
-  void head_backward(StageActivations<T>& a, double loss_scale, T* d_resid, T* d_lnf);
-  // Backward through block i (recomputing first as the plan says).
+  // Block i's forward into its record as the plan lays it out.
+  void block_forward(StageActivations<T>& a, size_t i, const Dropout& drop);
+  // Block i (recomputed in full) run forward again into the room.
+  void block_recompute(StageActivations<T>& a, size_t i, const Dropout& drop);
+  // Backward through block i, its record where the plan keeps it.
   void block_backward(StageActivations<T>& a, size_t i, T* d_resid, T* scratch,
                       const Dropout& drop);
   T* block_input(const StageActivations<T>& a, size_t i) const {
@@ -205,7 +223,6 @@ class GptStage {
   int emb_unit_ = -1, lnf_unit_ = -1, wte_unit_ = -1;
   RecomputePlan plan_;
   uint64_t plan_id_ = 1;
-  Pass backward_pass_ = Pass::kBackward;  // kBackwardInput while deferring
   // Backward's gradient scratch (workspace) and the shared recompute room
   // (activations), sized for the largest micro-batch seen.
   int64_t work_bt_ = 0;

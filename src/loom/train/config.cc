@@ -427,7 +427,7 @@ void resolve_pipeline(Config& c, const json& j, const std::string& source) {
                 "model.n_layer {} does not divide into parallel.pipeline {} x "
                 "parallel.virtual_stages {} = {} equal chunks",
                 c.model.n_layer, p.pipeline, p.virtual_stages, parts);
-    pp::make_schedule(kind, p.pipeline, static_cast<int>(c.grad_accum), p.virtual_stages);
+    pp::check_schedule(kind, p.pipeline, static_cast<int>(c.grad_accum), p.virtual_stages);
     if (p.partition == "list")
       pp::check_partition(p.partition_counts, c.model.n_layer, parts);
     else

@@ -85,7 +85,7 @@ pp::ModelCosts measure_model_costs(const GptConfig& model, int64_t B, int64_t Tn
 }
 
 PartitionReport resolve_partition(const Config& config, const ParallelContext& ctx,
-                                  const Backend<float>& backend) {
+                                  const Backend<float>& backend, const pp::SimResult* sim) {
   const ParallelConfig& p = config.parallel;
   const pp::ScheduleKind kind = pp::parse_schedule(p.schedule);
   const int v = kind == pp::ScheduleKind::kInterleaved ? p.virtual_stages : 1;
@@ -96,11 +96,10 @@ PartitionReport resolve_partition(const Config& config, const ParallelContext& c
     return r;
   }
   // Micro-batches whose activations each part holds at its peak.
-  const pp::SimResult sim =
-      pp::simulate(pp::make_schedule(kind, p.pipeline, static_cast<int>(config.grad_accum), v));
+  LOOM_CHECK(sim != nullptr, "a pipeline's partition needs its schedule simulated");
   std::vector<double> in_flight;
   for (int k = 0; k < parts; ++k)
-    in_flight.push_back(sim.peak_in_flight[static_cast<size_t>(k % p.pipeline)] / double(v));
+    in_flight.push_back(sim->peak_in_flight[static_cast<size_t>(k % p.pipeline)] / double(v));
   if (p.partition == "list") {
     pp::check_partition(p.partition_counts, n, parts);
     r.counts = p.partition_counts;

@@ -6,6 +6,7 @@
 #include "loom/comm/parallel_context.h"
 #include "loom/kernels/backend.h"
 #include "loom/parallel/pipeline/partition.h"
+#include "loom/parallel/pipeline/schedule.h"
 #include "loom/train/config.h"
 
 namespace loom {
@@ -15,8 +16,10 @@ struct PartitionReport;
 // The layer counts of the pipeline x virtual_stages parts. `balanced`
 // measures on world rank 0 and broadcasts the cut (collective over the
 // world then), so every rank builds the same stages.
+// `sim` is the run's schedule simulated (null without a pipeline): each
+// part's activation stores held at once.
 PartitionReport resolve_partition(const Config& config, const ParallelContext& ctx,
-                                  const Backend<float>& backend);
+                                  const Backend<float>& backend, const pp::SimResult* sim);
 
 // One micro-batch of (B, T) through the embedding, a block and the head, in
 // one process on `backend` (the run's): seconds (median of `reps`) and bytes,

@@ -11,8 +11,8 @@
 
 #include "loom/core/clock.h"
 #include "loom/core/error.h"
-#include "loom/core/range.h"
 #include "loom/core/fault.h"
+#include "loom/core/range.h"
 #include "loom/core/rng.h"
 #include "loom/parallel/expert/all_to_all.h"
 #include "loom/parallel/tensor/factory.h"
@@ -79,15 +79,16 @@ StepEngine::StepEngine(const Config& config, ParallelContext ctx, const Backend<
   const pp::ScheduleKind kind = pp::parse_schedule(config_.parallel.schedule);
   const int v = kind == pp::ScheduleKind::kInterleaved ? config_.parallel.virtual_stages : 1;
   const int stage = ctx_.coord().pp;
-  partition_ = resolve_partition(config_, ctx_, backend_);
-  // Activation stores held at once: one without a pipeline, else the
-  // schedule's peak for this stage (the simulator counts it).
+  // The run's one schedule, simulated once: activation stores held at once
+  // per stage (one without a pipeline), which the partition weighs too.
   std::optional<pp::Schedule> schedule;
-  int in_flight = 1;
+  std::optional<pp::SimResult> sim;
   if (p > 1) {
     schedule = pp::make_schedule(kind, p, static_cast<int>(m), v);
-    in_flight = pp::simulate(*schedule).peak_in_flight[static_cast<size_t>(stage)];
+    sim = pp::simulate(*schedule);
   }
+  const int in_flight = sim ? sim->peak_in_flight[static_cast<size_t>(stage)] : 1;
+  partition_ = resolve_partition(config_, ctx_, backend_, sim ? &*sim : nullptr);
   // ZeRO decides which full buffers the stage holds and how units pad.
   const StoreOptions storage = ZeroEngine::storage(config_.zero, ctx_.dp_size());
   const LayerFactory<float>& layers = layers_ ? *layers_ : LayerFactory<float>::single_process();

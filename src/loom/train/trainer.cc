@@ -222,9 +222,10 @@ StepResult Trainer::train_step() {
     r.comm_groups = totals_by_group(r.comm_events);
     if (trace_) trace_->add_comm(r.comm_events);
     if (record->dropped() > comm_dropped_ && writer_ && comm_dropped_ == 0)
-      std::printf("loom: warning: the communication record overflowed in step %ld (%lu events "
-                  "lost): comm_bytes undercounts\n",
-                  long(r.step), static_cast<unsigned long>(record->dropped()));
+      std::printf(
+          "loom: warning: the communication record overflowed in step %ld (%lu events "
+          "lost): comm_bytes undercounts\n",
+          long(r.step), static_cast<unsigned long>(record->dropped()));
     comm_dropped_ = record->dropped();
   }
   if (trace_) {

@@ -57,5 +57,4 @@ struct F32View {
   F32View(size_t n) : owned(n * sizeof(float), MemCategory::kComm), data(owned.as<float>()) {}
 };
 
-
 }  // namespace loom::mpi

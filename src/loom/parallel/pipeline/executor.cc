@@ -13,7 +13,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-
 }  // namespace
 
 Executor::Executor(Schedule schedule, int stage, std::vector<ChunkRef> chunks,

@@ -208,16 +208,21 @@ std::vector<Instr> with_communication(const Schedule& s, int stage, const Order&
 
 }  // namespace
 
-Schedule make_schedule(ScheduleKind kind, int p, int m, int v) {
+void check_schedule(ScheduleKind kind, int p, int m, int v) {
   LOOM_CHECK_KIND(kConfig, p >= 1 && m >= 1, "a pipeline of {} stages and {} micro-batches", p, m);
-  if (kind != ScheduleKind::kInterleaved) v = 1;
+  if (kind != ScheduleKind::kInterleaved) return;
   LOOM_CHECK_KIND(kConfig, v >= 1, "parallel.virtual_stages must be >= 1, got {}", v);
-  if (kind == ScheduleKind::kInterleaved && v > 1)
+  if (v > 1)
     LOOM_CHECK_KIND(kConfig, m % p == 0,
                     "the interleaved schedule sends micro-batches through the chunks in groups of "
                     "parallel.pipeline = {}, so the {} micro-batches (gradient_accumulation_steps) "
                     "must be a multiple of it",
                     p, m);
+}
+
+Schedule make_schedule(ScheduleKind kind, int p, int m, int v) {
+  check_schedule(kind, p, m, v);
+  if (kind != ScheduleKind::kInterleaved) v = 1;
   Schedule s;
   s.kind = kind;
   s.stages = p;

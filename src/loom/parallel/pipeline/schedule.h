@@ -69,6 +69,10 @@ struct Schedule {
 // the others). Throws Error(kConfig) with the numbers when the combination
 // cannot be scheduled (interleaving needs m a multiple of p).
 Schedule make_schedule(ScheduleKind kind, int p, int m, int v = 1);
+// The checks make_schedule makes of its arguments (Error(kConfig) naming the
+// key), without building it: a config is validated before any run builds
+// its one schedule.
+void check_schedule(ScheduleKind kind, int p, int m, int v = 1);
 
 // Costs for the simulator, in any unit of time: forward, backward (whole),
 // and for zero-bubble its input and weight parts; per message latency.

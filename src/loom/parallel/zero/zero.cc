@@ -8,8 +8,8 @@
 
 #include "loom/core/clock.h"
 #include "loom/core/error.h"
-#include "loom/core/range.h"
 #include "loom/core/fault.h"
+#include "loom/core/range.h"
 
 namespace loom {
 
