@@ -1,6 +1,7 @@
 #include "loom/kernels/backend.h"
 
 #include <array>
+#include <type_traits>
 
 #include "loom/core/error.h"
 
@@ -47,6 +48,27 @@ const char* op_name(Op op) {
   };
   const int i = static_cast<int>(op);
   return i >= 0 && i < kNumOps ? kNames[static_cast<size_t>(i)] : "unknown";
+}
+
+bool is_16bit_op(Op op) {
+  switch (op) {
+    case Op::kAdamW16:
+    case Op::kSumSquares16:
+    case Op::kScale16:
+    case Op::kRound16:
+    case Op::kWiden16:
+    case Op::kAccumulate16:
+    case Op::kNonfinite16:
+      return true;
+    default:
+      return false;
+  }
+}
+
+template <typename T>
+bool Backend<T>::supports(Op op) const {
+  if (op == Op::kCount) return false;
+  return std::is_same_v<T, float> || !is_16bit_op(op);
 }
 
 template <typename T>

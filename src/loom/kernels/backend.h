@@ -68,6 +68,8 @@ enum class Op : uint8_t {
 };
 inline constexpr int kNumOps = static_cast<int>(Op::kCount);
 const char* op_name(Op op);  // "matmul_forward"
+// The operations on 16-bit storage (they exist for T = float only).
+bool is_16bit_op(Op op);
 
 template <typename T>
 class Backend {
@@ -76,7 +78,9 @@ class Backend {
   // "cpu (onednn)", "reference": for messages and logs.
   virtual std::string name() const = 0;
   virtual Device device() const = 0;
-  virtual bool supports(Op op) const = 0;
+  // Every operation, but the 16-bit ones in f64 (a backend lacking more
+  // says so by overriding).
+  virtual bool supports(Op op) const;
 
   // A tracked allocation on this backend's device (kernels and layers write
   // it through this backend only).

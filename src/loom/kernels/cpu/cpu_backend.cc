@@ -27,25 +27,6 @@ std::string CpuBackend<T>::name() const {
 }
 
 template <typename T>
-bool CpuBackend<T>::supports(Op op) const {
-  if constexpr (std::is_same_v<T, float>) return op != Op::kCount;
-  // f64 (the gradient checks) has no 16-bit operations.
-  switch (op) {
-    case Op::kAdamW16:
-    case Op::kSumSquares16:
-    case Op::kScale16:
-    case Op::kRound16:
-    case Op::kWiden16:
-    case Op::kAccumulate16:
-    case Op::kNonfinite16:
-    case Op::kCount:
-      return false;
-    default:
-      return true;
-  }
-}
-
-template <typename T>
 Buffer CpuBackend<T>::alloc(size_t bytes, MemCategory category, bool zeroed) const {
   return Buffer(bytes, category, zeroed);
 }

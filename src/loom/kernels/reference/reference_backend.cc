@@ -40,24 +40,6 @@ std::string ReferenceBackend<T>::name() const {
 }
 
 template <typename T>
-bool ReferenceBackend<T>::supports(Op op) const {
-  if (op == Op::kCount) return false;
-  if constexpr (std::is_same_v<T, float>) return true;
-  switch (op) {
-    case Op::kAdamW16:
-    case Op::kSumSquares16:
-    case Op::kScale16:
-    case Op::kRound16:
-    case Op::kWiden16:
-    case Op::kAccumulate16:
-    case Op::kNonfinite16:
-      return false;
-    default:
-      return true;
-  }
-}
-
-template <typename T>
 Buffer ReferenceBackend<T>::alloc(size_t bytes, MemCategory category, bool zeroed) const {
   return Buffer(bytes, category, zeroed);
 }

@@ -15,7 +15,6 @@ class ReferenceBackend final : public Backend<T> {
  public:
   std::string name() const override;
   Device device() const override { return Device::kCpu; }
-  bool supports(Op op) const override;
   Buffer alloc(size_t bytes, MemCategory category, bool zeroed) const override;
 
   void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
