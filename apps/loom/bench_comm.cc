@@ -10,12 +10,12 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
-#include "loom/comm/comm_options.h"
 #include "loom/comm/mpi/mpi_process_group.h"
 #include "loom/core/clock.h"
 #include "loom/core/error.h"
 #include "loom/core/memory.h"
 #include "loom/kernels/backend.h"
+#include "loom/train/config.h"
 
 namespace loom::app {
 
@@ -147,8 +147,7 @@ void run_comm_bench(const CommBenchArgs& a) {
       kConfig,
       a.op == "allreduce" || a.op == "reducescatter" || a.op == "allgather" || a.op == "alltoall",
       "--op {}: expected allreduce, reducescatter, allgather or alltoall", a.op);
-  CommOptions options;
-  apply_comm_overrides(options, a.overrides);
+  const CommOptions options = comm_options_from(a.overrides);
   const size_t lo = parse_size(a.min, "--min"), hi = parse_size(a.max, "--max");
   LOOM_CHECK_KIND(kConfig, a.budget_s <= 0 || a.warmup >= 1,
                   "--budget-s needs --warmup 1 or more (the first warm-up run is timed)");

@@ -12,6 +12,7 @@ void add_generate_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
 void add_checkpoint_command(CLI::App& app);
 void add_launch_command(CLI::App& app);
+void add_config_command(CLI::App& app);
 void add_bench_comm_command(CLI::App& bench);  // under `bench`
 
 }  // namespace loom::app

@@ -2,10 +2,13 @@
 // reason; defaults and the batch identity resolve as DeepSpeed's do.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "loom/core/error.h"
+#include "loom/io/fs.h"
 #include "loom/train/config.h"
+#include "loom/train/config_keys.h"
 #include "test_util.h"
 
 namespace loom {
@@ -286,6 +289,71 @@ TEST(Config, DeepSpeedLossScalingKeys) {
 
 // The scale against a sequence worked out by hand from the rules (window 3,
 // hysteresis 2, start 2^4 = 16, floor 2).
+// docs/config.md's key table is the config table, row for row: a key added,
+// renamed or re-defaulted in one and not the other fails here.
+TEST(ConfigTable, IsTheKeyTableOfTheDocs) {
+  const std::string doc = read_file(std::string(LOOM_SOURCE_DIR) + "/docs/config.md");
+  const std::string head = "| key | type | default | meaning |\n|---|---|---|---|\n";
+  const size_t a = doc.find(head);
+  ASSERT_NE(a, std::string::npos) << "docs/config.md has no key table";
+  const size_t from = a + head.size(), to = doc.find("\n\n", from);
+  const std::string rows = doc.substr(from, to - from + 1);
+  EXPECT_EQ(rows, config_keys_markdown())
+      << "docs/config.md's key table differs from src/loom/train/config_keys.cc: print the "
+         "table with `loom config keys` and put it in the docs";
+  for (const ConfigKey& k : config_keys()) {
+    EXPECT_FALSE(k.doc_type.empty()) << k.path;
+    EXPECT_TRUE(k.value) << k.path << " is not written to config.resolved.json";
+  }
+}
+
+// A default is declared once: where the table has one, an absent key
+// resolves to it (the rules that land keys with defaults of their own agree).
+TEST(ConfigTable, AbsentKeysResolveToTheTablesDefaults) {
+  for (const auto& extra : std::vector<std::vector<std::string>>{
+           {},
+           {"model.moe.num_experts=4"},
+           {"scheduler.type=WarmupCosineLR", "scheduler.params.warmup_num_steps=10"}}) {
+    const Config c = parse_config(kBase, "cfg.json", extra);
+    int checked = 0;
+    for (const ConfigKey& k : config_keys()) {
+      if (k.fallback.is_null() || (k.shown && !k.shown(c))) continue;
+      if (std::find_if(extra.begin(), extra.end(), [&](const std::string& e) {
+            return e.rfind(k.path + "=", 0) == 0;
+          }) != extra.end())
+        continue;
+      // The keys the base config sets.
+      const nlohmann::json base = nlohmann::json::parse(kBase);
+      const nlohmann::json* node = &base;
+      for (size_t at = 0, dot = 0; node && dot != std::string::npos; at = dot + 1) {
+        dot = k.path.find('.', at);
+        const std::string part = k.path.substr(at, dot == std::string::npos ? dot : dot - at);
+        node = node->contains(part) ? &(*node)[part] : nullptr;
+      }
+      if (node) continue;
+      EXPECT_EQ(k.value(c), k.fallback) << k.path;
+      ++checked;
+    }
+    EXPECT_GT(checked, 60);
+  }
+}
+
+TEST(ConfigTable, CommKeysAloneFromTheSameTable) {
+  const CommOptions o = comm_options_from({"comm.timeout_s=30", "comm.allreduce=ring"});
+  EXPECT_EQ(o.timeout_s, 30);
+  EXPECT_EQ(o.allreduce, "ring");
+  EXPECT_EQ(o.placement, "topology");  // the table's default
+  EXPECT_HAS(test::error_of([] { comm_options_from({"comm.timeout_s=-1"}); }),
+             "comm.timeout_s: -1 is out of range (must be > 0");
+  EXPECT_HAS(test::error_of([] { comm_options_from({"comm.allreduce=tree"}); }),
+             "comm.allreduce: unknown value \"tree\" (expected one of mpi, ring, rhd, "
+             "hierarchical, auto)");
+  EXPECT_HAS(test::error_of([] { comm_options_from({"comm.timout_s=3"}); }),
+             "unknown key 'comm.timout_s' (did you mean 'comm.timeout_s'?)");
+  EXPECT_HAS(test::error_of([] { comm_options_from({"model.n_layer=3"}); }),
+             "--set model.n_layer=3: only comm.* keys apply here");
+}
+
 TEST(LossScaler, FollowsHysteresisAndWindowByHand) {
   LossScaleConfig c;
   c.initial_scale_power = 4;

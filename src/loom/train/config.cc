@@ -10,132 +10,13 @@
 #include "loom/parallel/pipeline/partition.h"
 #include "loom/parallel/pipeline/schedule.h"
 #include "loom/parallel/zero/offload.h"
+#include "loom/train/config_keys.h"
 
 namespace loom {
 
 using nlohmann::json;
 
 namespace {
-
-enum class Kind { kInt, kNumber, kBool, kString, kNumberPair, kPartition, kIntList };
-
-struct KeySpec {
-  std::string path;
-  Kind kind;
-  double lo = -1e300, hi = 1e300;  // inclusive range for numbers
-  std::vector<std::string> choices = {};
-  bool lo_exclusive = false;
-};
-
-constexpr double kMaxInt = 9.0e15;
-
-const std::vector<KeySpec>& schema() {
-  static const std::vector<KeySpec> s = {
-      {"train_batch_size", Kind::kInt, 1, kMaxInt},
-      {"train_micro_batch_size_per_gpu", Kind::kInt, 1, kMaxInt},
-      {"gradient_accumulation_steps", Kind::kInt, 1, kMaxInt},
-      {"gradient_clipping", Kind::kNumber, 0, 1e300},
-      {"optimizer.type", Kind::kString, 0, 0, {"AdamW", "Adam"}},
-      {"optimizer.params.lr", Kind::kNumber, 0, 1e300},
-      {"optimizer.params.betas", Kind::kNumberPair, 0, 1},
-      {"optimizer.params.eps", Kind::kNumber, 0, 1e300, {}, true},
-      {"optimizer.params.weight_decay", Kind::kNumber, 0, 1e300},
-      {"scheduler.type", Kind::kString, 0, 0, {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"}},
-      {"scheduler.params.warmup_min_lr", Kind::kNumber, 0, 1e300},
-      {"scheduler.params.warmup_max_lr", Kind::kNumber, 0, 1e300},
-      {"scheduler.params.warmup_num_steps", Kind::kInt, 0, kMaxInt},
-      {"scheduler.params.warmup_type", Kind::kString, 0, 0, {"log", "linear"}},
-      {"scheduler.params.total_num_steps", Kind::kInt, 1, kMaxInt},
-      {"scheduler.params.warmup_min_ratio", Kind::kNumber, 0, 1},
-      {"scheduler.params.cos_min_ratio", Kind::kNumber, 0, 1},
-      {"zero_optimization.stage", Kind::kInt, 0, 3},
-      {"zero_optimization.reduce_bucket_size", Kind::kInt, 1, kMaxInt},
-      {"zero_optimization.overlap_comm", Kind::kBool},
-      {"zero_optimization.stage3_prefetch_bucket_size", Kind::kInt, 0, kMaxInt},
-      {"zero_optimization.stage3_param_persistence_threshold", Kind::kInt, 0, kMaxInt},
-      {"zero_optimization.offload_optimizer.device", Kind::kString, 0, 0, {"none", "cpu", "nvme"}},
-      {"zero_optimization.offload_optimizer.nvme_path", Kind::kString},
-      {"zero_optimization.offload_optimizer.pin_memory", Kind::kBool},
-      {"zero_optimization.offload_optimizer.buffer_count", Kind::kInt, 1, kMaxInt},
-      {"comm.allreduce", Kind::kString, 0, 0, {"mpi", "ring", "rhd", "hierarchical", "auto"}},
-      {"comm.timeout_s", Kind::kNumber, 0, 1e300, {}, true},
-      {"comm.ranks_per_node", Kind::kInt, 0, 1 << 20},
-      {"comm.placement", Kind::kString, 0, 0, {"topology", "launcher"}},
-      {"comm.debug", Kind::kBool},
-      {"fp16.enabled", Kind::kBool},
-      {"fp16.loss_scale", Kind::kNumber, 0, 1e300},
-      {"fp16.initial_scale_power", Kind::kInt, 0, 64},
-      {"fp16.loss_scale_window", Kind::kInt, 1, kMaxInt},
-      {"fp16.hysteresis", Kind::kInt, 1, 1 << 20},
-      {"fp16.consecutive_hysteresis", Kind::kBool},
-      {"fp16.min_loss_scale", Kind::kNumber, 0, 1e300, {}, true},
-      {"bf16.enabled", Kind::kBool},
-      {"model.n_layer", Kind::kInt, 1, 4096},
-      {"model.n_embd", Kind::kInt, 1, 1 << 20},
-      {"model.n_head", Kind::kInt, 1, 1 << 16},
-      {"model.vocab_size", Kind::kInt, 1, 1 << 30},
-      {"model.seq_len", Kind::kInt, 1, 1 << 20},
-      {"model.dropout", Kind::kNumber, 0, 0.999},
-      {"model.moe.num_experts", Kind::kInt, 1, 1 << 16},
-      {"model.moe.top_k", Kind::kInt, 1, 1 << 16},
-      {"model.moe.every_n_layers", Kind::kInt, 1, 4096},
-      {"model.moe.capacity_factor", Kind::kNumber, 0, 1e6},
-      {"model.moe.aux_loss_coef", Kind::kNumber, 0, 1e6},
-      {"model.moe.z_loss_coef", Kind::kNumber, 0, 1e6},
-      {"model.moe.balancing", Kind::kString, 0, 0, {"aux_loss", "bias"}},
-      {"model.moe.bias_update_rate", Kind::kNumber, 0, 1, {}, true},
-      {"model.moe.router", Kind::kString, 0, 0, {"learned", "hash", "tag"}},
-      {"model.moe.tag_tokens", Kind::kIntList, 0, 1 << 30},
-      {"parallel.data", Kind::kInt, 1, 1 << 20},
-      {"parallel.tensor", Kind::kInt, 1, 1 << 20},
-      {"parallel.pipeline", Kind::kInt, 1, 1 << 20},
-      {"parallel.expert", Kind::kInt, 1, 1 << 20},
-      {"parallel.sequence_parallel", Kind::kBool},
-      {"parallel.schedule", Kind::kString, 0, 0, {"gpipe", "1f1b", "interleaved", "zero_bubble"}},
-      {"parallel.virtual_stages", Kind::kInt, 1, 4096},
-      {"parallel.partition", Kind::kPartition},
-      {"parallel.stage_memory_bytes", Kind::kInt, 0, kMaxInt},
-      {"activation_checkpointing.policy",
-       Kind::kString,
-       0,
-       0,
-       {"none", "full", "selective", "every_n", "budget"}},
-      {"activation_checkpointing.every_n", Kind::kInt, 1, 4096},
-      {"activation_checkpointing.budget_bytes", Kind::kInt, 1, kMaxInt},
-      {"activation_checkpointing.activation_dtype", Kind::kString, 0, 0, {"auto", "f32"}},
-      {"activation_checkpointing.partition_activations", Kind::kBool},
-      {"activation_checkpointing.cpu_checkpointing", Kind::kBool},
-      {"activation_checkpointing.contiguous_memory_optimization", Kind::kBool},
-      {"activation_checkpointing.number_checkpoints", Kind::kInt, 0, kMaxInt},
-      {"activation_checkpointing.synchronize_checkpoint_boundary", Kind::kBool},
-      {"activation_checkpointing.profile", Kind::kBool},
-      {"data.train", Kind::kString},
-      {"data.val", Kind::kString},
-      {"data.synthetic", Kind::kBool},
-      {"data.sampling", Kind::kString, 0, 0, {"random", "sequential"}},
-      {"train.name", Kind::kString},
-      {"train.steps", Kind::kInt, 1, kMaxInt},
-      {"train.seed", Kind::kInt, 0, kMaxInt},
-      {"train.eval_every", Kind::kInt, 0, kMaxInt},
-      {"train.eval_steps", Kind::kInt, 1, kMaxInt},
-      {"train.sample_tokens", Kind::kInt, 0, 1 << 20},
-      {"train.sample_prompt", Kind::kString},
-      {"train.sample_temperature", Kind::kNumber, 0, 100},
-      {"train.sample_top_k", Kind::kInt, 0, 1 << 30},
-      {"train.on_nonfinite", Kind::kString, 0, 0, {"stop", "skip"}},
-      {"checkpoint.dir", Kind::kString},
-      {"checkpoint.every", Kind::kInt, 0, kMaxInt},
-      {"checkpoint.keep_last", Kind::kInt, 0, kMaxInt},
-      {"checkpoint.format", Kind::kString, 0, 0, {"sharded", "whole"}},
-      {"checkpoint.async", Kind::kBool},
-      {"kernels.gemm", Kind::kString, 0, 0, {"auto", "onednn", "openblas"}},
-      {"kernels.gemm_inputs", Kind::kString, 0, 0, {"f32", "16bit"}},
-      {"log.every", Kind::kInt, 1, kMaxInt},
-      {"log.peak_gflops", Kind::kNumber, 0, 1e300},
-      {"log.trace", Kind::kBool},
-  };
-  return s;
-}
 
 size_t edit_distance(const std::string& a, const std::string& b) {
   std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
@@ -152,19 +33,13 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 // Keys allowed directly under `prefix` ("" for the top level, "model." ...).
 std::vector<std::string> children(const std::string& prefix) {
   std::vector<std::string> out;
-  for (const KeySpec& k : schema()) {
+  for (const ConfigKey& k : config_keys()) {
     if (k.path.compare(0, prefix.size(), prefix) != 0) continue;
     std::string rest = k.path.substr(prefix.size());
     std::string child = rest.substr(0, rest.find('.'));
     if (std::find(out.begin(), out.end(), child) == out.end()) out.push_back(child);
   }
   return out;
-}
-
-const KeySpec* find_spec(const std::string& path) {
-  for (const KeySpec& k : schema())
-    if (k.path == path) return &k;
-  return nullptr;
 }
 
 [[noreturn]] void fail(const std::string& source, const std::string& msg) {
@@ -192,7 +67,7 @@ bool valid_utf8(const json& v) {
   }
 }
 
-void check_leaf(const KeySpec& k, const json& v, const std::string& source) {
+void check_leaf(const ConfigKey& k, const json& v, const std::string& source) {
   auto expect = [&](const char* what) {
     fail(source, format("{}: expected {}, got {} {}", k.path, what, type_name(v), show(v)));
   };
@@ -206,21 +81,21 @@ void check_leaf(const KeySpec& k, const json& v, const std::string& source) {
     }
   };
   switch (k.kind) {
-    case Kind::kInt:
+    case KeyKind::kInt:
       // A whole float (4.0) counts as an integer, and is range-checked like one.
       if (v.is_number_float() && std::floor(v.get<double>()) != v.get<double>())
         expect("an integer");
       if (!v.is_number()) expect("an integer");
       range(v.get<double>());
       break;
-    case Kind::kNumber:
+    case KeyKind::kNumber:
       if (!v.is_number()) expect("a number");
       range(v.get<double>());
       break;
-    case Kind::kBool:
+    case KeyKind::kBool:
       if (!v.is_boolean()) expect("true or false");
       break;
-    case Kind::kString:
+    case KeyKind::kString:
       if (!v.is_string()) expect("a string");
       // It goes into config.resolved.json, which is UTF-8.
       if (!valid_utf8(v)) fail(source, format("{}: {} is not valid UTF-8", k.path, show(v)));
@@ -231,7 +106,7 @@ void check_leaf(const KeySpec& k, const json& v, const std::string& source) {
         fail(source, format("{}: unknown value {} (expected one of {})", k.path, show(v), list));
       }
       break;
-    case Kind::kPartition:
+    case KeyKind::kPartition:
       if (v.is_string()) {
         if (v != "uniform" && v != "balanced")
           fail(source, format("{}: unknown value {} (expected uniform, balanced, or a list of "
@@ -245,7 +120,7 @@ void check_leaf(const KeySpec& k, const json& v, const std::string& source) {
           fail(source,
                format("{}: {} is not a layer count (a whole number >= 1)", k.path, show(x)));
       break;
-    case Kind::kIntList:
+    case KeyKind::kIntList:
       if (!v.is_array() || v.empty()) expect("a non-empty list of integers");
       for (const json& x : v) {
         if (!x.is_number_integer())
@@ -253,7 +128,7 @@ void check_leaf(const KeySpec& k, const json& v, const std::string& source) {
         range(x.get<double>());
       }
       break;
-    case Kind::kNumberPair:
+    case KeyKind::kNumberPair:
       if (!v.is_array() || v.size() != 2 || !v[0].is_number() || !v[1].is_number())
         expect("a list of two numbers");
       for (const json& x : v) {
@@ -282,7 +157,7 @@ void validate(const json& obj, const std::string& prefix, const std::string& sou
       fail(source, format("unknown key '{}{}'{}", prefix, key, hint));
     }
     std::string path = prefix + key;
-    if (const KeySpec* spec = find_spec(path)) {
+    if (const ConfigKey* spec = find_config_key(path)) {
       check_leaf(*spec, value, source);
     } else {
       validate(value, path + ".", source);
@@ -349,11 +224,7 @@ bool has(const json& j, const char* path) {
 }
 
 void resolve_parallel(Config& c, const json& j, int world_size, const std::string& source) {
-  ParallelConfig& p = c.parallel;
-  p.tensor = get_or<int>(j, "parallel.tensor", 1);
-  p.pipeline = get_or<int>(j, "parallel.pipeline", 1);
-  p.expert = get_or<int>(j, "parallel.expert", 1);
-  p.sequence_parallel = get_or<bool>(j, "parallel.sequence_parallel", false);
+  const ParallelConfig& p = c.parallel;
   if (p.tensor > world_size)
     fail(source,
          format("parallel.tensor {} is larger than the job's {} rank(s)", p.tensor, world_size));
@@ -400,18 +271,8 @@ void resolve_parallel(Config& c, const json& j, int world_size, const std::strin
 }
 
 // After the batch: the micro-batches per step are the pipeline's.
-void resolve_pipeline(Config& c, const json& j, const std::string& source) {
-  ParallelConfig& p = c.parallel;
-  p.schedule = get_or<std::string>(j, "parallel.schedule", "1f1b");
-  p.virtual_stages = get_or<int>(j, "parallel.virtual_stages", 1);
-  p.stage_memory_bytes = get_or<int64_t>(j, "parallel.stage_memory_bytes", 0);
-  const json* part = lookup(j, "parallel.partition");
-  if (part && part->is_array()) {
-    p.partition = "list";
-    p.partition_counts = part->get<std::vector<int>>();
-  } else {
-    p.partition = part ? part->get<std::string>() : "uniform";
-  }
+void resolve_pipeline(Config& c, const std::string& source) {
+  const ParallelConfig& p = c.parallel;
   const pp::ScheduleKind kind = pp::parse_schedule(p.schedule);
   if (p.virtual_stages > 1 && kind != pp::ScheduleKind::kInterleaved)
     fail(source, format("parallel.virtual_stages {} needs parallel.schedule interleaved (it is {})",
@@ -439,10 +300,6 @@ void resolve_pipeline(Config& c, const json& j, const std::string& source) {
 
 void resolve_checkpointing(Config& c, const json& j, const std::string& source) {
   CheckpointingConfig& a = c.checkpointing;
-  a.policy.kind =
-      CheckpointPolicy::parse(get_or<std::string>(j, "activation_checkpointing.policy", "none"));
-  a.policy.every_n = get_or<int>(j, "activation_checkpointing.every_n", 2);
-  a.policy.budget_bytes = get_or<int64_t>(j, "activation_checkpointing.budget_bytes", 0);
   if (a.policy.kind == CheckpointPolicy::kBudget &&
       !has(j, "activation_checkpointing.budget_bytes"))
     fail(source,
@@ -457,17 +314,7 @@ void resolve_checkpointing(Config& c, const json& j, const std::string& source) 
                         "activation_checkpointing.policy to every_n)",
                         CheckpointPolicy::name(a.policy.kind)));
   // A 16-bit run keeps the records in its type unless told f32.
-  a.activation_dtype = get_or<std::string>(j, "activation_checkpointing.activation_dtype", "auto");
   a.policy.records = a.activation_dtype == "f32" ? DType::kF32 : c.precision;
-  a.partition_activations =
-      get_or<bool>(j, "activation_checkpointing.partition_activations", false);
-  a.cpu_checkpointing = get_or<bool>(j, "activation_checkpointing.cpu_checkpointing", false);
-  a.contiguous_memory_optimization =
-      get_or<bool>(j, "activation_checkpointing.contiguous_memory_optimization", false);
-  a.number_checkpoints = get_or<int64_t>(j, "activation_checkpointing.number_checkpoints", 0);
-  a.synchronize_checkpoint_boundary =
-      get_or<bool>(j, "activation_checkpointing.synchronize_checkpoint_boundary", false);
-  a.profile = get_or<bool>(j, "activation_checkpointing.profile", false);
   for (const char* k :
        {"partition_activations", "cpu_checkpointing", "contiguous_memory_optimization",
         "number_checkpoints", "synchronize_checkpoint_boundary", "profile"})
@@ -533,129 +380,6 @@ void resolve_batch(Config& c, const json& j, const std::string& source) {
   mul(source, tbs, c.model.seq_len, "tokens per step: train_batch_size x model.seq_len");
 }
 
-json to_json(const Config& c) {
-  json j;
-  j["train_batch_size"] = c.train_batch_size;
-  j["train_micro_batch_size_per_gpu"] = c.micro_batch;
-  j["gradient_accumulation_steps"] = c.grad_accum;
-  j["gradient_clipping"] = c.gradient_clipping;
-  j["optimizer"] = {{"type", c.optimizer.type},
-                    {"params",
-                     {{"lr", c.optimizer.lr},
-                      {"betas", {c.optimizer.beta1, c.optimizer.beta2}},
-                      {"eps", c.optimizer.eps},
-                      {"weight_decay", c.optimizer.weight_decay}}}};
-  if (!c.scheduler.type.empty()) {
-    const SchedulerConfig& s = c.scheduler;
-    json p;
-    if (s.type == "WarmupCosineLR") {
-      p = {{"warmup_min_ratio", s.warmup_min_ratio}, {"cos_min_ratio", s.cos_min_ratio}};
-    } else {
-      p = {{"warmup_min_lr", s.warmup_min_lr}, {"warmup_max_lr", s.warmup_max_lr}};
-    }
-    p["warmup_num_steps"] = s.warmup_num_steps;
-    p["warmup_type"] = s.warmup_type;
-    if (s.type != "WarmupLR") p["total_num_steps"] = s.total_num_steps;
-    j["scheduler"] = {{"type", s.type}, {"params", p}};
-  }
-  j["fp16"] = {{"enabled", c.precision == DType::kF16},
-               {"loss_scale", c.loss_scaling.loss_scale},
-               {"initial_scale_power", c.loss_scaling.initial_scale_power},
-               {"loss_scale_window", c.loss_scaling.loss_scale_window},
-               {"hysteresis", c.loss_scaling.hysteresis},
-               {"consecutive_hysteresis", c.loss_scaling.consecutive_hysteresis},
-               {"min_loss_scale", c.loss_scaling.min_loss_scale}};
-  j["bf16"] = {{"enabled", c.precision == DType::kBF16}};
-  j["model"] = {{"n_layer", c.model.n_layer}, {"n_embd", c.model.n_embd},
-                {"n_head", c.model.n_head},   {"vocab_size", c.model.vocab_size},
-                {"seq_len", c.model.seq_len}, {"dropout", c.model.dropout}};
-  if (c.model.moe_experts > 0)
-    j["model"]["moe"] = {{"num_experts", c.model.moe_experts},
-                         {"top_k", c.model.moe_top_k},
-                         {"every_n_layers", c.model.moe_every},
-                         {"capacity_factor", c.model.moe_capacity_factor},
-                         {"aux_loss_coef", c.model.moe_aux_loss_coef},
-                         {"z_loss_coef", c.model.moe_z_loss_coef},
-                         {"balancing", c.model.moe_bias_balancing ? "bias" : "aux_loss"},
-                         {"router", c.model.moe_router == 1   ? "hash"
-                                    : c.model.moe_router == 2 ? "tag"
-                                                              : "learned"},
-                         {"bias_update_rate", c.model.moe_bias_update_rate}};
-  if (c.model.moe_experts > 0 && c.model.moe_router != 0) {
-    // A fixed router takes none of the learned router's keys.
-    json& moe = j["model"]["moe"];
-    for (const char* key : {"aux_loss_coef", "z_loss_coef", "bias_update_rate"}) moe.erase(key);
-    if (c.model.moe_router == 2) moe["tag_tokens"] = c.model.moe_tag_tokens;
-  }
-  j["parallel"] = {{"data", c.data_parallel},
-                   {"tensor", c.parallel.tensor},
-                   {"sequence_parallel", c.parallel.sequence_parallel},
-                   {"pipeline", c.parallel.pipeline},
-                   {"schedule", c.parallel.schedule},
-                   {"virtual_stages", c.parallel.virtual_stages},
-                   {"stage_memory_bytes", c.parallel.stage_memory_bytes},
-                   {"expert", c.parallel.expert}};
-  if (c.parallel.partition == "list")
-    j["parallel"]["partition"] = c.parallel.partition_counts;
-  else
-    j["parallel"]["partition"] = c.parallel.partition;
-  {
-    const CheckpointingConfig& a = c.checkpointing;
-    json ac = {{"policy", CheckpointPolicy::name(a.policy.kind)},
-               {"activation_dtype", a.activation_dtype}};
-    // DeepSpeed's keys only when given, so a resolved config read back logs
-    // the same as the file it came from.
-    if (a.deepspeed_keys) {
-      ac["partition_activations"] = a.partition_activations;
-      ac["cpu_checkpointing"] = a.cpu_checkpointing;
-      ac["contiguous_memory_optimization"] = a.contiguous_memory_optimization;
-      ac["number_checkpoints"] = a.number_checkpoints;
-      ac["synchronize_checkpoint_boundary"] = a.synchronize_checkpoint_boundary;
-      ac["profile"] = a.profile;
-    }
-    if (a.policy.kind == CheckpointPolicy::kEveryN) ac["every_n"] = a.policy.every_n;
-    if (a.policy.kind == CheckpointPolicy::kBudget) ac["budget_bytes"] = a.policy.budget_bytes;
-    j["activation_checkpointing"] = ac;
-  }
-  j["data"] = {{"train", c.data.train},
-               {"val", c.data.val},
-               {"synthetic", c.data.synthetic},
-               {"sampling", c.data.sampling}};
-  j["train"] = {{"name", c.train.name},
-                {"steps", c.train.steps},
-                {"seed", c.train.seed},
-                {"eval_every", c.train.eval_every},
-                {"eval_steps", c.train.eval_steps},
-                {"sample_tokens", c.train.sample_tokens},
-                {"sample_prompt", c.train.sample_prompt},
-                {"sample_temperature", c.train.sample_temperature},
-                {"sample_top_k", c.train.sample_top_k},
-                {"on_nonfinite", c.train.on_nonfinite}};
-  j["checkpoint"] = {{"dir", c.checkpoint.dir},
-                     {"every", c.checkpoint.every},
-                     {"keep_last", c.checkpoint.keep_last},
-                     {"format", c.checkpoint.format},
-                     {"async", c.checkpoint.async}};
-  j["zero_optimization"] = {{"stage", c.zero.stage},
-                            {"reduce_bucket_size", c.zero.reduce_bucket_size},
-                            {"overlap_comm", c.zero.overlap_comm},
-                            {"stage3_prefetch_bucket_size", c.zero.prefetch_bucket_size},
-                            {"stage3_param_persistence_threshold", c.zero.persistence_threshold},
-                            {"offload_optimizer",
-                             {{"device", c.zero.offload_device},
-                              {"nvme_path", c.zero.nvme_path},
-                              {"pin_memory", c.zero.pin_memory},
-                              {"buffer_count", c.zero.buffer_count}}}};
-  j["comm"] = {{"allreduce", c.comm.allreduce},
-               {"timeout_s", c.comm.timeout_s},
-               {"ranks_per_node", c.comm.ranks_per_node},
-               {"placement", c.comm.placement},
-               {"debug", c.comm.debug}};
-  j["log"] = {{"every", c.log.every}, {"peak_gflops", c.log.peak_gflops}, {"trace", c.log.trace}};
-  j["kernels"] = {{"gemm", c.kernels.gemm}, {"gemm_inputs", c.kernels.gemm_inputs}};
-  return j;
-}
-
 }  // namespace
 
 Config parse_config(const std::string& text, const std::string& source,
@@ -680,26 +404,24 @@ Config parse_config(const std::string& text, const std::string& source,
   for (const std::string& o : overrides) apply_override(j, o);
   validate(j, "", source);
 
+  // Every key the table lands: its value, or its default.
   Config c;
+  for (const ConfigKey& k : config_keys()) {
+    if (!k.land) continue;
+    if (const json* v = lookup(j, k.path.c_str()))
+      k.land(c, *v);
+    else if (!k.fallback.is_null())
+      k.land(c, k.fallback);
+  }
+  // The rules that span keys.
   GptConfig& m = c.model;
-  m.n_layer = get_or<int>(j, "model.n_layer", 12);
-  m.n_embd = get_or<int>(j, "model.n_embd", 768);
-  m.n_head = get_or<int>(j, "model.n_head", 12);
-  m.vocab_size = get_or<int>(j, "model.vocab_size", 50257);
-  m.seq_len = get_or<int>(j, "model.seq_len", 1024);
-  m.dropout = get_or<float>(j, "model.dropout", 0.0f);
   if (m.n_embd % m.n_head != 0)
     fail(source, format("model.n_embd {} is not divisible by model.n_head {}", m.n_embd, m.n_head));
   if (has(j, "model.moe")) {
     if (!has(j, "model.moe.num_experts"))
       fail(source, "model.moe needs num_experts (the experts of each mixture-of-experts layer)");
-    m.moe_experts = get_or<int>(j, "model.moe.num_experts", 0);
     m.moe_top_k = get_or<int>(j, "model.moe.top_k", std::min(2, m.moe_experts));
-    m.moe_every = get_or<int>(j, "model.moe.every_n_layers", 1);
-    m.moe_capacity_factor = get_or<double>(j, "model.moe.capacity_factor", 0.0);
-    m.moe_bias_balancing = get_or<std::string>(j, "model.moe.balancing", "aux_loss") == "bias";
-    const std::string router = get_or<std::string>(j, "model.moe.router", "learned");
-    m.moe_router = router == "hash" ? 1 : router == "tag" ? 2 : 0;
+    const std::string router = find_config_key("model.moe.router")->value(c).get<std::string>();
     if (m.moe_router != 0) {
       // A fixed router has no probabilities to balance or to keep small.
       for (const char* key :
@@ -737,12 +459,10 @@ Config parse_config(const std::string& text, const std::string& source,
     // Bias balancing replaces the auxiliary loss unless one is asked for too.
     m.moe_aux_loss_coef = get_or<double>(j, "model.moe.aux_loss_coef",
                                          m.moe_bias_balancing || m.moe_router != 0 ? 0.0 : 0.01);
-    m.moe_bias_update_rate = get_or<double>(j, "model.moe.bias_update_rate", 1e-3);
     if (!m.moe_bias_balancing && has(j, "model.moe.bias_update_rate"))
       fail(source,
            "model.moe.bias_update_rate is set but model.moe.balancing is aux_loss (set "
            "it to bias)");
-    m.moe_z_loss_coef = get_or<double>(j, "model.moe.z_loss_coef", 0.0);
     if (m.moe_top_k > m.moe_experts)
       fail(source, format("model.moe.top_k {} is larger than model.moe.num_experts {}", m.moe_top_k,
                           m.moe_experts));
@@ -751,13 +471,7 @@ Config parse_config(const std::string& text, const std::string& source,
                           "would be a mixture of experts",
                           m.moe_every, m.n_layer));
   }
-  LossScaleConfig& ls = c.loss_scaling;
-  ls.loss_scale = get_or<double>(j, "fp16.loss_scale", 0.0);
-  ls.initial_scale_power = get_or<int>(j, "fp16.initial_scale_power", 16);
-  ls.loss_scale_window = get_or<int64_t>(j, "fp16.loss_scale_window", 1000);
-  ls.hysteresis = get_or<int>(j, "fp16.hysteresis", 2);
-  ls.consecutive_hysteresis = get_or<bool>(j, "fp16.consecutive_hysteresis", false);
-  ls.min_loss_scale = get_or<double>(j, "fp16.min_loss_scale", 1.0);
+  const LossScaleConfig& ls = c.loss_scaling;
   const double initial =
       ls.loss_scale > 0 ? ls.loss_scale : std::ldexp(1.0, ls.initial_scale_power);
   if (ls.min_loss_scale > initial)
@@ -788,67 +502,24 @@ Config parse_config(const std::string& text, const std::string& source,
                 "yet (a MoE layer routes whole sequences); set it to false",
                 source);
   }
-  resolve_pipeline(c, j, source);
+  resolve_pipeline(c, source);
   resolve_checkpointing(c, j, source);
-  c.gradient_clipping = get_or<double>(j, "gradient_clipping", 0.0);
-
-  OptimizerConfig& o = c.optimizer;
-  o.type = get_or<std::string>(j, "optimizer.type", "AdamW");
-  o.lr = get_or<double>(j, "optimizer.params.lr", 3e-4);
-  if (has(j, "optimizer.params.betas")) {
-    o.beta1 = j["optimizer"]["params"]["betas"][0].get<double>();
-    o.beta2 = j["optimizer"]["params"]["betas"][1].get<double>();
-  }
-  o.eps = get_or<double>(j, "optimizer.params.eps", 1e-8);
-  o.weight_decay = get_or<double>(j, "optimizer.params.weight_decay", 0.0);
-
-  TrainConfig& t = c.train;
-  t.name = get_or<std::string>(j, "train.name", "run");
-  t.steps = get_or<int64_t>(j, "train.steps", 100);
-  t.seed = get_or<uint64_t>(j, "train.seed", 1234);
-  t.eval_every = get_or<int64_t>(j, "train.eval_every", 0);
-  t.eval_steps = get_or<int64_t>(j, "train.eval_steps", 10);
-  t.sample_tokens = get_or<int64_t>(j, "train.sample_tokens", 0);
-  t.sample_prompt = get_or<std::string>(j, "train.sample_prompt", "");
-  t.sample_temperature = get_or<double>(j, "train.sample_temperature", 0.8);
-  t.sample_top_k = get_or<int64_t>(j, "train.sample_top_k", 40);
-  t.on_nonfinite = get_or<std::string>(j, "train.on_nonfinite", "stop");
 
   SchedulerConfig& s = c.scheduler;
-  s.type = get_or<std::string>(j, "scheduler.type", "");
   if (s.type.empty() && has(j, "scheduler.params"))
     fail(source, "scheduler.params given without scheduler.type");
-  s.warmup_min_lr = get_or<double>(j, "scheduler.params.warmup_min_lr", 0.0);
-  s.warmup_max_lr = get_or<double>(j, "scheduler.params.warmup_max_lr", o.lr);
-  s.warmup_num_steps = get_or<int64_t>(j, "scheduler.params.warmup_num_steps", 1000);
-  s.warmup_type = get_or<std::string>(j, "scheduler.params.warmup_type", "log");
-  s.total_num_steps = get_or<int64_t>(j, "scheduler.params.total_num_steps", t.steps);
-  s.warmup_min_ratio = get_or<double>(j, "scheduler.params.warmup_min_ratio", 0.0);
-  s.cos_min_ratio = get_or<double>(j, "scheduler.params.cos_min_ratio", 1e-4);
+  // Defaults taken from other keys.
+  s.warmup_max_lr = get_or<double>(j, "scheduler.params.warmup_max_lr", c.optimizer.lr);
+  s.total_num_steps = get_or<int64_t>(j, "scheduler.params.total_num_steps", c.train.steps);
   if (s.type != "WarmupLR" && !s.type.empty() && s.total_num_steps <= s.warmup_num_steps)
     fail(source, format("scheduler.params.total_num_steps {} must exceed warmup_num_steps {}",
                         s.total_num_steps, s.warmup_num_steps));
 
-  DataConfig& d = c.data;
-  d.train = get_or<std::string>(j, "data.train", "");
-  d.val = get_or<std::string>(j, "data.val", "");
-  d.synthetic = get_or<bool>(j, "data.synthetic", false);
-  d.sampling = get_or<std::string>(j, "data.sampling", "random");
+  const DataConfig& d = c.data;
   if (!d.synthetic && d.train.empty())
     fail(source, "data.train: no token file given (set data.train, or data.synthetic: true)");
 
   ZeroConfig& z = c.zero;
-  z.stage = get_or<int>(j, "zero_optimization.stage", 0);
-  z.reduce_bucket_size = get_or<int64_t>(j, "zero_optimization.reduce_bucket_size", 1000000);
-  z.overlap_comm = get_or<bool>(j, "zero_optimization.overlap_comm", true);
-  z.prefetch_bucket_size =
-      get_or<int64_t>(j, "zero_optimization.stage3_prefetch_bucket_size", 1000000);
-  z.persistence_threshold =
-      get_or<int64_t>(j, "zero_optimization.stage3_param_persistence_threshold", 100000);
-  z.offload_device = get_or<std::string>(j, "zero_optimization.offload_optimizer.device", "none");
-  z.nvme_path = get_or<std::string>(j, "zero_optimization.offload_optimizer.nvme_path", "");
-  z.pin_memory = get_or<bool>(j, "zero_optimization.offload_optimizer.pin_memory", false);
-  z.buffer_count = get_or<int64_t>(j, "zero_optimization.offload_optimizer.buffer_count", 4);
   z.dtype = c.precision;
   if (z.offload_device != "none" && z.stage == 0)
     fail(source, format("zero_optimization.offload_optimizer.device {} needs stage 1, 2 or 3 "
@@ -857,30 +528,33 @@ Config parse_config(const std::string& text, const std::string& source,
   // Checked here, before anything is allocated: the files are made later.
   if (z.offload_device == "nvme")
     check_writable_dir(z.nvme_path, source + ": zero_optimization.offload_optimizer.nvme_path");
-  c.comm.allreduce = get_or<std::string>(j, "comm.allreduce", "mpi");
-  c.comm.timeout_s = get_or<double>(j, "comm.timeout_s", 600.0);
-  c.comm.ranks_per_node = get_or<int>(j, "comm.ranks_per_node", 0);
-  c.comm.placement = get_or<std::string>(j, "comm.placement", "topology");
-  c.comm.debug = get_or<bool>(j, "comm.debug", false);
-  c.checkpoint.dir = get_or<std::string>(j, "checkpoint.dir", "");
-  c.checkpoint.every = get_or<int64_t>(j, "checkpoint.every", 0);
-  c.checkpoint.keep_last = get_or<int64_t>(j, "checkpoint.keep_last", 0);
-  c.checkpoint.format = get_or<std::string>(j, "checkpoint.format", "sharded");
-  c.checkpoint.async = get_or<bool>(j, "checkpoint.async", false);
   if (c.checkpoint.async && c.checkpoint.format == "whole")
     fail(source, "checkpoint.async writes sharded checkpoints; checkpoint.format is whole");
-  c.log.every = get_or<int64_t>(j, "log.every", 1);
-  c.log.peak_gflops = get_or<double>(j, "log.peak_gflops", 0.0);
-  c.log.trace = get_or<bool>(j, "log.trace", false);
-  c.kernels.gemm = get_or<std::string>(j, "kernels.gemm", "auto");
-  c.kernels.gemm_inputs = get_or<std::string>(j, "kernels.gemm_inputs", "f32");
   c.zero.weights16 = c.kernels.gemm_inputs == "16bit" && c.precision != DType::kF32;
   if (c.kernels.gemm_inputs == "16bit" && c.precision == DType::kF32)
     fail(source,
          "kernels.gemm_inputs: 16bit rounds GEMM inputs to the run's 16-bit type; it needs "
          "bf16.enabled or fp16.enabled");
-  c.resolved = to_json(c);
+  c.resolved = resolved_config(c);
   return c;
+}
+
+CommOptions comm_options_from(const std::vector<std::string>& overrides) {
+  json j = json::object();
+  for (const std::string& o : overrides) {
+    LOOM_CHECK_KIND(kConfig, o.rfind("comm.", 0) == 0,
+                    "--set {}: only comm.* keys apply here (comm.timeout_s, comm.allreduce, ...)",
+                    o);
+    apply_override(j, o);
+  }
+  validate(j, "", "--set");
+  Config c;
+  for (const ConfigKey& k : config_keys()) {
+    if (!k.land || k.path.rfind("comm.", 0) != 0) continue;
+    const json* v = lookup(j, k.path.c_str());
+    k.land(c, v ? *v : k.fallback);
+  }
+  return c.comm;
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides,

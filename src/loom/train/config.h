@@ -128,5 +128,8 @@ Config parse_config(const std::string& text, const std::string& source,
                     const std::vector<std::string>& overrides, int world_size = 1);
 Config load_config(const std::string& path, const std::vector<std::string>& overrides,
                    int world_size = 1);
+// The comm.* keys alone from "--set comm.key=value" items (tools that run
+// no model: `loom bench comm`), checked and defaulted by the same table.
+CommOptions comm_options_from(const std::vector<std::string>& overrides);
 
 }  // namespace loom
