@@ -185,6 +185,8 @@ TEST(Collectives, EveryOperationIsRecordedWithTheBytesItSent) {
   std::vector<float> send(total, 1.0f), recv(static_cast<size_t>((r + 1) * p));
   std::vector<size_t> rcounts(static_cast<size_t>(p), static_cast<size_t>(r + 1));
   world->all_to_all(send.data(), counts, recv.data(), rcounts, DType::kF32)->wait();
+  std::vector<uint16_t> block(n / static_cast<size_t>(p));
+  world->reduce_scatter(h.data(), block.data(), block.size(), DType::kBF16, ReduceOp::kAvg)->wait();
   if (p > 1) {
     std::vector<float> msg(100, 2.0f);
     const int to = (r + 1) % p, from = (r + p - 1) % p;
@@ -194,7 +196,7 @@ TEST(Collectives, EveryOperationIsRecordedWithTheBytesItSent) {
     s1->wait();
   }
   const std::vector<CommEvent> ev = record.take();
-  ASSERT_EQ(ev.size(), p > 1 ? 7u : 5u);
+  ASSERT_EQ(ev.size(), p > 1 ? 8u : 6u);
   for (const CommEvent& e : ev) {
     EXPECT_EQ(e.group, "world");
     EXPECT_LE(e.enqueued, e.started + 1e-9);
@@ -209,22 +211,27 @@ TEST(Collectives, EveryOperationIsRecordedWithTheBytesItSent) {
   if ((p & (p - 1)) == 0) {  // no folding: halving and doubling send 2 (p - 1) / p
     EXPECT_EQ(ev[1].sent_bytes, 2.0 * (p - 1) / p * fp);
   }
-  // 16-bit gradients are reduced in f32 and cross the wire as f32; gathers
-  // move 16 bits.
+  // 16-bit data keeps 16 bits on the wire (reduced in f32 where it lands):
+  // half an f32 all-reduce's bytes, counted exactly.
   EXPECT_EQ(ev[2].dtype, DType::kBF16);
-  EXPECT_EQ(ev[2].wire, DType::kF32);
-  EXPECT_EQ(ev[2].sent_bytes, 2.0 * (p - 1) / p * fp);
-  EXPECT_FALSE(ev[2].exact);
+  EXPECT_EQ(ev[2].wire, DType::kBF16);
+  EXPECT_EQ(ev[2].algo, "direct");
+  EXPECT_EQ(ev[2].sent_bytes, 2.0 * (p - 1) / p * fp / 2);
+  EXPECT_TRUE(ev[2].exact);
   EXPECT_EQ(ev[3].kind, "allgather");
   EXPECT_EQ(ev[3].wire, DType::kBF16);
   EXPECT_EQ(ev[3].sent_bytes, double(p - 1) * 2.0 * double(n));
   EXPECT_EQ(ev[4].kind, "alltoall");
   EXPECT_TRUE(ev[4].exact);
   EXPECT_EQ(ev[4].sent_bytes, 4.0 * double(total - static_cast<size_t>(r + 1)));
+  EXPECT_EQ(ev[5].kind, "reducescatter");
+  EXPECT_EQ(ev[5].wire, DType::kBF16);
+  EXPECT_EQ(ev[5].sent_bytes, double(p - 1) * 2.0 * double(block.size()));
+  EXPECT_TRUE(ev[5].exact);
   if (p > 1) {
     // The receive completes first or second; the send is the one that sent.
     double sent = 0, received = 0;
-    for (size_t k = 5; k < 7; ++k) (ev[k].kind == "send" ? sent : received) += ev[k].sent_bytes;
+    for (size_t k = 6; k < 8; ++k) (ev[k].kind == "send" ? sent : received) += ev[k].sent_bytes;
     EXPECT_EQ(sent, 400.0);
     EXPECT_EQ(received, 0.0);
   }

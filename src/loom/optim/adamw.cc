@@ -80,11 +80,4 @@ void AdamW::step_16(float* master, uint16_t* params, const uint16_t* grads, DTyp
   }
 }
 
-double clip_grad_norm(float* grads, int64_t n, double max_norm, const Backend<float>& be) {
-  double norm = std::sqrt(be.sum_squares(grads, n));
-  if (max_norm > 0 && norm > max_norm)
-    be.scale(grads, n, static_cast<float>(max_norm / (norm + 1e-6)));
-  return norm;
-}
-
 }  // namespace loom

@@ -72,9 +72,4 @@ class AdamW {
   float *m_ = nullptr, *v_ = nullptr;
 };
 
-// Global gradient-norm clipping: returns the L2 norm of grads (n) before
-// clipping and scales them by max_norm / norm when norm > max_norm > 0.
-double clip_grad_norm(float* grads, int64_t n, double max_norm,
-                      const Backend<float>& backend = default_backend<float>());
-
 }  // namespace loom

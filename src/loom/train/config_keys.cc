@@ -231,6 +231,16 @@ std::vector<ConfigKey> make_keys() {
                "check that ranks call matching collectives, and that parameters replicated over a "
                "tensor-parallel group stay bitwise equal after every step (always checked at "
                "checkpoints)"),
+      key("comm.payloads", KeyKind::kString)
+          .one_of({"auto", "f32"})
+          .or_else("auto")
+          .lands(LOOM_FIELD(c.comm.payloads, std::string))
+          .doc("`auto` \\| `f32`", "`auto`",
+               "`auto`: in a bf16 run the activations and activation gradients that cross ranks "
+               "(tensor-parallel regions, pipeline messages, expert all-to-all) travel in bf16, "
+               "half the bytes (fp16 runs keep f32: loss-scaled gradients can outgrow fp16's "
+               "range where the layers' f32 does not); `f32`: always f32 "
+               "([precision](precision.md#what-16-bit-runs-send))"),
       key("kernels.gemm_inputs", KeyKind::kString)
           .one_of({"f32", "16bit"})
           .or_else("f32")

@@ -37,9 +37,17 @@ std::unique_ptr<LayerFactory<float>> layers_for(
   return f;
 }
 
-std::shared_ptr<ep::AllToAllDispatcher> experts_for(const Config& c, const ParallelContext& ctx) {
+// The type the layers' tensors cross ranks in (comm.payloads): a bf16
+// run's bf16 unless f32 is asked for; fp16 runs keep f32, whose range the
+// loss-scaled gradients may need.
+DType payload_type(const Config& c) {
+  return c.precision == DType::kBF16 && c.comm.payloads == "auto" ? DType::kBF16 : DType::kF32;
+}
+
+std::shared_ptr<ep::AllToAllDispatcher> experts_for(const Config& c, const ParallelContext& ctx,
+                                                    const Backend<float>& backend) {
   if (c.model.moe_experts == 0 || !ctx.ep || ctx.ep->size() == 1) return nullptr;
-  return std::make_shared<ep::AllToAllDispatcher>(ctx.ep);
+  return std::make_shared<ep::AllToAllDispatcher>(ctx.ep, payload_type(c), &backend);
 }
 
 }  // namespace
@@ -48,8 +56,8 @@ StepEngine::StepEngine(const Config& config, ParallelContext ctx, const Backend<
     : config_(config),
       ctx_(std::move(ctx)),
       backend_(backend),
-      tp_(ctx_.tp),
-      experts_(experts_for(config, ctx_)),
+      tp_(ctx_.tp, payload_type(config), &backend),
+      experts_(experts_for(config, ctx_, backend)),
       // Under tensor parallelism the MoE layers split a micro-batch's
       // sequences over the group when they divide evenly.
       moe_split_(tp_.size() > 1 && config.model.moe_experts > 0 &&
@@ -105,13 +113,12 @@ StepEngine::StepEngine(const Config& config, ParallelContext ctx, const Backend<
     ch.zero =
         std::make_unique<ZeroEngine>(ch.stage->store(), ctx_.dp, config_.zero, config_.optimizer,
                                      experts_ ? ExpertGroups{ctx_.ep, ctx_.ep_dp} : ExpertGroups{});
-    // Gradient norms count a tensor split over the tensor-parallel group once.
-    ch.zero->set_tensor_parallel(ctx_.tp);
     refs.push_back({ch.stage.get(), ch.zero.get()});
     chunks_.push_back(std::move(ch));
   }
   if (schedule) {
-    executor_ = std::make_unique<pp::Executor>(*schedule, stage, refs, ctx_.pp, B, Tn);
+    executor_ = std::make_unique<pp::Executor>(*schedule, stage, refs, ctx_.pp, B, Tn,
+                                               payload_type(config_));
     executor_->set_tracing(config_.log.trace);
   } else {
     acts_ = chunks_[0].stage->make_activations(B, Tn);
@@ -184,8 +191,7 @@ StepStats StepEngine::step(const BatchSource& data, int64_t step, double lr) {
   inject_nonfinite(step);
   inject_grad_scale();
   if (scaler_) zero.scale_grads(static_cast<float>(1.0 / r.loss_scale));
-  r.grad_norm = agree_norm(zero.grad_norm());
-  zero.clip_grads(r.grad_norm, config_.gradient_clipping);
+  r.grad_norm = clip_global();
   r.skipped = !accept_update(step, r.grad_norm, &r.nonfinite);
   r.moe = moe_stats(!r.skipped);
   if (!r.skipped) zero.step(lr, step + 1 - skipped_);
@@ -282,7 +288,7 @@ StepStats StepEngine::step_pipelined(const BatchSource& data, int64_t step, doub
     inject_grad_scale();
     if (scaler_)
       for (Chunk& c : chunks_) c.zero->scale_grads(static_cast<float>(1.0 / r.loss_scale));
-    r.grad_norm = clip_pipelined();
+    r.grad_norm = clip_global();
     r.skipped = !accept_update(step, r.grad_norm, &r.nonfinite);
     r.moe = moe_stats(!r.skipped);
     if (!r.skipped)
@@ -424,20 +430,12 @@ void StepEngine::sum_tied_grads() {
   }
 }
 
-double StepEngine::clip_pipelined() {
-  double split = 0, whole = 0;
-  for (Chunk& c : chunks_) {
-    const GptStage<float>& s = *c.stage;
-    const auto [a, b] = c.zero->grad_sum_squares(s.wte_is_copy() ? s.wte_unit() : -1);
-    split += a;
-    whole += b;
-  }
-  // Slices add over the tensor-parallel group, replicated parameters count
-  // once; then the stages add, in stage order on every rank.
-  const double ss = ctx_.tp ? tensor_parallel_sum(*ctx_.tp, split, whole) : split + whole;
-  double total = 0;
-  for (double x : all_gather_words(*ctx_.pp, &ss, 1)) total += x;
-  const double norm = agree_norm(std::sqrt(total));
+double StepEngine::clip_global() {
+  // Every chunk of this rank's stage; a tied wte copy counts on the first stage only.
+  std::vector<NormPart> parts;
+  for (Chunk& c : chunks_)
+    parts.push_back({c.zero.get(), c.stage->wte_is_copy() ? c.stage->wte_unit() : -1});
+  const double norm = agree_norm(global_grad_norm(parts, ctx_.tp.get(), ctx_.pp.get()));
   for (Chunk& c : chunks_) c.zero->clip_grads(norm, config_.gradient_clipping);
   return norm;
 }

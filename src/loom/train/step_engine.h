@@ -117,8 +117,9 @@ class StepEngine {
   StepStats step_pipelined(const BatchSource& data, int64_t step, double lr);
   double evaluate_pipelined(const BatchSource& data, int64_t batches);
   // The global gradient norm over every chunk, stage and tensor-parallel
-  // slice (the tied wte counted once), clipped to config's gradient_clipping.
-  double clip_pipelined();
+  // slice (the tied wte counted once; global_grad_norm), agreed over the job
+  // and clipped to config's gradient_clipping. Both step paths use it.
+  double clip_global();
   // The norm every rank uses: world rank 0's, or a non-finite one if any
   // rank's is (collective over the world).
   double agree_norm(double norm) const;

@@ -1,6 +1,8 @@
 // The MPI backend's collectives, point-to-point messages and barrier: each
 // enqueued on the group's worker (mpi_process_group.cc), which records it.
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "loom/comm/algorithms/allreduce.h"
 #include "loom/comm/mpi/mpi_process_group.h"
@@ -59,9 +61,16 @@ WorkPtr MpiProcessGroup::all_reduce_with(const std::string& algo, const void* in
         for (size_t i = 0; i < count; ++i) static_cast<double*>(out)[i] /= size_;
     });
   }
+  if (t != DType::kF32 && (algo == "auto" || algo == "mpi")) {
+    // 16-bit data keeps 16 bits on the wire and is reduced in f32.
+    return enqueue(o, [this, in, out, count, t, op](Op& o) {
+      o.algo = "direct";
+      reduce_16(o, in, out, count, t, op, true);
+    });
+  }
   return enqueue(o, [this, algo, in, out, count, t, op](Op& o) {
     std::string a = algo == "auto" ? choose_algorithm(count * dtype_size(t)) : algo;
-    // 16-bit data is reduced in f32: it travels widened.
+    // loom's algorithms reduce f32: 16-bit data travels widened through them.
     o.algo = a;
     o.wire = DType::kF32;
     // f32 works on `out` directly; bf16 and f16 on a widened f32 copy of `in`.
@@ -115,20 +124,74 @@ WorkPtr MpiProcessGroup::reduce_scatter(const void* in, void* out, size_t count,
                   "group '{}': reduce-scatter of {} is not supported (f32, bf16, f16)", name_,
                   dtype_name(t));
   return enqueue(Op{"reducescatter", count, t, static_cast<int>(op)}, [=, this](Op& o) {
-    const size_t total = count * static_cast<size_t>(size_);
-    o.wire = DType::kF32;  // reduced in f32
+    if (t != DType::kF32) {
+      reduce_16(o, in, out, count, t, op, false);
+      return;
+    }
+    o.wire = DType::kF32;
     o.sent = double(size_ - 1) * double(count) * sizeof(float);
     o.exact = false;
-    F32View buf(in, t, total);
+    // `out` may lie inside `in` (a ZeRO unit's own slice): reduce apart.
     F32View res(count);
     MPI_Request req;
-    MPI_Ireduce_scatter_block(buf.data, res.data, as_int(count, "reduce-scatter"), MPI_FLOAT,
-                              mpi_op(op), comm_, &req);
+    MPI_Ireduce_scatter_block(in, res.data, as_int(count, "reduce-scatter"), MPI_FLOAT, mpi_op(op),
+                              comm_, &req);
     wait_requests(&req, 1, o);
     if (op == ReduceOp::kAvg)
       for (size_t i = 0; i < count; ++i) res.data[i] /= static_cast<float>(size_);
-    convert(res.data, DType::kF32, out, t, count);
+    std::memcpy(out, res.data, count * sizeof(float));
   });
+}
+
+void MpiProcessGroup::reduce_16(Op& o, const void* in, void* out, size_t count, DType t,
+                                ReduceOp op, bool all) {
+  const int p = size_;
+  const size_t es = dtype_size(t);
+  o.wire = t;
+  o.exact = true;
+  // Block r of the input goes to rank r: [b_r, b_r+1) of an all-reduce's
+  // `count` elements, or the r-th `count` of a reduce-scatter's input.
+  std::vector<int> sc(static_cast<size_t>(p)), sd(sc.size()), rc(sc.size()), rd(sc.size());
+  for (int r = 0; r < p; ++r) {
+    const size_t b = all ? algo::chunk_begin(count, p, r) : count * static_cast<size_t>(r);
+    const size_t e = all ? algo::chunk_begin(count, p, r + 1) : b + count;
+    sc[static_cast<size_t>(r)] = as_int(e - b, "reduction block");
+    sd[static_cast<size_t>(r)] = as_int(b, "reduction offset");
+  }
+  const size_t mine = static_cast<size_t>(sc[static_cast<size_t>(rank_)]);
+  for (int r = 0; r < p; ++r) {
+    rc[static_cast<size_t>(r)] = static_cast<int>(mine);
+    rd[static_cast<size_t>(r)] = as_int(mine * static_cast<size_t>(r), "reduction offset");
+    if (r != rank_) o.sent += double(sc[static_cast<size_t>(r)]) * double(es);
+  }
+  Buffer blocks(mine * static_cast<size_t>(p) * es, MemCategory::kComm, false);
+  MPI_Request req;
+  MPI_Ialltoallv(in, sc.data(), sd.data(), MPI_UINT16_T, blocks.data(), rc.data(), rd.data(),
+                 MPI_UINT16_T, comm_, &req);
+  wait_requests(&req, 1, o);
+  // Every rank's block, widened, added in rank order.
+  F32View wide(blocks.data(), t, mine * static_cast<size_t>(p));
+  float* acc = wide.data;
+  for (int r = 1; r < p; ++r) {
+    const float* x = wide.data + mine * static_cast<size_t>(r);
+    if (op == ReduceOp::kMax)
+      for (size_t i = 0; i < mine; ++i) acc[i] = std::max(acc[i], x[i]);
+    else
+      for (size_t i = 0; i < mine; ++i) acc[i] += x[i];
+  }
+  if (op == ReduceOp::kAvg)
+    for (size_t i = 0; i < mine; ++i) acc[i] /= static_cast<float>(p);
+  char* dst = static_cast<char*>(out);
+  if (!all) {
+    convert(acc, DType::kF32, dst, t, mine);
+    return;
+  }
+  convert(acc, DType::kF32, dst + static_cast<size_t>(sd[static_cast<size_t>(rank_)]) * es, t,
+          mine);
+  o.sent += double(p - 1) * double(mine) * double(es);
+  MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out, sc.data(), sd.data(), MPI_UINT16_T,
+                  comm_, &req);
+  wait_requests(&req, 1, o);
 }
 
 WorkPtr MpiProcessGroup::all_gather(const void* in, void* out, size_t count, DType t) {

@@ -51,6 +51,9 @@ struct CommOptions {
   int ranks_per_node = 0;              // comm.ranks_per_node; 0: MPI's shared-memory split
   std::string placement = "topology";  // comm.placement: topology | launcher (grid.h, topology.h)
   bool debug = false;                  // comm.debug: descriptor exchange before each collective
+  // comm.payloads: auto (a bf16 run's tensor-parallel, pipeline and
+  // all-to-all tensors travel in bf16) | f32. Read by the training layers.
+  std::string payloads = "auto";
 };
 
 class MpiProcessGroup;
@@ -167,6 +170,12 @@ class MpiProcessGroup : public ProcessGroup {
   void cancel_p2p();  // the group is going away: cancels what is still in flight
   void run_worker();
   // Polls until all requests complete; on the deadline, reports and aborts.
+  // A bf16 or f16 reduction with 16 bits on the wire: one all-to-all hands
+  // every rank its block of each rank's input, summed in f32 in rank order
+  // (divided for kAvg) and rounded once; `all` then all-gathers the blocks
+  // (an all-reduce of `count`), else each rank keeps its block (a
+  // reduce-scatter of `count` per rank from `count` x size inputs).
+  void reduce_16(Op& o, const void* in, void* out, size_t count, DType t, ReduceOp op, bool all);
   void wait_requests(MPI_Request* reqs, int n, const Op& op);
   void check_descriptors(const Op& op);
   [[noreturn]] void timed_out(const Op& op);

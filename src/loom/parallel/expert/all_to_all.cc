@@ -18,9 +18,13 @@ int64_t count(const ExpertPlan& p, int me, int s, int e) {
 
 }  // namespace
 
-AllToAllDispatcher::AllToAllDispatcher(std::shared_ptr<ProcessGroup> group)
-    : group_(std::move(group)) {
+AllToAllDispatcher::AllToAllDispatcher(std::shared_ptr<ProcessGroup> group, DType payload,
+                                       const Backend<float>* backend)
+    : group_(std::move(group)), payload_(payload), be_(backend) {
   LOOM_CHECK(group_ && group_->size() > 1, "an expert-parallel dispatcher needs a group");
+  LOOM_CHECK(payload_ == DType::kF32 ||
+                 ((payload_ == DType::kBF16 || payload_ == DType::kF16) && be_ != nullptr),
+             "expert all-to-all rows travel in f32, or in bf16 or f16 with a backend");
 }
 
 ExpertPlan AllToAllDispatcher::plan(const std::vector<int64_t>& rows_per_expert, int experts) {
@@ -61,15 +65,26 @@ std::vector<size_t> AllToAllDispatcher::received(const ExpertPlan& p) const {
   return n;
 }
 
-void AllToAllDispatcher::exchange(const void* in, const std::vector<size_t>& send, void* out,
+void AllToAllDispatcher::exchange(const float* in, const std::vector<size_t>& send, float* out,
                                   const std::vector<size_t>& recv, int64_t C) {
   std::vector<size_t> s(send.size()), r(recv.size());
+  size_t ns = 0, nr = 0;
   for (size_t j = 0; j < send.size(); ++j) {
     s[j] = send[j] * static_cast<size_t>(C);
     r[j] = recv[j] * static_cast<size_t>(C);
+    ns += s[j], nr += r[j];
   }
   const auto t0 = std::chrono::steady_clock::now();
-  group_->all_to_all(in, s, out, r, DType::kF32)->wait();
+  if (payload_ == DType::kF32) {
+    group_->all_to_all(in, s, out, r, DType::kF32)->wait();
+  } else {
+    const size_t es = dtype_size(payload_);
+    Buffer in16 = be_->alloc(ns * es, MemCategory::kComm, false);
+    Buffer out16 = be_->alloc(nr * es, MemCategory::kComm, false);
+    be_->round_16(in, in16.as<uint16_t>(), static_cast<int64_t>(ns), payload_);
+    group_->all_to_all(in16.data(), s, out16.data(), r, payload_)->wait();
+    be_->widen_16(out16.as<uint16_t>(), out, static_cast<int64_t>(nr), payload_);
+  }
   stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ++stats_.calls;
 }
@@ -108,7 +123,7 @@ void AllToAllDispatcher::combine(const ExpertPlan& p, const float* expert_rows, 
       at[static_cast<size_t>(e)] += n;
       out += n * C;
     }
-  exchange(staging.data(), received(p), rows, sent(p), C);
+  exchange(staging.as<float>(), received(p), rows, sent(p), C);
 }
 
 AllToAllStats AllToAllDispatcher::take_stats() {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "loom/comm/process_group.h"
+#include "loom/kernels/backend.h"
 #include "loom/nn/moe.h"
 
 namespace loom::ep {
@@ -24,8 +25,11 @@ struct AllToAllStats {
 
 class AllToAllDispatcher final : public ExpertDispatcher<float> {
  public:
-  // group: the expert-parallel group (ParallelContext::ep), more than one rank.
-  explicit AllToAllDispatcher(std::shared_ptr<ProcessGroup> group);
+  // group: the expert-parallel group (ParallelContext::ep), more than one
+  // rank. payload: the type rows travel in (kF32, or a bf16 run's bf16:
+  // rounded on `backend` before each all-to-all, widened after).
+  explicit AllToAllDispatcher(std::shared_ptr<ProcessGroup> group, DType payload = DType::kF32,
+                              const Backend<float>* backend = nullptr);
   int rank() const override { return group_->rank(); }
   int ranks() const override { return group_->size(); }
   ExpertPlan plan(const std::vector<int64_t>& rows_per_expert, int experts) override;
@@ -39,10 +43,12 @@ class AllToAllDispatcher final : public ExpertDispatcher<float> {
   std::vector<size_t> received(const ExpertPlan& p) const;
   // One all-to-all of rows of C floats: send[j] rows of `in` to rank j,
   // recv[s] rows from rank s into `out`, each block after the last.
-  void exchange(const void* in, const std::vector<size_t>& send, void* out,
+  void exchange(const float* in, const std::vector<size_t>& send, float* out,
                 const std::vector<size_t>& recv, int64_t C);
 
   std::shared_ptr<ProcessGroup> group_;
+  DType payload_;
+  const Backend<float>* be_;
   AllToAllStats stats_;
 };
 

@@ -16,8 +16,16 @@ using Clock = std::chrono::steady_clock;
 }  // namespace
 
 Executor::Executor(Schedule schedule, int stage, std::vector<ChunkRef> chunks,
-                   std::shared_ptr<ProcessGroup> group, int64_t B, int64_t Tn)
-    : schedule_(std::move(schedule)), stage_(stage), group_(std::move(group)), B_(B), Tn_(Tn) {
+                   std::shared_ptr<ProcessGroup> group, int64_t B, int64_t Tn, DType payload)
+    : schedule_(std::move(schedule)),
+      stage_(stage),
+      group_(std::move(group)),
+      B_(B),
+      Tn_(Tn),
+      payload_(payload),
+      be_(chunks.empty() ? nullptr : &chunks[0].stage->store().backend()) {
+  LOOM_CHECK(payload_ == DType::kF32 || payload_ == DType::kBF16 || payload_ == DType::kF16,
+             "pipeline messages travel in f32, bf16 or f16");
   LOOM_CHECK(static_cast<int>(chunks.size()) == schedule_.chunks,
              "stage {} holds {} chunks, the schedule {}", stage, chunks.size(), schedule_.chunks);
   LOOM_CHECK(!group_ || group_->size() == schedule_.stages,
@@ -65,6 +73,21 @@ void Executor::wait(const WorkPtr& w, ExecStats& st) {
   st.wait += seconds_between(t, Clock::now());
 }
 
+const float* Executor::received(int idx, ExecStats& st) {
+  Pooled& p = pool_[static_cast<size_t>(idx)];
+  wait(p.pending, st);
+  p.pending = nullptr;
+  if (payload_ != DType::kF32) be_->widen_16(p.wire.as<uint16_t>(), p.buf.as<float>(), rows_ * C_, payload_);
+  return p.buf.as<float>();
+}
+
+const void* Executor::outgoing(const float* x, size_t n, Buffer& wire) const {
+  if (payload_ == DType::kF32) return x;
+  if (!wire.data()) wire = be_->alloc(n * dtype_size(payload_), MemCategory::kComm, false);
+  be_->round_16(x, wire.as<uint16_t>(), static_cast<int64_t>(n), payload_);
+  return wire.data();
+}
+
 int Executor::take_buffer() {
   // A free buffer whose send has completed; else a new one (a send still
   // in flight is never waited for here, so sends never block the schedule,
@@ -76,8 +99,12 @@ int Executor::take_buffer() {
     in_use_[i] = true;
     return static_cast<int>(i);
   }
-  pool_.push_back(
-      {Buffer(static_cast<size_t>(rows_ * C_) * sizeof(float), MemCategory::kComm), {}});
+  const size_t n = static_cast<size_t>(rows_ * C_);
+  pool_.push_back({Buffer(n * sizeof(float), MemCategory::kComm),
+                   payload_ == DType::kF32
+                       ? Buffer()
+                       : Buffer(n * dtype_size(payload_), MemCategory::kComm, false),
+                   {}});
   in_use_.push_back(true);
   return static_cast<int>(pool_.size()) - 1;
 }
@@ -121,9 +148,10 @@ void Executor::post_recv(const Instr& in) {
   const int idx = take_buffer();
   (gradient ? c.grad_in : c.act_in)[static_cast<size_t>(in.micro)] = idx;
   const int peer = gradient ? schedule_.next_stage(stage_) : schedule_.prev_stage(stage_);
-  pool_[static_cast<size_t>(idx)].pending = group_->recv(
-      pool_[static_cast<size_t>(idx)].buf.data(), static_cast<size_t>(rows_ * C_), DType::kF32,
-      peer, tag(in.micro, in.chunk, gradient), describe(in, gradient, false));
+  Pooled& p = pool_[static_cast<size_t>(idx)];
+  p.pending = group_->recv(payload_ == DType::kF32 ? p.buf.data() : p.wire.data(),
+                           static_cast<size_t>(rows_ * C_), payload_, peer,
+                           tag(in.micro, in.chunk, gradient), describe(in, gradient, false));
 }
 
 void Executor::send(const Instr& in) {
@@ -138,13 +166,14 @@ void Executor::send(const Instr& in) {
       gradient ? schedule_.prev_chunk(stage_, in.chunk) : schedule_.next_chunk(stage_, in.chunk);
   if (gradient) {
     const size_t idx = static_cast<size_t>(c.grad_out[static_cast<size_t>(in.micro)]);
-    pool_[idx].pending =
-        group_->send(pool_[idx].buf.data(), n, DType::kF32, peer, tag(in.micro, to, true), what);
+    Pooled& p = pool_[idx];
+    p.pending = group_->send(outgoing(p.buf.as<float>(), n, p.wire), n, payload_, peer,
+                             tag(in.micro, to, true), what);
     in_use_[idx] = false;  // reusable once the send completes
   } else {
     Slot& s = *c.slots[static_cast<size_t>(c.slot_of[static_cast<size_t>(in.micro)])];
-    s.pending_send =
-        group_->send(s.acts.output, n, DType::kF32, peer, tag(in.micro, to, false), what);
+    s.pending_send = group_->send(outgoing(s.acts.output, n, s.wire), n, payload_, peer,
+                                  tag(in.micro, to, false), what);
   }
 }
 
@@ -155,10 +184,7 @@ void Executor::forward(const Instr& in, const MicroBatch& mb, bool training, Exe
   c.slot_of[m] = slot;
   const float* input = nullptr;
   if (!schedule_.first_part(stage_, in.chunk)) {
-    Pooled& p = pool_[static_cast<size_t>(c.act_in[m])];
-    wait(p.pending, st);
-    p.pending = nullptr;
-    input = p.buf.as<float>();
+    input = received(c.act_in[m], st);
   }
   const bool last = schedule_.last_part(stage_, in.chunk);
   const auto t = Clock::now();
@@ -190,10 +216,7 @@ void Executor::backward(const Instr& in, size_t pos, double loss_scale, ExecStat
   s.pending_send = nullptr;
   const float* d_output = nullptr;
   if (!schedule_.last_part(stage_, in.chunk)) {
-    Pooled& p = pool_[static_cast<size_t>(c.grad_in[m])];
-    wait(p.pending, st);
-    p.pending = nullptr;
-    d_output = p.buf.as<float>();
+    d_output = received(c.grad_in[m], st);
   }
   float* d_input = nullptr;
   if (!schedule_.first_part(stage_, in.chunk)) {

@@ -67,9 +67,12 @@ class Executor {
  public:
   // `stage`: this rank's pipeline stage; chunks[c] holds its chunk c;
   // `group`: the pipeline-parallel group (rank = stage). B and Tn: the
-  // micro-batch shape.
+  // micro-batch shape. payload: the type messages travel in (kF32, or a
+  // bf16 run's bf16: rounded before each send, widened after each receive,
+  // on the chunks' backend).
   Executor(Schedule schedule, int stage, std::vector<ChunkRef> chunks,
-           std::shared_ptr<ProcessGroup> group, int64_t B, int64_t Tn);
+           std::shared_ptr<ProcessGroup> group, int64_t B, int64_t Tn,
+           DType payload = DType::kF32);
   // An error unwinding past messages still in flight (a receive posted
   // ahead writes into the pool) ends a parallel job here, while the buffers
   // are alive (fail_fast); otherwise waits for them.
@@ -95,11 +98,13 @@ class Executor {
  private:
   struct Pooled {
     Buffer buf;
+    Buffer wire;      // 16-bit payloads: what travels (buf rounded, or received)
     WorkPtr pending;  // a send still reading it, or a receive writing it
   };
   struct Slot {
     StageActivations<float> acts;
-    WorkPtr pending_send;  // the activation sent from acts.output
+    Buffer wire;           // 16-bit payloads: acts.output rounded, as sent
+    WorkPtr pending_send;  // the activation sent from acts.output (or wire)
     bool busy = false;     // holds a micro-batch between its forward and backward
   };
   struct Chunk {
@@ -122,6 +127,10 @@ class Executor {
   int take_slot(Chunk& c);
   int take_buffer();
   void wait(const WorkPtr& w, ExecStats& st);
+  // A received message, waited for (and widened from the wire type).
+  const float* received(int idx, ExecStats& st);
+  // What to send of n f32 elements at x: x itself, or x rounded into `wire`.
+  const void* outgoing(const float* x, size_t n, Buffer& wire) const;
   int tag(int micro, int receiving_chunk, bool gradient) const;
   std::string describe(const Instr& in, bool gradient, bool sending) const;
 
@@ -130,6 +139,8 @@ class Executor {
   std::vector<Chunk> chunks_;
   std::shared_ptr<ProcessGroup> group_;
   int64_t B_, Tn_, rows_, C_;
+  DType payload_;
+  const Backend<float>* be_;
   std::vector<Pooled> pool_;  // (rows, C) message buffers
   std::vector<bool> in_use_;
   std::vector<Instr> eval_list_;

@@ -3,22 +3,48 @@
 #include <algorithm>
 #include <chrono>
 
+#include "loom/core/clock.h"
+#include "loom/core/error.h"
+
 namespace loom::tp {
 
-void Group::all_reduce(float* x, int64_t n, ReduceOp op) const {
-  if (size() == 1 || n == 0) return;
+Group::Group(std::shared_ptr<ProcessGroup> g, DType payload, const Backend<float>* backend)
+    : g_(std::move(g)), payload_(payload), be_(backend), traffic_(std::make_shared<Traffic>()) {
+  LOOM_CHECK(payload_ == DType::kF32 || ((payload_ == DType::kBF16 || payload_ == DType::kF16) &&
+                                         be_ != nullptr),
+             "tensor-parallel payloads travel in f32, or in bf16 or f16 with a backend");
+}
+
+template <class F>
+void Group::timed(F collective) const {
   const auto t0 = std::chrono::steady_clock::now();
-  g_->all_reduce(x, x, static_cast<size_t>(n), DType::kF32, op)->wait();
-  traffic_->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  // A ring all-reduce sends 2 (p - 1) / p of the buffer from every rank.
+  collective();
+  traffic_->seconds += seconds_since(t0);
+}
+
+void Group::all_reduce(float* x, int64_t n, ReduceOp op, DType t) const {
+  if (size() == 1 || n == 0) return;
+  const size_t count = static_cast<size_t>(n);
+  if (t == DType::kF32) {
+    timed([&] { g_->all_reduce(x, x, count, DType::kF32, op)->wait(); });
+    return;
+  }
+  Buffer h = be_->alloc(count * 2, MemCategory::kComm, false);  // all written next
+  be_->round_16(x, h.as<uint16_t>(), n, t);
+  timed([&] { g_->all_reduce(h.data(), h.data(), count, t, op)->wait(); });
+  be_->widen_16(h.as<uint16_t>(), x, n, t);
 }
 
 void Group::sum(float* x, int64_t n) const {
-  all_reduce(x, n, ReduceOp::kSum);
+  all_reduce(x, n, ReduceOp::kSum, DType::kF32);
 }
 
 void Group::max(float* x, int64_t n) const {
-  all_reduce(x, n, ReduceOp::kMax);
+  all_reduce(x, n, ReduceOp::kMax, DType::kF32);
+}
+
+void Group::sum_tensor(float* x, int64_t n) const {
+  all_reduce(x, n, ReduceOp::kSum, payload_);
 }
 
 void Group::gather(const float* local, float* all, int64_t n) const {
@@ -26,9 +52,17 @@ void Group::gather(const float* local, float* all, int64_t n) const {
     std::copy(local, local + n, all);
     return;
   }
-  const auto t0 = std::chrono::steady_clock::now();
-  g_->all_gather(local, all, static_cast<size_t>(n), DType::kF32)->wait();
-  traffic_->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const size_t count = static_cast<size_t>(n);
+  if (!half()) {
+    timed([&] { g_->all_gather(local, all, count, DType::kF32)->wait(); });
+    return;
+  }
+  const int64_t total = n * size();
+  Buffer h = be_->alloc(static_cast<size_t>(total) * 2, MemCategory::kComm, false);
+  uint16_t* mine = h.as<uint16_t>() + n * rank();
+  be_->round_16(local, mine, n, payload_);
+  timed([&] { g_->all_gather(mine, h.data(), count, payload_)->wait(); });
+  be_->widen_16(h.as<uint16_t>(), all, total, payload_);
 }
 
 void Group::reduce_scatter(const float* all, float* local, int64_t n) const {
@@ -36,9 +70,17 @@ void Group::reduce_scatter(const float* all, float* local, int64_t n) const {
     std::copy(all, all + n, local);
     return;
   }
-  const auto t0 = std::chrono::steady_clock::now();
-  g_->reduce_scatter(all, local, static_cast<size_t>(n), DType::kF32, ReduceOp::kSum)->wait();
-  traffic_->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const size_t count = static_cast<size_t>(n);
+  if (!half()) {
+    timed([&] { g_->reduce_scatter(all, local, count, DType::kF32, ReduceOp::kSum)->wait(); });
+    return;
+  }
+  const int64_t total = n * size();
+  Buffer h = be_->alloc(static_cast<size_t>(total) * 2, MemCategory::kComm, false);
+  be_->round_16(all, h.as<uint16_t>(), total, payload_);
+  Buffer r = be_->alloc(count * 2, MemCategory::kComm, false);
+  timed([&] { g_->reduce_scatter(h.data(), r.data(), count, payload_, ReduceOp::kSum)->wait(); });
+  be_->widen_16(r.as<uint16_t>(), local, n, payload_);
 }
 
 Traffic Group::take_traffic() const {

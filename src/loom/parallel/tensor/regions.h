@@ -12,6 +12,7 @@
 #include <memory>
 
 #include "loom/comm/process_group.h"
+#include "loom/kernels/backend.h"
 #include "loom/nn/context.h"
 
 namespace loom::tp {
@@ -24,15 +25,22 @@ struct Traffic {
 
 class Group {
  public:
-  explicit Group(std::shared_ptr<ProcessGroup> g)
-      : g_(std::move(g)), traffic_(std::make_shared<Traffic>()) {}
+  // payload: the type the layers' tensors travel in (kF32, or a 16-bit
+  // run's bf16: rounded on `backend` before each collective, widened after).
+  explicit Group(std::shared_ptr<ProcessGroup> g, DType payload = DType::kF32,
+                 const Backend<float>* backend = nullptr);
   int rank() const { return g_ ? g_->rank() : 0; }
   int size() const { return g_ ? g_->size() : 1; }
   const std::shared_ptr<ProcessGroup>& process_group() const { return g_; }
+  DType payload() const { return payload_; }
 
-  // In place over the group, waited for.
+  // Statistics (row maxima, sums of exponentials), in place over the group,
+  // waited for, in f32 whatever the payload type.
   void sum(float* x, int64_t n) const;
   void max(float* x, int64_t n) const;
+  // The layers' tensors (activations and their gradients), in the payload
+  // type; the sum adds in f32 (rounded once to the payload type).
+  void sum_tensor(float* x, int64_t n) const;
   // Sequence parallelism's pair, over rows split in rank order:
   //   gather          all (size * n) = every rank's local (n), in rank order
   //   reduce_scatter  local (n) = the sum over ranks of block `rank` of all (size * n)
@@ -42,20 +50,26 @@ class Group {
   Traffic take_traffic() const;
 
  private:
-  void all_reduce(float* x, int64_t n, ReduceOp op) const;
+  void all_reduce(float* x, int64_t n, ReduceOp op, DType t) const;
+  // Times one blocking collective into the traffic.
+  template <class F>
+  void timed(F collective) const;
+  bool half() const { return payload_ != DType::kF32; }
   std::shared_ptr<ProcessGroup> g_;
+  DType payload_ = DType::kF32;
+  const Backend<float>* be_ = nullptr;
   std::shared_ptr<Traffic> traffic_;
 };
 
 // The input gradient of a copy-to region (backward of a column-parallel
 // linear's input): dx (n) = sum over the group, in place.
 inline void copy_to_region_backward(const Group& g, float* dx, int64_t n) {
-  g.sum(dx, n);
+  g.sum_tensor(dx, n);
 }
 // The output of a reduce-from region (forward of a row-parallel linear):
 // y (n) = sum over the group of the partial products, in place.
 inline void reduce_from_region_forward(const Group& g, float* y, int64_t n) {
-  g.sum(y, n);
+  g.sum_tensor(y, n);
 }
 
 // A block half's backward (attention or MLP) under both schemes.

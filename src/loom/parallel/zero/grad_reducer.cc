@@ -1,0 +1,257 @@
+#include "loom/parallel/zero/grad_reducer.h"
+
+#include <deque>
+#include <vector>
+
+#include "loom/core/error.h"
+#include "loom/core/fault.h"
+
+namespace loom {
+
+namespace {
+
+size_t f32_bytes(int64_t elements) {
+  return static_cast<size_t>(elements) * sizeof(float);
+}
+
+// What both reducers share: the store, the split, the target, and the
+// per-unit f32 buffers backward writes into where the target is not the
+// store's own gradients.
+class ReducerBase : public GradReducer {
+ protected:
+  ReducerBase(ParamStore<float>& store, const ShardLayout& shards, const ZeroConfig& config,
+              GradTarget target)
+      : store_(store),
+        be_(store.backend()),
+        shards_(shards),
+        config_(config),
+        target_(target),
+        bufs_(static_cast<size_t>(shards.num_units())) {}
+
+  bool half() const { return config_.dtype != DType::kF32; }
+  size_t pbytes(int64_t elements) const {
+    return static_cast<size_t>(elements) * dtype_size(config_.dtype);
+  }
+  Buffer& buf(int u) { return bufs_[static_cast<size_t>(u)]; }
+  void bind(int u) {
+    buf(u) = be_.alloc(f32_bytes(shards_.unit(u).size()), MemCategory::kComm);
+    store_.bind_grads(u, buf(u).as<float>());
+  }
+  Buffer unbind(int u) {
+    store_.bind_grads(u, nullptr);
+    return std::move(buf(u));
+  }
+
+  ParamStore<float>& store_;
+  const Backend<float>& be_;
+  const ShardLayout& shards_;
+  const ZeroConfig& config_;
+  GradTarget target_;
+  std::vector<Buffer> bufs_;  // per unit, while backward writes it
+};
+
+class BucketedAllReduce final : public ReducerBase {
+ public:
+  BucketedAllReduce(ParamStore<float>& store, const ShardLayout& shards, const ZeroConfig& config,
+                    GradTarget target)
+      : ReducerBase(store, shards, config, target) {
+    if (!shards.dense().group) return;  // one process: nothing to reduce
+    // Units reduced alike share an entry: one for the dense units, one for
+    // the expert units.
+    std::vector<int> of_unit;
+    for (int u = 0; u < shards.num_units(); ++u) {
+      const UnitGroup& g = shards.group(u);
+      int k = 0;
+      while (k < static_cast<int>(groups_.size()) &&
+             (groups_[static_cast<size_t>(k)]->group != g.group ||
+              groups_[static_cast<size_t>(k)]->scale != g.scale))
+        ++k;
+      if (k == static_cast<int>(groups_.size())) groups_.push_back(&g);
+      of_unit.push_back(k);
+    }
+    // Walk parameters from the last to the first; cut a bucket once it
+    // holds at least reduce_bucket_size elements, or where the group
+    // changes. Parameters are contiguous in the flat buffer, so each bucket
+    // is one range (alignment padding included, zero on every rank).
+    const auto& ps = shards.layout().params();
+    int64_t end = shards.layout().total();
+    for (size_t i = ps.size(); i-- > 0;) {
+      const int64_t begin = ps[i].offset;
+      const int g = of_unit[static_cast<size_t>(ps[i].unit)];
+      if (end - begin >= config.reduce_bucket_size || i == 0 ||
+          of_unit[static_cast<size_t>(ps[i - 1].unit)] != g) {
+        buckets_.push_back({begin, end, g, nullptr});
+        end = begin;
+      }
+    }
+  }
+
+  ~BucketedAllReduce() override {
+    for (const Bucket& b : buckets_) wait_quietly(b.work, "a gradient all-reduce");
+  }
+
+  void begin(bool reduce) override {
+    reduce_ = reduce && !buckets_.empty();
+    next_ = 0;
+    for (Bucket& b : buckets_) b.work = nullptr;
+  }
+
+  void acquire(int u) override {
+    // f32: backward writes into the store's gradients.
+    if (half() && !buf(u).data()) bind(u);
+  }
+
+  void written(int u) override {
+    if (!half()) return;
+    // Added into the 16-bit gradients in f32, rounded once.
+    const Buffer b = unbind(u);
+    be_.accumulate_16(b.as<float>(), nullptr, 1.0f, target_.h16 + shards_.unit(u).begin,
+                      shards_.unit(u).size(), config_.dtype);
+  }
+
+  void final(int u) override {
+    if (!reduce_ || !config_.overlap_comm) return;
+    // Every gradient from the unit's first element on is final.
+    const int64_t from = shards_.unit(u).begin;
+    while (next_ < buckets_.size() && buckets_[next_].begin >= from) launch(buckets_[next_++]);
+  }
+
+  void end() override {
+    if (!reduce_) return;
+    while (next_ < buckets_.size()) launch(buckets_[next_++]);
+    std::vector<WorkPtr> works;
+    for (const Bucket& b : buckets_)
+      if (b.work) works.push_back(b.work);
+    wait_all(works, &stats_);
+    for (Bucket& b : buckets_) {
+      b.work = nullptr;
+      const float scale = groups_[static_cast<size_t>(b.group)]->scale;
+      if (scale == 1.0f) continue;
+      if (half())
+        be_.scale_16(target_.h16 + b.begin, b.end - b.begin, scale, config_.dtype);
+      else
+        be_.scale(target_.f32 + b.begin, b.end - b.begin, scale);
+    }
+    reduce_ = false;
+  }
+
+ private:
+  struct Bucket {
+    int64_t begin, end;  // elements [begin, end) of the flat gradients
+    int group;           // its entry of groups_
+    WorkPtr work;
+  };
+  void launch(Bucket& b) {
+    const UnitGroup& g = *groups_[static_cast<size_t>(b.group)];
+    if (!g.group) return;
+    void* at = half() ? static_cast<void*>(target_.h16 + b.begin)
+                      : static_cast<void*>(target_.f32 + b.begin);
+    b.work = g.group->all_reduce(at, at, static_cast<size_t>(b.end - b.begin), config_.dtype,
+                                 ReduceOp::kAvg);
+  }
+
+  std::vector<const UnitGroup*> groups_;
+  std::vector<Bucket> buckets_;  // in launch order: highest offsets first
+  size_t next_ = 0;              // first bucket not launched
+  bool reduce_ = false;
+};
+
+class UnitReduceScatter final : public ReducerBase {
+ public:
+  UnitReduceScatter(ParamStore<float>& store, const ShardLayout& shards, const ZeroConfig& config,
+                    GradTarget target)
+      : ReducerBase(store, shards, config, target) {}
+
+  ~UnitReduceScatter() override {
+    for (const Reducing& r : reducing_) wait_quietly(r.work, "a ZeRO gradient reduce-scatter");
+  }
+
+  void begin(bool) override {}
+
+  void acquire(int u) override {
+    if (buf(u).data()) return;
+    // Finished reductions free their buffers first; then wait for the
+    // oldest while more than reduce_bucket_size elements are being reduced.
+    // The newest reduction always stays in flight, so it overlaps this
+    // unit's backward.
+    while (!reducing_.empty() && (!reducing_.front().work || reducing_.front().work->test()))
+      drain_one();
+    while (reducing_.size() > 1 && reducing_elements_ > config_.reduce_bucket_size) drain_one();
+    bind(u);
+  }
+
+  void written(int u) override {
+    Buffer b = unbind(u);
+    const int64_t n = shards_.unit(u).size(), slice = shards_.slice(u);
+    WorkPtr w;
+    bool half16 = false;
+    if (const UnitGroup& g = shards_.group(u); g.group) {
+      if (half()) {
+        // Rounded to 16 bits and reduced in 16 bits (accumulated in f32).
+        Buffer h = be_.alloc(pbytes(n), MemCategory::kComm, false);  // all written next
+        be_.round_16(b.as<float>(), h.as<uint16_t>(), n, config_.dtype);
+        b = std::move(h);
+        half16 = true;
+      }
+      // Rank r's averaged slice lands in place, at block r of the buffer.
+      char* p = b.as<char>();
+      w = g.group->reduce_scatter(p, p + pbytes(g.srank * slice), static_cast<size_t>(slice),
+                                  config_.dtype, ReduceOp::kAvg);
+    }
+    reducing_.push_back({u, std::move(b), std::move(w), half16});
+    if (reducing_.back().work) fault_point("zero_reduce");
+    reducing_elements_ += n;
+    if (!config_.overlap_comm)
+      while (!reducing_.empty()) drain_one();
+  }
+
+  void final(int) override {}
+
+  void end() override {
+    while (!reducing_.empty()) drain_one();
+  }
+
+ private:
+  struct Reducing {
+    int unit;
+    Buffer buf;  // f32, or 16-bit when `half` (a 16-bit reduce-scatter)
+    WorkPtr work;
+    bool half = false;
+  };
+
+  // Waits for the oldest reduction and adds its slice into the shard's
+  // gradients (accumulating over micro-batches, each already scaled by
+  // 1 / accumulation).
+  void drain_one() {
+    Reducing& r = reducing_.front();
+    if (r.work) wait_all({r.work}, &stats_);
+    const int u = r.unit;
+    const UnitGroup& g = shards_.group(u);
+    const int64_t at = g.srank * shards_.slice(u), n = shards_.slice(u);
+    if (half()) {
+      // Added into the 16-bit gradients in f32, rounded once.
+      uint16_t* dst = target_.h16 + shards_.shard_offset(u);
+      if (r.half)
+        be_.accumulate_16(nullptr, r.buf.as<uint16_t>() + at, g.scale, dst, n, config_.dtype);
+      else
+        be_.accumulate_16(r.buf.as<float>() + at, nullptr, g.scale, dst, n, config_.dtype);
+    } else {
+      be_.axpy(target_.f32 + shards_.shard_offset(u), g.scale, r.buf.as<float>() + at, n);
+    }
+    reducing_elements_ -= shards_.unit(u).size();
+    reducing_.pop_front();
+  }
+
+  std::deque<Reducing> reducing_;  // launched reduce-scatters, oldest first
+  int64_t reducing_elements_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<GradReducer> make_grad_reducer(ParamStore<float>& store, const ShardLayout& shards,
+                                               const ZeroConfig& config, GradTarget target) {
+  if (config.stage >= 2) return std::make_unique<UnitReduceScatter>(store, shards, config, target);
+  return std::make_unique<BucketedAllReduce>(store, shards, config, target);
+}
+
+}  // namespace loom
