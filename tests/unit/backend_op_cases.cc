@@ -1,0 +1,402 @@
+// The entries of the backend operation table: each operation of
+// kernels/backend.h with its shapes, its forward and (where it has one) its
+// backward, as every backend runs them.
+#include "backend_op_cases.h"
+
+namespace loom::backend_test {
+
+namespace {
+
+void add_gemm_cases(std::vector<OpCase>& ops) {
+  for (int mode = 0; mode < 4; ++mode) {
+    const bool ta = mode & 1, tb = mode & 2;
+    const int64_t M = 7, N = 9, K = 11;
+    OpCase op = make_case(std::string("gemm_") + (ta ? "t" : "n") + (tb ? "t" : "n"), {Op::kGemm},
+                          {M * K, K * N, M * N}, {M * N}, {true});
+    set_forward(op, [=](const auto& be, const auto& in, auto& out) {
+      using T = std::decay_t<decltype(in[0][0])>;
+      out[0] = in[2];  // beta C
+      be.gemm(ta, tb, M, N, K, T(0.75), in[0].data(), ta ? M : K, in[1].data(), tb ? K : N, T(0.5),
+              out[0].data(), N);
+    });
+    ops.push_back(op);
+  }
+  {
+    const int64_t N = 13, C = 7, OC = 9;
+    OpCase op = make_case("matmul", {Op::kMatmulForward, Op::kMatmulBackward}, {N * C, C * OC, OC},
+                          {N * OC}, {true});
+    set_forward(op, [=](const auto& be, const auto& in, auto& out) {
+      be.matmul_forward(out[0].data(), in[0].data(), in[1].data(), in[2].data(), N, C, OC);
+    });
+    set_backward(op, [=](const auto& be, const auto& in, const auto&, const auto& d, auto& g) {
+      be.matmul_backward(g[0].data(), g[1].data(), g[2].data(), d[0].data(), in[0].data(),
+                         in[1].data(), N, C, OC);
+    });
+    ops.push_back(op);
+  }
+  {
+    // A 16-bit weight multiplied as it is: the f32 backends round the
+    // input to bf16 too (a bf16 GEMM), the reference multiplies the widened
+    // weight exactly, so the bound is bf16's.
+    const int64_t N = 13, C = 40, OC = 9;
+    OpCase op =
+        make_case("matmul_bf16_weight", {Op::kMatmulForward}, {N * C, C * OC}, {N * OC}, {true});
+    op.fwd_tol = 3e-2;
+    set_forward_f32(op, [=](const auto& be, const auto& in, auto& out) {
+      const std::vector<uint16_t> w16 = to_16(in[1], DType::kBF16);
+      be.matmul_forward(out[0].data(), in[0].data(), Weight<float>(w16.data(), DType::kBF16),
+                        nullptr, N, C, OC);
+    });
+    ops.push_back(op);
+  }
+  {
+    const int64_t N = 11, C = 8, V = 10;
+    OpCase op = make_case("matmul_nt", {Op::kMatmulNtForward, Op::kMatmulNtBackward},
+                          {N * C, V * C}, {N * V}, {true});
+    set_forward(op, [=](const auto& be, const auto& in, auto& out) {
+      be.matmul_nt_forward(out[0].data(), in[0].data(), in[1].data(), N, C, V);
+    });
+    set_backward(op, [=](const auto& be, const auto& in, const auto&, const auto& d, auto& g) {
+      be.matmul_nt_backward(g[0].data(), g[1].data(), d[0].data(), in[0].data(), in[1].data(), N, C,
+                            V);
+    });
+    ops.push_back(op);
+  }
+}
+
+void add_layer_cases(std::vector<OpCase>& ops) {
+  {
+    const int64_t N = 9, C = 12;
+    OpCase op = make_case("layernorm", {Op::kLayerNormForward, Op::kLayerNormBackward},
+                          {N * C, C, C}, {N * C, N, N}, {true, false, false});
+    set_forward(op, [=](const auto& be, const auto& in, auto& out) {
+      be.layernorm_forward(out[0].data(), out[1].data(), out[2].data(), in[0].data(), in[1].data(),
+                           in[2].data(), N, C);
+    });
+    set_backward(op, [=](const auto& be, const auto& in, const auto& out, const auto& d, auto& g) {
+      be.layernorm_backward(g[0].data(), g[1].data(), g[2].data(), d[0].data(), in[0].data(),
+                            in[1].data(), out[1].data(), out[2].data(), N, C);
+    });
+    ops.push_back(op);
+  }
+  {
+    const int64_t n = 300;
+    OpCase op = make_case("gelu", {Op::kGeluForward, Op::kGeluBackward}, {n}, {n}, {true});
+    op.adjust_inputs = [](Vecs<double>& in) {
+      for (auto& x : in[0]) x *= 4;  // the saturated tails too
+    };
+    set_forward(op, [=](const auto& be, const auto& in, auto& out) {
+      be.gelu_forward(out[0].data(), in[0].data(), n);
+    });
+    set_backward(op, [=](const auto& be, const auto& in, const auto&, const auto& d, auto& g) {
+      be.gelu_backward(g[0].data(), in[0].data(), d[0].data(), n);
+    });
+    ops.push_back(op);
+  }
+  {
+    const int64_t n = 50;
+    OpCase op = make_case("residual", {Op::kResidualForward, Op::kAdd}, {n, n}, {n}, {true});
+    set_forward(op, [=](const auto& be, const auto& in, auto& out) {
+      be.residual_forward(out[0].data(), in[0].data(), in[1].data(), n);
+    });
+    set_backward(op, [=](const auto& be, const auto&, const auto&, const auto& d, auto& g) {
+      be.add(g[0].data(), d[0].data(), n);
+      be.add(g[1].data(), d[0].data(), n);
+    });
+    ops.push_back(op);
+  }
+  {
+    const int64_t N = 6, C = 5;
+    OpCase op = make_case("bias_add", {Op::kBiasAdd}, {N * C, C}, {N * C}, {true});
+    set_forward(op, [=](const auto& be, const auto& in, auto& out) {
+      out[0] = in[0];
+      be.bias_add(out[0].data(), in[1].data(), N, C);
+    });
+    ops.push_back(op);
+  }
+  for (float p : {0.0f, 0.25f}) {
+    // Rows [row0, row0 + n) of a (B, T) grid: a sequence-parallel slice.
+    static const DropoutStream streams[2] = {DropoutStream(11, 3, 0.0f),
+                                             DropoutStream(11, 3, 0.25f)};
+    const DropoutSpec spec{&streams[p > 0 ? 1 : 0], 4, dropout_site(2, DropoutSite::kMlpResid)};
+    const int64_t Tn = 7, C = 8, row0 = 5, n = 9;
+    OpCase op =
+        make_case(p > 0 ? "dropout_p25" : "dropout_p0", {Op::kDropout}, {n * C}, {n * C}, {true});
+    set_forward(op, [=](const auto& be, const auto& in, auto& out) {
+      out[0] = in[0];
+      be.dropout(out[0].data(), spec, Tn, C, row0, n);
+    });
+    set_backward(op, [=](const auto& be, const auto&, const auto&, const auto& d, auto& g) {
+      auto dx = d[0];
+      be.dropout(dx.data(), spec, Tn, C, row0, n);
+      be.add(g[0].data(), dx.data(), n * C);
+    });
+    ops.push_back(op);
+  }
+  for (float p : {0.0f, 0.25f}) {
+    static const DropoutStream streams[2] = {DropoutStream(11, 3, 0.0f),
+                                             DropoutStream(11, 3, 0.25f)};
+    const DropoutSpec drop{&streams[p > 0 ? 1 : 0], 5, dropout_site(1, DropoutSite::kAttnProbs)};
+    OpCase op = make_case(p > 0 ? "attention_dropout" : "attention",
+                          {Op::kAttentionForward, Op::kAttentionBackward}, {kB * kT * 3 * kC},
+                          {kB * kT * kC, kB * kNH * kT}, {true, false});
+    set_forward(op, [=](const auto& be, const auto& in, auto& out) {
+      be.attention_forward(out[0].data(), out[1].data(), in[0].data(), kB, kT, kC, kNH, drop);
+    });
+    set_backward(op, [=](const auto& be, const auto& in, const auto& out, const auto& d, auto& g) {
+      be.attention_backward(g[0].data(), d[0].data(), in[0].data(), out[0].data(), out[1].data(),
+                            kB, kT, kC, kNH, drop);
+    });
+    ops.push_back(op);
+  }
+}
+
+void add_loss_cases(std::vector<OpCase>& ops) {
+  {
+    const int64_t N = 10, V = 50, Vp = 64;
+    const auto targets = make_tokens(N, static_cast<int32_t>(V), 3);
+    OpCase op = make_case("cross_entropy", {Op::kCrossEntropyForward, Op::kCrossEntropyBackward},
+                          {N * Vp}, {N, N}, {true, false});
+    op.accumulates = false;  // overwrites the logits with their gradient
+    op.adjust_inputs = [=](Vecs<double>& in) {
+      for (int64_t n = 0; n < N; ++n)  // padding may hold anything; it must not count
+        for (int64_t v = V; v < Vp; ++v) in[0][n * Vp + v] = 100.0;
+    };
+    set_forward(op, [=](const auto& be, const auto& in, auto& out) {
+      be.cross_entropy_forward(out[0].data(), out[1].data(), in[0].data(), targets.data(), N, V,
+                               Vp);
+    });
+    set_backward(op, [=](const auto& be, const auto& in, const auto& out, const auto& d, auto& g) {
+      g[0] = in[0];
+      be.cross_entropy_backward(g[0].data(), out[1].data(), targets.data(), d[0].data(), N, V, Vp,
+                                0);
+    });
+    ops.push_back(op);
+  }
+  {
+    // A vocabulary-parallel rank's columns [v0, v0 + Vp), V of them real:
+    // the softmax gradient against the global lse (inputs: logits, lse, dloss).
+    const int64_t N = 8, V = 20, Vp = 24, v0 = 24;
+    const auto targets = make_tokens(N, 60, 4);
+    OpCase op = make_case("cross_entropy_backward_slice", {Op::kCrossEntropyBackward},
+                          {N * Vp, N, N}, {N * Vp}, {true});
+    op.adjust_inputs = [=](Vecs<double>& in) {
+      for (auto& x : in[1]) x = std::abs(x) + 3;  // an lse above the slice's own
+    };
+    set_forward(op, [=](const auto& be, const auto& in, auto& out) {
+      out[0] = in[0];
+      be.cross_entropy_backward(out[0].data(), in[1].data(), targets.data(), in[2].data(), N, V, Vp,
+                                v0);
+    });
+    ops.push_back(op);
+  }
+  {
+    const int64_t N = 8, V = 20, Vp = 24, v0 = 24;
+    const auto targets = make_tokens(N, 60, 5);
+    OpCase op =
+        make_case("vocab_logit_stats", {Op::kVocabLogitStats}, {N * Vp}, {N, N}, {true, true});
+    op.fwd_tol = 0;
+    set_forward(op, [=](const auto& be, const auto& in, auto& out) {
+      be.vocab_logit_stats(out[0].data(), out[1].data(), in[0].data(), targets.data(), N, V, Vp,
+                           v0);
+    });
+    ops.push_back(op);
+  }
+  {
+    const int64_t N = 8, V = 20, Vp = 24;
+    OpCase op = make_case("vocab_sum_exp", {Op::kVocabSumExp}, {N * Vp, N}, {N}, {true});
+    set_forward(op, [=](const auto& be, const auto& in, auto& out) {
+      be.vocab_sum_exp(out[0].data(), in[0].data(), in[1].data(), N, V, Vp);
+    });
+    ops.push_back(op);
+  }
+}
+
+void add_embedding_cases(std::vector<OpCase>& ops) {
+  {
+    const int64_t B = 2, T = 5, C = 6, V = 9;
+    const auto tokens = make_tokens(B * T, static_cast<int32_t>(V), 7);
+    OpCase op = make_case("encoder", {Op::kEncoderForward, Op::kEncoderBackward}, {V * C, T * C},
+                          {B * T * C}, {true});
+    set_forward(op, [=](const auto& be, const auto& in, auto& out) {
+      be.encoder_forward(out[0].data(), tokens.data(), in[0].data(), in[1].data(), B, T, C);
+    });
+    set_backward(op, [=](const auto& be, const auto&, const auto&, const auto& d, auto& g) {
+      be.encoder_backward(g[0].data(), g[1].data(), d[0].data(), tokens.data(), B, T, C, 0, V);
+    });
+    ops.push_back(op);
+  }
+  {
+    // The gradient of the vocabulary rows [v0, v1) alone (inputs: the
+    // output gradient, the starting dwte rows and dwpe).
+    const int64_t B = 2, T = 5, C = 6, v0 = 3, v1 = 7;
+    const auto tokens = make_tokens(B * T, 10, 8);
+    OpCase op = make_case("encoder_backward_rows", {Op::kEncoderBackward},
+                          {B * T * C, (v1 - v0) * C, T * C}, {(v1 - v0) * C, T * C}, {true, true});
+    set_forward(op, [=](const auto& be, const auto& in, auto& out) {
+      out[0] = in[1], out[1] = in[2];
+      be.encoder_backward(out[0].data(), out[1].data(), in[0].data(), tokens.data(), B, T, C, v0,
+                          v1);
+    });
+    ops.push_back(op);
+  }
+  {
+    const int64_t N = 10, C = 6, v0 = 4, v1 = 9;
+    const auto tokens = make_tokens(N, 12, 9);
+    OpCase op =
+        make_case("embedding_lookup", {Op::kEmbeddingLookup}, {(v1 - v0) * C}, {N * C}, {true});
+    op.fwd_tol = 0;
+    set_forward(op, [=](const auto& be, const auto& in, auto& out) {
+      be.embedding_lookup(out[0].data(), tokens.data(), in[0].data(), N, C, v0, v1);
+    });
+    ops.push_back(op);
+  }
+  {
+    const int64_t Tn = 5, C = 6, row0 = 3, n = 8;
+    OpCase op = make_case("add_positions", {Op::kAddPositions}, {n * C, Tn * C}, {n * C}, {true});
+    set_forward(op, [=](const auto& be, const auto& in, auto& out) {
+      out[0] = in[0];
+      be.add_positions(out[0].data(), in[1].data(), Tn, C, row0, n);
+    });
+    ops.push_back(op);
+  }
+}
+
+void add_optimizer_cases(std::vector<OpCase>& ops) {
+  const AdamWParams hp{1e-2, 0.9, 0.95, 1e-8, 0.1, 3};
+  auto positive_v = [](Vecs<double>& in) {
+    for (auto& x : in[3]) x = std::abs(x);
+  };
+  {
+    const int64_t n = 37;
+    OpCase op = make_case("adamw", {Op::kAdamW}, {n, n, n, n}, {n, n, n}, {true, true, true});
+    op.adjust_inputs = positive_v;
+    set_forward(op, [=](const auto& be, const auto& in, auto& out) {
+      out[0] = in[0], out[1] = in[2], out[2] = in[3];
+      be.adamw(out[0].data(), in[1].data(), out[1].data(), out[2].data(), n, hp);
+    });
+    ops.push_back(op);
+  }
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    const int64_t n = 37;
+    OpCase op = make_case("adamw_16_" + std::string(dtype_name(t)), {Op::kAdamW16}, {n, n, n, n},
+                          {n, n, n, n}, {true, true, true, true});
+    op.adjust_inputs = positive_v;
+    op.fwd_tol = 1e-5;
+    set_forward_f32(op, [=](const auto& be, const auto& in, auto& out) {
+      out[0] = in[0], out[1] = in[2], out[2] = in[3];
+      const std::vector<uint16_t> g16 = to_16(in[1], t);
+      std::vector<uint16_t> p16(static_cast<size_t>(n));
+      be.adamw_16(out[0].data(), g16.data(), 0.5f, out[1].data(), out[2].data(), p16.data(), n, t,
+                  hp);
+      from_16(p16, out[3], t);
+    });
+    ops.push_back(op);
+  }
+}
+
+void add_precision_cases(std::vector<OpCase>& ops) {
+  {
+    const int64_t n = 200001;  // more than one of the fixed chunks
+    OpCase op =
+        make_case("sum_squares_scale", {Op::kSumSquares, Op::kScale}, {n}, {1, n}, {true, true});
+    op.fwd_tol = 1e-12;
+    set_forward(op, [=](const auto& be, const auto& in, auto& out) {
+      using T = std::decay_t<decltype(in[0][0])>;
+      out[0][0] = T(be.sum_squares(in[0].data(), n));
+      out[1] = in[0];
+      be.scale(out[1].data(), n, T(0.5));
+    });
+    ops.push_back(op);
+  }
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    const std::string s(dtype_name(t));
+    {
+      const int64_t n = 1000;
+      OpCase op = make_case("round_widen_" + s, {Op::kRound16, Op::kWiden16}, {n}, {n}, {true});
+      op.fwd_tol = 0;  // rounding to nearest even has one answer
+      op.adjust_inputs = [](Vecs<double>& in) {
+        for (size_t i = 0; i < in[0].size(); i += 7) in[0][i] *= 1e4;  // f16's large values too
+      };
+      set_forward_f32(op, [=](const auto& be, const auto& in, auto& out) {
+        std::vector<uint16_t> h(static_cast<size_t>(n));
+        be.round_16(in[0].data(), h.data(), n, t);
+        be.widen_16(h.data(), out[0].data(), n, t);
+      });
+      ops.push_back(op);
+    }
+    {
+      const int64_t n = 200001;
+      OpCase op = make_case("sum_squares_scale_" + s, {Op::kSumSquares16, Op::kScale16}, {n},
+                            {1, n}, {true, true});
+      op.fwd_tol = 1e-12;
+      set_forward_f32(op, [=](const auto& be, const auto& in, auto& out) {
+        std::vector<uint16_t> h = to_16(in[0], t);
+        out[0][0] = static_cast<float>(be.sum_squares_16(h.data(), n, t));
+        be.scale_16(h.data(), n, 0.375f, t);
+        from_16(h, out[1], t);
+      });
+      ops.push_back(op);
+    }
+    for (bool addend16 : {false, true}) {
+      const int64_t n = 300;
+      OpCase op = make_case("accumulate_" + s + (addend16 ? "_16bit_addend" : "_f32_addend"),
+                            {Op::kAccumulate16}, {n, n}, {n}, {true});
+      op.fwd_tol = 0;
+      set_forward_f32(op, [=](const auto& be, const auto& in, auto& out) {
+        std::vector<uint16_t> acc = to_16(in[0], t), x16 = to_16(in[1], t);
+        be.accumulate_16(addend16 ? nullptr : in[1].data(), addend16 ? x16.data() : nullptr, 0.25f,
+                         acc.data(), n, t);
+        from_16(acc, out[0], t);
+      });
+      ops.push_back(op);
+    }
+    {
+      // Per row of 10: whether it holds an infinity or NaN (rows 2 and 5 do).
+      const int64_t rows = 8, n = 10;
+      OpCase op = make_case("nonfinite_" + s, {Op::kNonfinite16}, {rows * n}, {rows}, {true});
+      op.fwd_tol = 0;
+      op.adjust_inputs = [](Vecs<double>& in) {
+        in[0][2 * 10 + 3] = INFINITY;
+        in[0][5 * 10 + 9] = NAN;
+      };
+      set_forward_f32(op, [=](const auto& be, const auto& in, auto& out) {
+        const std::vector<uint16_t> h = to_16(in[0], t);
+        for (int64_t r = 0; r < rows; ++r)
+          out[0][static_cast<size_t>(r)] = be.nonfinite_16(h.data() + r * n, n, t) ? 1.0f : 0.0f;
+      });
+      ops.push_back(op);
+    }
+  }
+}
+
+void add_memory_cases(std::vector<OpCase>& ops) {
+  const int64_t n = 70000;  // above the size that copy and fill split across threads
+  OpCase op = make_case("copy_fill_axpy", {Op::kCopy, Op::kFill, Op::kAxpy}, {n, n}, {n, n, n},
+                        {true, true, true});
+  op.fwd_tol = 1e-6;  // f32 axpy near cancellation
+  set_forward(op, [=](const auto& be, const auto& in, auto& out) {
+    using T = std::decay_t<decltype(in[0][0])>;
+    be.copy(out[0].data(), in[0].data(), n);
+    be.fill(out[1].data(), n, T(-2.5));
+    out[2] = in[0];
+    be.axpy(out[2].data(), T(-0.75), in[1].data(), n);
+  });
+  ops.push_back(op);
+}
+
+}  // namespace
+
+std::vector<OpCase> make_ops() {
+  std::vector<OpCase> ops;
+  add_gemm_cases(ops);
+  add_layer_cases(ops);
+  add_loss_cases(ops);
+  add_embedding_cases(ops);
+  add_optimizer_cases(ops);
+  add_precision_cases(ops);
+  add_memory_cases(ops);
+  return ops;
+}
+
+}  // namespace loom::backend_test
