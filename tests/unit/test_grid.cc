@@ -6,9 +6,12 @@
 #include <set>
 
 #include "loom/comm/grid.h"
+#include "loom/comm/process_group.h"
 #include "loom/comm/record.h"
 #include "loom/comm/topology.h"
 #include "loom/core/error.h"
+#include "loom/kernels/cpu/cpu_backend.h"
+#include "loom/parallel/zero/comm_wait.h"
 
 namespace loom {
 namespace {
@@ -123,6 +126,48 @@ TEST(CommRecord, KeepsTheNewestAndCountsTheDropped) {
   EXPECT_EQ(t[1].group, "tp");
   EXPECT_EQ(t[1].sent_bytes, 3);
   EXPECT_THROW(CommRecord(0), Error);
+}
+
+// A device-ordered Work (its backend completes on a device): test() is true
+// only once the device has passed the event, wait() blocks for it, and a
+// consumer that computes with the result next orders its backend after the
+// event instead (wait_for_use), without blocking the host on it.
+class FakeEvent final : public DeviceEvent {
+ public:
+  Device device() const override { return Device::kCuda; }
+  bool query() const override { return passed; }
+  void synchronize() const override {
+    ++synchronized;
+    passed = true;
+  }
+  mutable bool passed = false;
+  mutable int synchronized = 0;
+};
+
+TEST(Work, ADeviceOrderedCompletionIsPassedWhenTheDeviceIsAndOrdersTheConsumer) {
+  auto ev = std::make_shared<FakeEvent>();
+  auto w = std::make_shared<Work>();
+  w->set_event(ev);
+  EXPECT_FALSE(w->test());
+  w->finish(0.5);
+  EXPECT_FALSE(w->test()) << "done on the host, not yet on the device";
+  w->wait_host();
+  EXPECT_EQ(ev->synchronized, 0) << "wait_host leaves the device alone";
+  // The CPU backend has no stream to order: it waits for the event.
+  const CpuBackend<float> cpu;
+  CommStats stats;
+  wait_for_use(w, cpu, &stats);
+  EXPECT_EQ(ev->synchronized, 1);
+  EXPECT_EQ(stats.comm_s, 0.5);
+  EXPECT_TRUE(w->test());
+  w->wait();
+  EXPECT_EQ(ev->synchronized, 2);
+  // A host operation carries no event and asks nothing of the consumer.
+  auto host = std::make_shared<Work>();
+  host->finish(0);
+  wait_for_use(host, cpu);
+  EXPECT_TRUE(host->test());
+  EXPECT_EQ(host->event(), nullptr);
 }
 
 }  // namespace

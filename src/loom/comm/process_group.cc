@@ -19,13 +19,21 @@ const char* reduce_op_name(ReduceOp op) {
 }
 
 bool Work::test() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return done_;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!done_) return false;
+  }
+  return !event_ || event_->query();
 }
 
 Work::Work(std::string what, double timeout_s) : what_(std::move(what)), timeout_s_(timeout_s) {}
 
 void Work::wait() {
+  wait_host();
+  if (event_) event_->synchronize();
+}
+
+void Work::wait_host() {
   if (timeout_s_ > 0) {
     // No caller deadline while the operation waits in the worker's queue:
     // the worker enforces the deadline of whatever runs ahead of it, and a
@@ -51,6 +59,7 @@ void Work::wait(double timeout_s) {
   wait_until(Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                 std::chrono::duration<double>(std::min(timeout_s, 1e9))),
              timeout_s);
+  if (event_) event_->synchronize();
 }
 
 void Work::wait_until(Clock::time_point deadline, double timeout_s) {

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "loom/core/dtype.h"
+#include "loom/core/event.h"
 
 namespace loom {
 
@@ -41,10 +42,19 @@ class Work {
   Work() = default;  // no deadline
   Work(std::string what, double timeout_s);
 
-  bool test() const;  // true once finished (successfully or not)
-  void wait();        // blocks; throws Error(kComm) with the reason on failure or timeout
+  // True once finished (successfully or not), on the device too when the
+  // operation carries an event.
+  bool test() const;
+  // Blocks; throws Error(kComm) with the reason on failure or timeout. With
+  // an event, also until the device has passed it.
+  void wait();
   // As wait(), giving up after timeout_s seconds from now.
   void wait(double timeout_s);
+  // As wait() without waiting for the event: the operation is issued and
+  // its errors known; a consumer on the device orders itself after event().
+  void wait_host();
+  // The device-ordered completion, null for host operations.
+  const std::shared_ptr<const DeviceEvent>& event() const { return event_; }
   // Seconds between the start of the operation on the worker and its end.
   double seconds() const;
 
@@ -52,6 +62,8 @@ class Work {
   void mark_started();
   void finish(double seconds);
   void fail(const std::string& reason);
+  // Before finish(): the operation completes on a device at this event.
+  void set_event(std::shared_ptr<const DeviceEvent> e) { event_ = std::move(e); }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -67,6 +79,7 @@ class Work {
   Clock::time_point issued_ = Clock::now();
   Clock::time_point started_{};
   bool started_set_ = false;
+  std::shared_ptr<const DeviceEvent> event_;
 };
 using WorkPtr = std::shared_ptr<Work>;
 

@@ -22,6 +22,7 @@
 #include <string>
 
 #include "loom/core/dtype.h"
+#include "loom/core/event.h"
 #include "loom/core/memory.h"
 #include "loom/kernels/types.h"
 
@@ -85,6 +86,11 @@ class Backend {
   // A tracked allocation on this backend's device (kernels and layers write
   // it through this backend only).
   virtual Buffer alloc(size_t bytes, MemCategory category, bool zeroed = true) const = 0;
+  // Makes the operations this backend runs next see what completes at `e`
+  // (a collective's DeviceEvent, Work::event()): a host backend blocks
+  // until the device has passed it; a backend with a stream of its own
+  // orders the stream after it and returns at once.
+  virtual void order_after(const DeviceEvent& e) const { e.synchronize(); }
 
   // ---- GEMM ----
   // C (M, N) = alpha op(A) op(B) + beta C; op = transpose when trans_*.

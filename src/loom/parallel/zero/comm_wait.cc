@@ -24,6 +24,16 @@ void wait_all(const std::vector<WorkPtr>& works, CommStats* stats) {
   if (first) std::rethrow_exception(first);
 }
 
+void wait_for_use(const WorkPtr& w, const Backend<float>& backend, CommStats* stats) {
+  const auto t0 = std::chrono::steady_clock::now();
+  w->wait_host();
+  if (stats) {
+    stats->comm_s += w->seconds();
+    stats->exposed_s += seconds_since(t0);
+  }
+  if (w->event()) backend.order_after(*w->event());
+}
+
 void wait_quietly(const WorkPtr& w, const char* what) {
   if (!w) return;
   if (!w->test() && std::uncaught_exceptions() > 0)

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "loom/comm/process_group.h"
+#include "loom/kernels/backend.h"
 
 namespace loom {
 
@@ -18,6 +19,12 @@ struct CommStats {
 // rethrows the first failure. Adds the wait to stats->exposed_s and the
 // operations' own time to stats->comm_s.
 void wait_all(const std::vector<WorkPtr>& works, CommStats* stats = nullptr);
+
+// Waits for one operation whose result `backend` computes with next: the
+// host waits until it is issued and its errors known; a device-ordered one
+// (Work::event()) is then ordered before the backend's next operations
+// (Backend::order_after) instead of blocking the host. Times as wait_all.
+void wait_for_use(const WorkPtr& w, const Backend<float>& backend, CommStats* stats = nullptr);
 
 // For destructors: waits for w (null: nothing) and swallows its failure,
 // which was reported where it happened. An error unwinding past an

@@ -224,7 +224,7 @@ class UnitReduceScatter final : public ReducerBase {
   // 1 / accumulation).
   void drain_one() {
     Reducing& r = reducing_.front();
-    if (r.work) wait_all({r.work}, &stats_);
+    if (r.work) wait_for_use(r.work, be_, &stats_);
     const int u = r.unit;
     const UnitGroup& g = shards_.group(u);
     const int64_t at = g.srank * shards_.slice(u), n = shards_.slice(u);

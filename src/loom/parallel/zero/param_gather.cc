@@ -44,7 +44,7 @@ const void* ParamGatherer::wait(int u, CommStats* stats) {
   launch(u);
   Gathered& g = gathered_[static_cast<size_t>(u)];
   if (g.work) {
-    wait_all({g.work}, stats);
+    wait_for_use(g.work, store_.backend(), stats);
     g.work = nullptr;
   }
   return g.buf.data();

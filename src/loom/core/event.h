@@ -1,0 +1,24 @@
+// A device-ordered completion: work queued on a device (a collective on a
+// communication stream, a kernel on a compute stream) is done only when the
+// device reaches it, which the host learns from an event recorded after it.
+// A communication Work carries one when its backend completes on a device;
+// a compute backend with a stream of its own orders that stream after the
+// event instead of blocking the host (Backend::order_after). Host backends
+// (MPI, the CPU backend) carry and need none.
+#pragma once
+
+#include "loom/core/memory.h"
+
+namespace loom {
+
+class DeviceEvent {
+ public:
+  virtual ~DeviceEvent() = default;
+  virtual Device device() const = 0;
+  // True once the device has passed the event.
+  virtual bool query() const = 0;
+  // Blocks the host until it has.
+  virtual void synchronize() const = 0;
+};
+
+}  // namespace loom
