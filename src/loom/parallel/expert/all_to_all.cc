@@ -20,11 +20,12 @@ int64_t count(const ExpertPlan& p, int me, int s, int e) {
 
 AllToAllDispatcher::AllToAllDispatcher(std::shared_ptr<ProcessGroup> group, DType payload,
                                        const Backend<float>* backend)
-    : group_(std::move(group)), payload_(payload), be_(backend) {
+    : group_(std::move(group)),
+      payload_(payload),
+      be_(backend ? backend : &default_backend<float>()) {
   LOOM_CHECK(group_ && group_->size() > 1, "an expert-parallel dispatcher needs a group");
-  LOOM_CHECK(payload_ == DType::kF32 ||
-                 ((payload_ == DType::kBF16 || payload_ == DType::kF16) && be_ != nullptr),
-             "expert all-to-all rows travel in f32, or in bf16 or f16 with a backend");
+  LOOM_CHECK(payload_ == DType::kF32 || payload_ == DType::kBF16 || payload_ == DType::kF16,
+             "expert all-to-all rows travel in f32, bf16 or f16");
 }
 
 ExpertPlan AllToAllDispatcher::plan(const std::vector<int64_t>& rows_per_expert, int experts) {
@@ -93,7 +94,7 @@ void AllToAllDispatcher::dispatch(const ExpertPlan& p, const float* rows, int64_
                                   float* expert_rows) {
   // Received rank by rank (each rank's rows expert by expert), then put
   // expert by expert (each expert's rows rank by rank).
-  Buffer staging(static_cast<size_t>(p.rows() * C) * sizeof(float), MemCategory::kComm);
+  Buffer staging = be_->alloc(static_cast<size_t>(p.rows() * C) * sizeof(float), MemCategory::kComm);
   float* in = staging.as<float>();
   exchange(rows, sent(p), in, received(p), C);
   std::vector<int64_t> at(p.offsets.begin(), p.offsets.end() - 1);  // next row per expert
@@ -111,7 +112,7 @@ void AllToAllDispatcher::dispatch(const ExpertPlan& p, const float* rows, int64_
 void AllToAllDispatcher::combine(const ExpertPlan& p, const float* expert_rows, int64_t C,
                                  float* rows) {
   // Back to rank by rank, then home, where they land in dispatch order.
-  Buffer staging(static_cast<size_t>(p.rows() * C) * sizeof(float), MemCategory::kComm);
+  Buffer staging = be_->alloc(static_cast<size_t>(p.rows() * C) * sizeof(float), MemCategory::kComm);
   float* out = staging.as<float>();
   std::vector<int64_t> at(p.offsets.begin(), p.offsets.end() - 1);
   for (int s = 0; s < p.ranks; ++s)

@@ -27,7 +27,8 @@ class AllToAllDispatcher final : public ExpertDispatcher<float> {
  public:
   // group: the expert-parallel group (ParallelContext::ep), more than one
   // rank. payload: the type rows travel in (kF32, or a bf16 run's bf16:
-  // rounded on `backend` before each all-to-all, widened after).
+  // rounded before each all-to-all, widened after). Staging buffers and
+  // conversions run on `backend` (null: default_backend<float>()).
   explicit AllToAllDispatcher(std::shared_ptr<ProcessGroup> group, DType payload = DType::kF32,
                               const Backend<float>* backend = nullptr);
   int rank() const override { return group_->rank(); }

@@ -100,10 +100,10 @@ int Executor::take_buffer() {
     return static_cast<int>(i);
   }
   const size_t n = static_cast<size_t>(rows_ * C_);
-  pool_.push_back({Buffer(n * sizeof(float), MemCategory::kComm),
+  pool_.push_back({be_->alloc(n * sizeof(float), MemCategory::kComm),
                    payload_ == DType::kF32
                        ? Buffer()
-                       : Buffer(n * dtype_size(payload_), MemCategory::kComm, false),
+                       : be_->alloc(n * dtype_size(payload_), MemCategory::kComm, false),
                    {}});
   in_use_.push_back(true);
   return static_cast<int>(pool_.size()) - 1;
