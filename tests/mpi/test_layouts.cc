@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "harness.h"
 #include "loom/checkpoint/sharded.h"
 #include "loom/core/memory.h"
 #include "loom/io/fs.h"
@@ -33,7 +34,6 @@
 #include "loom/train/config.h"
 #include "loom/train/trainer.h"
 #include "loom/train/whole_model.h"
-#include "harness.h"
 #include "mpi_main.h"
 
 namespace loom {

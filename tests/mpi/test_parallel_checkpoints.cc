@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "harness.h"
 #include "loom/checkpoint/sharded.h"
 #include "loom/core/memory.h"
 #include "loom/io/fs.h"
@@ -22,7 +23,6 @@
 #include "loom/train/config.h"
 #include "loom/train/trainer.h"
 #include "loom/train/whole_model.h"
-#include "harness.h"
 #include "mpi_main.h"
 
 namespace loom {

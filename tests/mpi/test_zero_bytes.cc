@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "harness.h"
 #include "loom/checkpoint/sharded.h"
 #include "loom/core/memory.h"
 #include "loom/io/fs.h"
@@ -23,7 +24,6 @@
 #include "loom/train/config.h"
 #include "loom/train/trainer.h"
 #include "loom/train/whole_model.h"
-#include "harness.h"
 #include "mpi_main.h"
 
 namespace loom {
@@ -322,10 +322,12 @@ TEST(Payloads, Bf16RunsSendHalfTheActivationBytes) {
       {"tp 2", {"parallel.tensor=2"}},
       {"tp 2, sequence parallel", {"parallel.tensor=2", "parallel.sequence_parallel=true"}},
       {"pp 2", {"parallel.pipeline=2", "gradient_accumulation_steps=4"}},
-      {"moe, ep 2", {"parallel.expert=2", "model.moe.num_experts=4", "model.moe.every_n_layers=2"}}};
+      {"moe, ep 2",
+       {"parallel.expert=2", "model.moe.num_experts=4", "model.moe.every_n_layers=2"}}};
   if (n >= 4)
     cases.push_back(
-        {"tp 2 x pp 2", {"parallel.tensor=2", "parallel.pipeline=2", "gradient_accumulation_steps=4"}});
+        {"tp 2 x pp 2",
+         {"parallel.tensor=2", "parallel.pipeline=2", "gradient_accumulation_steps=4"}});
   for (const Case& k : cases) {
     // The group whose payloads are measured, by kind of operation.
     double bytes[2] = {0, 0}, loss[2] = {0, 0};

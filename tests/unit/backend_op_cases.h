@@ -62,7 +62,7 @@ inline void set_backward(OpCase& op, F f) {
 }
 
 inline OpCase make_case(std::string name, std::vector<Op> covers, std::vector<int64_t> in,
-                 std::vector<int64_t> out, std::vector<bool> compared) {
+                        std::vector<int64_t> out, std::vector<bool> compared) {
   OpCase op;
   op.name = std::move(name);
   op.covers = std::move(covers);

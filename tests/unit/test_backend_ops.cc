@@ -18,11 +18,11 @@
 #include <string>
 #include <vector>
 
+#include "backend_op_cases.h"
 #include "loom/core/error.h"
 #include "loom/kernels/backend.h"
 #include "loom/kernels/cpu/cpu_backend.h"
 #include "loom/kernels/reference/reference_backend.h"
-#include "backend_op_cases.h"
 
 namespace loom {
 namespace {
@@ -50,7 +50,6 @@ std::vector<BackendCase> backends() {
                  std::make_shared<CpuBackend<double>>(cpu::GemmConfig{GemmBackend::kOneDnn})});
   return b;
 }
-
 
 const std::vector<OpCase>& all_ops() {
   static const std::vector<OpCase> ops = make_ops();

@@ -22,6 +22,7 @@ bool Work::test() const {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!done_) return false;
+    if (!error_.empty()) return true;  // a failed operation reaches no event
   }
   return !event_ || event_->query();
 }
@@ -29,7 +30,7 @@ bool Work::test() const {
 Work::Work(std::string what, double timeout_s) : what_(std::move(what)), timeout_s_(timeout_s) {}
 
 void Work::wait() {
-  wait_host();
+  wait_host();  // throws for a failed operation, whose event is never reached
   if (event_) event_->synchronize();
 }
 

@@ -43,12 +43,13 @@ class Work {
   Work(std::string what, double timeout_s);
 
   // True once finished (successfully or not), on the device too when the
-  // operation carries an event.
+  // operation succeeded and carries an event.
   bool test() const;
   // Blocks; throws Error(kComm) with the reason on failure or timeout. With
   // an event, also until the device has passed it.
   void wait();
-  // As wait(), giving up after timeout_s seconds from now.
+  // As wait(), giving up after timeout_s seconds from now (the device's
+  // event, once the host side is done, is waited for without a deadline).
   void wait(double timeout_s);
   // As wait() without waiting for the event: the operation is issued and
   // its errors known; a consumer on the device orders itself after event().

@@ -5,6 +5,12 @@
 // a compute backend with a stream of its own orders that stream after the
 // event instead of blocking the host (Backend::order_after). Host backends
 // (MPI, the CPU backend) carry and need none.
+//
+// Buffers: a consumer that orders itself after an event frees the buffers it
+// read right after queueing the reads (ZeRO's gathered units, its reduced
+// gradient buffers). A backend with a stream therefore frees its Buffers in
+// stream order (the memory is reused only after the operations queued
+// before the free have run), as a stream-ordered allocator does.
 #pragma once
 
 #include "loom/core/memory.h"

@@ -84,7 +84,8 @@ class Backend {
   virtual bool supports(Op op) const;
 
   // A tracked allocation on this backend's device (kernels and layers write
-  // it through this backend only).
+  // it through this backend only). A backend that queues its operations on
+  // a stream frees in stream order (core/event.h).
   virtual Buffer alloc(size_t bytes, MemCategory category, bool zeroed = true) const = 0;
   // Makes the operations this backend runs next see what completes at `e`
   // (a collective's DeviceEvent, Work::event()): a host backend blocks

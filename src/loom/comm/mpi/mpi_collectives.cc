@@ -174,8 +174,8 @@ void MpiProcessGroup::reduce_16(Op& o, const void* in, void* out, size_t count, 
   float* acc = wide.data;
   for (int r = 1; r < p; ++r) {
     const float* x = wide.data + mine * static_cast<size_t>(r);
-    if (op == ReduceOp::kMax)
-      for (size_t i = 0; i < mine; ++i) acc[i] = std::max(acc[i], x[i]);
+    if (op == ReduceOp::kMax)  // a NaN anywhere stays NaN
+      for (size_t i = 0; i < mine; ++i) acc[i] = x[i] > acc[i] || x[i] != x[i] ? x[i] : acc[i];
     else
       for (size_t i = 0; i < mine; ++i) acc[i] += x[i];
   }

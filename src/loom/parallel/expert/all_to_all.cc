@@ -75,18 +75,23 @@ void AllToAllDispatcher::exchange(const float* in, const std::vector<size_t>& se
     r[j] = recv[j] * static_cast<size_t>(C);
     ns += s[j], nr += r[j];
   }
-  const auto t0 = std::chrono::steady_clock::now();
+  // Timed: the collective alone (the conversions are compute, as the
+  // tensor-parallel group counts them).
+  auto timed = [&](const void* src, void* dst, DType t) {
+    const auto t0 = std::chrono::steady_clock::now();
+    group_->all_to_all(src, s, dst, r, t)->wait();
+    stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
   if (payload_ == DType::kF32) {
-    group_->all_to_all(in, s, out, r, DType::kF32)->wait();
+    timed(in, out, DType::kF32);
   } else {
     const size_t es = dtype_size(payload_);
     Buffer in16 = be_->alloc(ns * es, MemCategory::kComm, false);
     Buffer out16 = be_->alloc(nr * es, MemCategory::kComm, false);
     be_->round_16(in, in16.as<uint16_t>(), static_cast<int64_t>(ns), payload_);
-    group_->all_to_all(in16.data(), s, out16.data(), r, payload_)->wait();
+    timed(in16.data(), out16.data(), payload_);
     be_->widen_16(out16.as<uint16_t>(), out, static_cast<int64_t>(nr), payload_);
   }
-  stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ++stats_.calls;
 }
 
@@ -94,7 +99,8 @@ void AllToAllDispatcher::dispatch(const ExpertPlan& p, const float* rows, int64_
                                   float* expert_rows) {
   // Received rank by rank (each rank's rows expert by expert), then put
   // expert by expert (each expert's rows rank by rank).
-  Buffer staging = be_->alloc(static_cast<size_t>(p.rows() * C) * sizeof(float), MemCategory::kComm);
+  Buffer staging =
+      be_->alloc(static_cast<size_t>(p.rows() * C) * sizeof(float), MemCategory::kComm);
   float* in = staging.as<float>();
   exchange(rows, sent(p), in, received(p), C);
   std::vector<int64_t> at(p.offsets.begin(), p.offsets.end() - 1);  // next row per expert
@@ -112,7 +118,8 @@ void AllToAllDispatcher::dispatch(const ExpertPlan& p, const float* rows, int64_
 void AllToAllDispatcher::combine(const ExpertPlan& p, const float* expert_rows, int64_t C,
                                  float* rows) {
   // Back to rank by rank, then home, where they land in dispatch order.
-  Buffer staging = be_->alloc(static_cast<size_t>(p.rows() * C) * sizeof(float), MemCategory::kComm);
+  Buffer staging =
+      be_->alloc(static_cast<size_t>(p.rows() * C) * sizeof(float), MemCategory::kComm);
   float* out = staging.as<float>();
   std::vector<int64_t> at(p.offsets.begin(), p.offsets.end() - 1);
   for (int s = 0; s < p.ranks; ++s)

@@ -77,7 +77,8 @@ const float* Executor::received(int idx, ExecStats& st) {
   Pooled& p = pool_[static_cast<size_t>(idx)];
   wait(p.pending, st);
   p.pending = nullptr;
-  if (payload_ != DType::kF32) be_->widen_16(p.wire.as<uint16_t>(), p.buf.as<float>(), rows_ * C_, payload_);
+  if (payload_ != DType::kF32)
+    be_->widen_16(p.wire.as<uint16_t>(), p.buf.as<float>(), rows_ * C_, payload_);
   return p.buf.as<float>();
 }
 

@@ -71,8 +71,7 @@ class Executor {
   // bf16 run's bf16: rounded before each send, widened after each receive,
   // on the chunks' backend).
   Executor(Schedule schedule, int stage, std::vector<ChunkRef> chunks,
-           std::shared_ptr<ProcessGroup> group, int64_t B, int64_t Tn,
-           DType payload = DType::kF32);
+           std::shared_ptr<ProcessGroup> group, int64_t B, int64_t Tn, DType payload = DType::kF32);
   // An error unwinding past messages still in flight (a receive posted
   // ahead writes into the pool) ends a parallel job here, while the buffers
   // are alive (fail_fast); otherwise waits for them.

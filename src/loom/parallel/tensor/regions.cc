@@ -10,8 +10,8 @@ namespace loom::tp {
 
 Group::Group(std::shared_ptr<ProcessGroup> g, DType payload, const Backend<float>* backend)
     : g_(std::move(g)), payload_(payload), be_(backend), traffic_(std::make_shared<Traffic>()) {
-  LOOM_CHECK(payload_ == DType::kF32 || ((payload_ == DType::kBF16 || payload_ == DType::kF16) &&
-                                         be_ != nullptr),
+  LOOM_CHECK(payload_ == DType::kF32 ||
+                 ((payload_ == DType::kBF16 || payload_ == DType::kF16) && be_ != nullptr),
              "tensor-parallel payloads travel in f32, or in bf16 or f16 with a backend");
 }
 

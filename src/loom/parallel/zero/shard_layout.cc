@@ -19,8 +19,7 @@ ShardLayout::ShardLayout(const ParamLayout& layout, int stage, std::shared_ptr<P
   const int ep = experts.ep_size();
   LOOM_CHECK(groups_[0].size % ep == 0,
              "an expert-parallel group of {} in a data-parallel group of {}", ep, groups_[0].size);
-  groups_.push_back(ep > 1 ? unit_group(experts.ep_dp, 1.0f / static_cast<float>(ep))
-                           : groups_[0]);
+  groups_.push_back(ep > 1 ? unit_group(experts.ep_dp, 1.0f / static_cast<float>(ep)) : groups_[0]);
 
   used_with_.resize(units_.size());
   for (int u = 0; u < num_units(); ++u) {
@@ -29,8 +28,9 @@ ShardLayout::ShardLayout(const ParamLayout& layout, int stage, std::shared_ptr<P
     if (unit(u).expert()) used_with_[static_cast<size_t>(unit(u).host)].push_back(u);
   }
   for (int u = 0; u < num_units(); ++u) {
-    LOOM_CHECK(unit(u).size() % group(u).shards == 0, "unit {} of {} elements does not split into {}",
-               unit(u).name, unit(u).size(), group(u).shards);
+    LOOM_CHECK(unit(u).size() % group(u).shards == 0,
+               "unit {} of {} elements does not split into {}", unit(u).name, unit(u).size(),
+               group(u).shards);
     slice_.push_back(unit(u).size() / group(u).shards);
     shard_off_.push_back(shard_elements_);
     const int64_t b = slice_begin(u);

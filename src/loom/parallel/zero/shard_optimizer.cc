@@ -69,8 +69,7 @@ void ShardOptimizer::release() const {
 }
 
 size_t ShardOptimizer::resident_bytes() const {
-  return nvme_ ? nvme_->resident_bytes()
-               : (half_ ? 3 : 2) * f32_bytes(shards_.shard_elements());
+  return nvme_ ? nvme_->resident_bytes() : (half_ ? 3 : 2) * f32_bytes(shards_.shard_elements());
 }
 
 }  // namespace loom

@@ -55,6 +55,14 @@ const ZeroConfig& checked(const ZeroConfig& c) {
   return c;
 }
 
+// The store's layout, once the store is known to be built for the engine.
+const ParamLayout& built_for(const ParamStore<float>& store, const ZeroConfig& c, int world) {
+  const StoreOptions want = ZeroEngine::storage(c, world);
+  LOOM_CHECK((store.params() != nullptr) == want.params && (store.grads() != nullptr) == want.grads,
+             "the model was not built with ZeroEngine::storage() for stage {}", c.stage);
+  return store.layout();
+}
+
 }  // namespace
 
 ZeroEngine::ZeroEngine(ParamStore<float>& store, std::shared_ptr<ProcessGroup> group,
@@ -67,11 +75,7 @@ ZeroEngine::ZeroEngine(ParamStore<float>& store, std::shared_ptr<ProcessGroup> g
       experts_(std::move(experts)),
       rank_(group_ ? group_->rank() : 0),
       world_(group_ ? group_->size() : 1),
-      shards_(store.layout(), config_.stage, group_, experts_) {
-  const StoreOptions want = storage(config_, world_);
-  LOOM_CHECK(
-      (store_.params() != nullptr) == want.params && (store_.grads() != nullptr) == want.grads,
-      "the model was not built with ZeroEngine::storage() for stage {}", config_.stage);
+      shards_(built_for(store, config_, world_), config_.stage, group_, experts_) {
   optimizer_ = std::make_unique<ShardOptimizer>(shards_, config_, optimizer, be_, rank_);
   const int64_t shard = shards_.shard_elements(), total = store_.layout().total();
   if (half()) {
@@ -115,8 +119,7 @@ void ZeroEngine::init_params(uint64_t seed) {
       for (int u = 0; u < num_units(); ++u) {
         Buffer whole = be_.alloc(f32_bytes(unit(u).size()), MemCategory::kWorkspace);
         store_.init_range(seed, unit(u).begin, unit(u).end, whole.as<float>());
-        be_.round_16(whole.as<float>(), params16() + unit(u).begin, unit(u).size(),
-                     config_.dtype);
+        be_.round_16(whole.as<float>(), params16() + unit(u).begin, unit(u).size(), config_.dtype);
       }
     }
     optimizer_->release();
@@ -351,8 +354,7 @@ void ZeroEngine::step(double lr, int64_t step) {
   if (half())
     optimizer_->step_16(params16(), grads16(), grad_factor_, lr, step);
   else
-    optimizer_->step(config_.stage >= 3 ? shard_params() : store_.params(), held_grads(), lr,
-                     step);
+    optimizer_->step(config_.stage >= 3 ? shard_params() : store_.params(), held_grads(), lr, step);
   gather_updated_params();
   // Resident units hold the old values; gather them again on next use.
   if (gatherer_) gatherer_->drop_resident();

@@ -161,8 +161,7 @@ std::vector<ZeroEngine::StateRange> ZeroEngine::held(State s) const {
       continue;
     }
     const int64_t off = shards_.shard_offset(u);
-    float* base = s == State::kParams
-                      ? (half() ? masters() + off : store_.params() + unit(u).begin)
+    float* base = s == State::kParams ? (half() ? masters() + off : store_.params() + unit(u).begin)
                   : s == State::kExpAvg ? optimizer_->exp_avg() + off
                                         : optimizer_->exp_avg_sq() + off;
     out.push_back({unit(u).begin, unit(u).end, base});
