@@ -7,7 +7,7 @@ cd "$(dirname "$0")/../src/loom"
 declare -A allowed=(
   [core]="core"
   [kernels]="core kernels"
-  [comm]="core comm"
+  [comm]="core kernels comm"
   [nn]="core kernels nn"
   [model]="core kernels nn model"
   [optim]="core kernels nn optim"

@@ -64,7 +64,8 @@ TEST(Collectives, AllReduceEveryAlgorithmMatchesMpiExactly) {
             float acc = op == ReduceOp::kMax ? -1e30f : 0.0f;
             for (int r = 0; r < g->size(); ++r)
               acc = op == ReduceOp::kMax ? std::max(acc, input(r, i)) : acc + input(r, i);
-            want[i] = op == ReduceOp::kAvg ? acc / static_cast<float>(g->size()) : acc;
+            // An average is the sum times 1 / size (on the backend).
+            want[i] = op == ReduceOp::kAvg ? acc * (1.0f / static_cast<float>(g->size())) : acc;
           }
           std::vector<uint16_t> mpi_result;
           for (const char* algo : {"mpi", "ring", "rhd", "hierarchical"}) {

@@ -70,4 +70,8 @@ void host_parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& f
   for (int64_t b = 0; b < n; b += kPiece) fn(b, std::min(n, b + kPiece));
 }
 
+void run_this_thread_serially() {
+  omp_set_num_threads(1);  // this thread's own setting; the others keep theirs
+}
+
 }  // namespace loom

@@ -35,6 +35,11 @@ double job_peak_gflops(double per_rank_peak, const ThreadConfig& t, int ranks);
 // (kernels/backend.h), which owns the threads of compute.
 void host_parallel_for(int64_t n, const std::function<void(int64_t begin, int64_t end)>& fn);
 
+// Makes the compute this thread starts run on it alone (an OpenMP region it
+// opens gets one thread): for service threads, such as a process group's
+// communication worker, that call a backend beside the rank's compute.
+void run_this_thread_serially();
+
 // One line for the log: "threads: 2 (2 cores, 1 rank on node, affinity 2 cores)".
 std::string describe(const ThreadConfig& t);
 

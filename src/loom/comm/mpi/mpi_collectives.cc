@@ -74,7 +74,7 @@ WorkPtr MpiProcessGroup::all_reduce_with(const std::string& algo, const void* in
     o.algo = a;
     o.wire = DType::kF32;
     // f32 works on `out` directly; bf16 and f16 on a widened f32 copy of `in`.
-    F32View src(in, t, count);
+    F32View src(in, t, count, be_);
     float* res = t == DType::kF32 ? static_cast<float*>(out) : src.data;
     if (a == "mpi") {
       MPI_Request req;
@@ -84,13 +84,13 @@ WorkPtr MpiProcessGroup::all_reduce_with(const std::string& algo, const void* in
       o.exact = false;
       wait_requests(&req, 1, o);
       if (op == ReduceOp::kAvg)
-        for (size_t i = 0; i < count; ++i) res[i] /= static_cast<float>(size_);
-      if (t != DType::kF32) convert(res, DType::kF32, out, t, count);
+        average(res, count);
+      if (t != DType::kF32) be_.round_16(res, static_cast<uint16_t*>(out), int64_t(count), t);
       return;
     }
     // loom's algorithms reduce in place.
     if (res != src.data) std::memcpy(res, src.data, count * sizeof(float));
-    F32View work(res, DType::kF32, count);
+    F32View work(res, DType::kF32, count, be_);
     auto wait = [this, &o](MPI_Request* r, int n) { wait_requests(r, n, o); };
     ReduceOp base = op == ReduceOp::kMax ? ReduceOp::kMax : ReduceOp::kSum;
     algo::P2p g{comm_, rank_, size_, wait, &o.sent};
@@ -113,8 +113,8 @@ WorkPtr MpiProcessGroup::all_reduce_with(const std::string& algo, const void* in
       }
     }
     if (op == ReduceOp::kAvg)
-      for (size_t i = 0; i < count; ++i) work.data[i] /= static_cast<float>(size_);
-    if (t != DType::kF32) convert(work.data, DType::kF32, out, t, count);
+      average(work.data, count);
+    if (t != DType::kF32) be_.round_16(work.data, static_cast<uint16_t*>(out), int64_t(count), t);
   });
 }
 
@@ -132,13 +132,13 @@ WorkPtr MpiProcessGroup::reduce_scatter(const void* in, void* out, size_t count,
     o.sent = double(size_ - 1) * double(count) * sizeof(float);
     o.exact = false;
     // `out` may lie inside `in` (a ZeRO unit's own slice): reduce apart.
-    F32View res(count);
+    F32View res(count, be_);
     MPI_Request req;
     MPI_Ireduce_scatter_block(in, res.data, as_int(count, "reduce-scatter"), MPI_FLOAT, mpi_op(op),
                               comm_, &req);
     wait_requests(&req, 1, o);
     if (op == ReduceOp::kAvg)
-      for (size_t i = 0; i < count; ++i) res.data[i] /= static_cast<float>(size_);
+      average(res.data, count);
     std::memcpy(out, res.data, count * sizeof(float));
   });
 }
@@ -170,24 +170,24 @@ void MpiProcessGroup::reduce_16(Op& o, const void* in, void* out, size_t count, 
                  MPI_UINT16_T, comm_, &req);
   wait_requests(&req, 1, o);
   // Every rank's block, widened, added in rank order.
-  F32View wide(blocks.data(), t, mine * static_cast<size_t>(p));
+  F32View wide(blocks.data(), t, mine * static_cast<size_t>(p), be_);
   float* acc = wide.data;
   for (int r = 1; r < p; ++r) {
     const float* x = wide.data + mine * static_cast<size_t>(r);
     if (op == ReduceOp::kMax)  // a NaN anywhere stays NaN
       for (size_t i = 0; i < mine; ++i) acc[i] = x[i] > acc[i] || x[i] != x[i] ? x[i] : acc[i];
     else
-      for (size_t i = 0; i < mine; ++i) acc[i] += x[i];
+      be_.axpy(acc, 1.0f, x, static_cast<int64_t>(mine));
   }
-  if (op == ReduceOp::kAvg)
-    for (size_t i = 0; i < mine; ++i) acc[i] /= static_cast<float>(p);
+  if (op == ReduceOp::kAvg) average(acc, mine);
   char* dst = static_cast<char*>(out);
   if (!all) {
-    convert(acc, DType::kF32, dst, t, mine);
+    be_.round_16(acc, reinterpret_cast<uint16_t*>(dst), static_cast<int64_t>(mine), t);
     return;
   }
-  convert(acc, DType::kF32, dst + static_cast<size_t>(sd[static_cast<size_t>(rank_)]) * es, t,
-          mine);
+  be_.round_16(acc,
+               reinterpret_cast<uint16_t*>(dst + static_cast<size_t>(sd[static_cast<size_t>(rank_)]) * es),
+               static_cast<int64_t>(mine), t);
   o.sent += double(p - 1) * double(mine) * double(es);
   MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out, sc.data(), sd.data(), MPI_UINT16_T,
                   comm_, &req);

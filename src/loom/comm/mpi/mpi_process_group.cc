@@ -11,6 +11,7 @@
 #include "loom/comm/algorithms/allreduce.h"
 #include "loom/core/clock.h"
 #include "loom/core/error.h"
+#include "loom/core/threads.h"
 #include "loom/core/memory.h"
 
 namespace loom {
@@ -379,6 +380,9 @@ void MpiProcessGroup::poll_p2p() {
 }
 
 void MpiProcessGroup::run_worker() {
+  // The worker's conversions and sums run on the backend beside the rank's
+  // compute threads, not with a team of their own.
+  run_this_thread_serially();
   for (;;) {
     Task task;
     {

@@ -42,6 +42,7 @@
 #include "loom/comm/process_group.h"
 #include "loom/comm/record.h"
 #include "loom/comm/topology.h"
+#include "loom/kernels/backend.h"
 
 namespace loom {
 
@@ -175,6 +176,10 @@ class MpiProcessGroup : public ProcessGroup {
   // (divided for kAvg) and rounded once; `all` then all-gathers the blocks
   // (an all-reduce of `count`), else each rank keeps its block (a
   // reduce-scatter of `count` per rank from `count` x size inputs).
+  // x (n) divided by the group's size: the sum times 1 / size, on the backend.
+  void average(float* x, size_t n) const {
+    be_.scale(x, static_cast<int64_t>(n), 1.0f / static_cast<float>(size_));
+  }
   void reduce_16(Op& o, const void* in, void* out, size_t count, DType t, ReduceOp op, bool all);
   void wait_requests(MPI_Request* reqs, int n, const Op& op);
   void check_descriptors(const Op& op);
@@ -219,6 +224,8 @@ class MpiProcessGroup : public ProcessGroup {
   bool stop_ = false;
   std::atomic<bool> abandoned_{false};  // the destructor runs: a collective in flight gives up
   std::string abandon_cause_;           // last_error() of the destroying thread (under mu_)
+  // The host backend the worker converts, sums and averages on.
+  const Backend<float>& be_ = default_backend<float>();
   std::thread worker_;
 };
 
