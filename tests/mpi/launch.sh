@@ -59,7 +59,9 @@ grep -q "loom: warning: step [0-9]*: straggler: rank 3 on node1 computes for" "$
 python3 - "$WORK/ref/metrics.jsonl" <<'PY' || fail "straggler scores"
 import json, sys
 last = [json.loads(l) for l in open(sys.argv[1])][-1]["ranks"]
-assert last["score"][3] < 0.8 and min(last["score"][:3]) > 0.8, last
+# The others' steps are ~10 ms: rank 0's own writing moves its score by up
+# to a quarter on a loaded machine (measured 0.79 once); rank 3 sits near 0.25.
+assert last["score"][3] < 0.5 and min(last["score"][:3]) > 0.6, last
 print("ok: straggler: rank 3 scores %.2f, the others %s" % (last["score"][3], last["score"][:3]))
 PY
 grep -a -m1 "straggler: rank 3" "$WORK/ref.txt"
