@@ -193,6 +193,7 @@ void run_train_bench(const TrainBenchArgs& a) {
       {"step_time_s", step_s},
       {"tokens_per_s", tps},
       {"model_flops_per_s", flops},
+      {"gemm_path", gemm_path_name(trainer.gemm_path())},
       {"peak_gflops", trainer.peak_gflops()},
       {"mfu", flops / (trainer.peak_gflops() * 1e9)},
       {"gemm_backend", cpu::gemm_backend_name(trainer.backend().gemm_config().backend)},

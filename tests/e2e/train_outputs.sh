@@ -24,7 +24,24 @@ json_check "$WORK/run/metrics.jsonl" 'len(lines) == 12 and [l["step"] for l in l
 json_check "$WORK/run/metrics.jsonl" 'all(k in l for l in lines for k in ("loss","lr","grad_norm","loss_scale","tokens_per_s","mfu","mem","time"))'
 json_check "$WORK/run/metrics.jsonl" 'all(set(l["time"]) >= {"forward","backward","recompute","optimizer","comm","comm_exposed","bubble"} for l in lines)'
 json_check "$WORK/run/metrics.jsonl" 'all(l["time"]["recompute"] == 0 for l in lines)'
-json_check "$WORK/run/metrics.jsonl" 'all(l["gemm_backend"] in ("openblas", "onednn") and l["peak_gflops"] > 0 and 0 < l["mfu"] <= 1 for l in lines)'
+json_check "$WORK/run/metrics.jsonl" 'all(l["gemm_backend"] in ("openblas", "onednn") and l["gemm_path"] == "f32 sgemm" and l["peak_gflops"] > 0 and 0 < l["mfu"] <= 1 for l in lines)'
+# bf16 GEMM inputs: the MFU denominator is the peak of the path the GEMMs
+# take (oneDNN's bf16 matmul where it runs, measured and cached under its
+# own key), not the sgemm's.
+"$LOOM" train --config "$WORK/cfg.json" --set bf16.enabled=true --set kernels.gemm_inputs=16bit \
+  --set train.steps=2 --set train.sample_tokens=0 --set train.eval_every=0 --out "$WORK/run16" > "$WORK/out16.txt"
+if grep -q "GEMM inputs rounded to bf16.*oneDNN's bf16 matmul" "$WORK/out16.txt"; then path="bf16 matmul"; else path="f32 sgemm"; fi
+json_check "$WORK/run16/metrics.jsonl" "all(l['gemm_path'] == '$path' and l['peak_gflops'] > 0 and 0 < l['mfu'] <= 1 for l in lines)"
+if [[ $path == "bf16 matmul" ]]; then
+  grep -q "the 2048^3 bf16 matmul, the path this run's GEMMs take" "$WORK/out16.txt" || fail "bf16 peak not logged: $(cat "$WORK/out16.txt")"
+  python3 - "$XDG_CACHE_HOME/loom/peak_gflops.json" "$WORK/run16/metrics.jsonl" <<'PY' || fail "the bf16 run's peak is not the cached bf16 matmul peak"
+import json, sys
+cache = json.load(open(sys.argv[1]))
+bf16 = [v["gflops"] for k, v in cache.items() if k.endswith("| bf16 matmul")]
+peak = json.loads(open(sys.argv[2]).readline())["peak_gflops"]
+assert len(bf16) == 1 and abs(peak - bf16[0]) <= 1e-3 * bf16[0], (bf16, peak)
+PY
+fi
 # Which GEMM backends this build has (oneDNN unless configured without).
 "$LOOM" bench gemm --sizes 64 --reps 1 --json > "$WORK/gemm-probe.json"
 onednn=$(python3 -c 'import json,sys; print(int("onednn" in json.load(open(sys.argv[1]))["backends"]))' "$WORK/gemm-probe.json")
@@ -84,5 +101,5 @@ if grep -qw avx2 /proc/cpuinfo; then
   json_check "$WORK/gemm-generic.json" '"generic" in d.get("warning", "") and "OPENBLAS_CORETYPE" in d["warning"] and d["backends"]["openblas"]["isa"] == "Prescott"'
 fi
 "$LOOM" bench train --config "$WORK/cfg.json" --set data.synthetic=true --steps 3 --warmup 1 --json > "$WORK/bench.json"
-json_check "$WORK/bench.json" 'd["tokens_per_s"] > 0 and 0 < d["mfu"] <= 1 and d["gemm_backend"] in ("onednn", "openblas") and d["model_flops_per_s"] > 0 and d["peak_bytes"]["params"] > 0 and d["peak_bytes"]["optimizer"] == 2 * d["peak_bytes"]["params"]'
+json_check "$WORK/bench.json" 'd["tokens_per_s"] > 0 and 0 < d["mfu"] <= 1 and d["gemm_path"] == "f32 sgemm" and d["gemm_backend"] in ("onednn", "openblas") and d["model_flops_per_s"] > 0 and d["peak_bytes"]["params"] > 0 and d["peak_bytes"]["optimizer"] == 2 * d["peak_bytes"]["params"]'
 echo PASS

@@ -145,6 +145,24 @@ TEST(Gemm, ThePeakIsTheBestBackendMeasuredOnceAndCachedPerMachine) {
   EXPECT_EQ(again.backend, first.backend);
   // Another thread count is another key.
   EXPECT_HAS(read_file(first.cache_file), "| 2 threads |");
+  // The bf16 matmul's peak is its own, under its own key, where it runs;
+  // elsewhere asking for it names why not.
+  if (cpu::gemm_16_uses_bf16_matmul(DType::kBF16)) {
+    EXPECT_EQ(gemm_path_for(DType::kBF16), GemmPath::kBf16Matmul);
+    const PeakGflops bf16 = machine_peak_gflops(2, GemmPath::kBf16Matmul);
+    EXPECT_FALSE(bf16.cached);
+    EXPECT_GT(bf16.gflops, 0);
+    EXPECT_EQ(bf16.backend, "onednn");
+    EXPECT_HAS(read_file(first.cache_file), "| bf16 matmul");
+    EXPECT_TRUE(machine_peak_gflops(2, GemmPath::kBf16Matmul).cached);
+    EXPECT_EQ(machine_peak_gflops(2).gflops, first.gflops) << "the f32 entry stays";
+  } else {
+    EXPECT_EQ(gemm_path_for(DType::kBF16), GemmPath::kF32Sgemm);
+    EXPECT_HAS(test::error_of([] { machine_peak_gflops(2, GemmPath::kBf16Matmul); }), "bf16 matmul");
+  }
+  // f32 and fp16 inputs run on the sgemm: its peak.
+  EXPECT_EQ(gemm_path_for(DType::kF32), GemmPath::kF32Sgemm);
+  EXPECT_EQ(gemm_path_for(DType::kF16), GemmPath::kF32Sgemm);
   unsetenv("XDG_CACHE_HOME");
 }
 

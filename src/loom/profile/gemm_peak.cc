@@ -72,16 +72,32 @@ std::string cache_path() {
 
 }  // namespace
 
-PeakGflops machine_peak_gflops(int threads) {
+const char* gemm_path_name(GemmPath p) {
+  return p == GemmPath::kBf16Matmul ? "bf16 matmul" : "f32 sgemm";
+}
+
+GemmPath gemm_path_for(DType inputs) {
+  return cpu::gemm_16_uses_bf16_matmul(inputs) ? GemmPath::kBf16Matmul : GemmPath::kF32Sgemm;
+}
+
+PeakGflops machine_peak_gflops(int threads, GemmPath path) {
+  const bool bf16 = path == GemmPath::kBf16Matmul;
+  LOOM_CHECK_KIND(kUnsupported, !bf16 || cpu::gemm_16_uses_bf16_matmul(DType::kBF16),
+                  "the bf16 matmul's peak needs oneDNN's bf16 matmul, which {}",
+                  cpu::gemm_backend_available(cpu::GemmBackend::kOneDnn)
+                      ? "does not run on this CPU"
+                      : "this build lacks");
   std::vector<cpu::GemmBackend> backends;
   std::string names;
   for (auto b : {cpu::GemmBackend::kOpenBlas, cpu::GemmBackend::kOneDnn})
-    if (cpu::gemm_backend_available(b)) {
+    if (cpu::gemm_backend_available(b) && (!bf16 || b == cpu::GemmBackend::kOneDnn)) {
       backends.push_back(b);
       names += std::string(names.empty() ? "" : ",") + cpu::gemm_backend_name(b) + ":" +
                cpu::gemm_backend_isa(b);
     }
-  const std::string key = format("{} | {} threads | {}", cpu_model(), threads, names);
+  // The f32 key is what earlier caches hold; the bf16 matmul's is apart.
+  const std::string key = format("{} | {} threads | {}{}", cpu_model(), threads, names,
+                                 bf16 ? " | bf16 matmul" : "");
   PeakGflops p;
   p.cache_file = cache_path();
   nlohmann::json cache = nlohmann::json::object();
@@ -106,7 +122,8 @@ PeakGflops machine_peak_gflops(int threads) {
     cache = nlohmann::json::object();
   }
   for (cpu::GemmBackend b : backends) {
-    const double g = cpu::measure_sgemm_gflops(b, 2048, 5);
+    const double g = bf16 ? cpu::measure_matmul_gflops(2048, 2048, 2048, true, 5)
+                          : cpu::measure_sgemm_gflops(b, 2048, 5);
     if (g > p.gflops) p.gflops = g, p.backend = cpu::gemm_backend_name(b);
   }
   if (!p.cache_file.empty()) {

@@ -1,4 +1,5 @@
-// Peak sgemm throughput of this machine: the denominator of MFU.
+// Peak GEMM throughput of this machine on the path a run's products take:
+// the denominator of MFU.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +33,18 @@ struct PeakGflops {
   bool cached = false;  // read from the cache file
   std::string cache_file;
 };
-PeakGflops machine_peak_gflops(int threads);
+
+// The path a run's GEMMs take, which decides its peak: the f32 sgemm (f32
+// inputs, and fp16 inputs, rounded K-tiles through the sgemm), or oneDNN's
+// bf16 matmul (bf16 inputs where it runs), whose peak is its own: 4-7x the
+// sgemm's on CPUs with AMX, below it on AVX512-BF16 alone.
+enum class GemmPath { kF32Sgemm, kBf16Matmul };
+const char* gemm_path_name(GemmPath p);  // "f32 sgemm", "bf16 matmul"
+// The path of a run whose GEMM inputs are `inputs` (kernels.gemm_inputs).
+GemmPath gemm_path_for(DType inputs);
+
+// path kBf16Matmul: the median of five 2048^3 bf16 matmuls (f32
+// accumulation), cached under its own key.
+PeakGflops machine_peak_gflops(int threads, GemmPath path = GemmPath::kF32Sgemm);
 
 }  // namespace loom

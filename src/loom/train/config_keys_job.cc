@@ -428,9 +428,11 @@ std::vector<ConfigKey> model_and_job_keys() {
           .or_else(0.0)
           .lands(LOOM_FIELD(c.log.peak_gflops, double))
           .doc("number >= 0", "0 (measure)",
-               "the MFU denominator per rank; 0: the best 2048^3 sgemm of any GEMM backend, "
-               "measured (about 1 s) once per machine and thread count and cached in "
-               "`$XDG_CACHE_HOME/loom/peak_gflops.json` (else `~/.cache/loom/`)"),
+               "the MFU denominator per rank; 0: the peak of the path the run's GEMMs take, "
+               "the best 2048^3 sgemm of any GEMM backend (or, for bf16 GEMM inputs through "
+               "oneDNN's bf16 matmul, the 2048^3 bf16 matmul), measured (about 1 s) once per "
+               "machine and thread count and cached in `$XDG_CACHE_HOME/loom/peak_gflops.json` "
+               "(else `~/.cache/loom/`)"),
   };
 }
 

@@ -80,6 +80,7 @@ void MetricsLog::write(const StepResult& r) {
   if (r.restart > 0)
     j["restart"] = {{"count", r.restart}, {"cause", r.restart_cause}, {"world", r.world}};
   j["gemm_backend"] = r.gemm_backend;
+  j["gemm_path"] = r.gemm_path;
   j["peak_gflops"] = r.peak_gflops;
   if (!r.moe.empty()) {
     json moe = json::array();

@@ -43,7 +43,8 @@ struct StepResult {
   // stage's idle share, and seconds this rank blocked on pipeline messages.
   double t_bubble = 0, bubble_fraction = 0, t_p2p_wait = 0;
   std::string gemm_backend;  // kernels.gemm in effect
-  double peak_gflops = 0;    // the MFU denominator
+  std::string gemm_path;     // the path the GEMMs take: "f32 sgemm" or "bf16 matmul"
+  double peak_gflops = 0;    // the MFU denominator: that path's peak
   MemStats mem;              // peaks: the maximum over ranks of each category
   std::vector<MoeLayerStats> moe;
   // Per rank, in grid order (parallel jobs): seconds computing (the step

@@ -90,16 +90,19 @@ Trainer::Trainer(Config config, RunOptions options, ThreadConfig threads)
     for (int c = 0; c < engine_->num_chunks(); ++c) trace_->observe(engine_->stage(c));
   }
   load_initial_state(seed);
-  // Per rank; MFU divides the job's FLOP/s by it times the ranks. Under
-  // mpirun rank 0 measures while the others wait (ranks measuring at once
-  // would compete for the cores) and every rank takes its figure.
+  // Per rank, of the path the GEMMs take (bf16 inputs through oneDNN's
+  // bf16 matmul have its peak, not the sgemm's); MFU divides the job's
+  // FLOP/s by it times the ranks. Under mpirun rank 0 measures while the
+  // others wait (ranks measuring at once would compete for the cores) and
+  // every rank takes its figure.
+  gemm_path_ = gemm_path_for(backend_->gemm_config().inputs);
   peak_gflops_ = config_.log.peak_gflops;
   if (peak_gflops_ <= 0) {
     const auto& world = options_.parallel.world;
     if (world) world->barrier()->wait();
     float peak = 0;
     if (!world || world->rank() == 0)
-      peak = static_cast<float>(machine_peak_gflops(threads_.threads).gflops);
+      peak = static_cast<float>(machine_peak_gflops(threads_.threads, gemm_path_).gflops);
     if (world) world->broadcast(&peak, 1, DType::kF32, 0)->wait();
     peak_gflops_ = peak;
   }
@@ -214,7 +217,19 @@ StepResult Trainer::train_step() {
   r.tokens_per_s = tokens / r.t_step;
   r.mfu = engine_->flops_per_token() * r.tokens_per_s / (job_peak_gflops_ * 1e9);
   r.gemm_backend = cpu::gemm_backend_name(gemm_.backend);
+  r.gemm_path = gemm_path_name(gemm_path_);
   r.peak_gflops = peak_gflops_;
+  // A model-FLOP utilisation above 1 means the denominator is not the peak
+  // of the path the GEMMs take: said once, with what to do.
+  if (r.mfu > 1 && !mfu_warned_ && writer_ && !options_.quiet) {
+    mfu_warned_ = true;
+    std::printf("loom: warning: step %ld: MFU %.2f above 1: %.0f GFLOP/s per rank is below what "
+                "this run's GEMMs (%s) reach; %s\n",
+                long(step_ + 1), r.mfu, peak_gflops_, r.gemm_path.c_str(),
+                config_.log.peak_gflops > 0
+                    ? "raise log.peak_gflops to the path's peak (loom bench gemm)"
+                    : "the cached peak may be stale: delete the peak_gflops.json cache");
+  }
   gather_rank_times(r);
   if (record) {
     r.comm_events = record->take();
@@ -542,8 +557,10 @@ void Trainer::describe_run() const {
     std::printf("\n");
   }
   std::printf("loom: GEMM %s: %.0f GFLOP/s %s\n", gemm_.describe.c_str(), peak_gflops_,
-              config_.log.peak_gflops > 0
-                  ? "(log.peak_gflops)"
+              config_.log.peak_gflops > 0 ? "(log.peak_gflops)"
+              : gemm_path_ == GemmPath::kBf16Matmul
+                  ? "per rank (the 2048^3 bf16 matmul, the path this run's GEMMs take, "
+                    "measured once per machine and cached; the MFU denominator)"
                   : "per rank (the best 2048^3 sgemm of any backend, measured "
                     "once per machine and cached; the MFU denominator)");
   if (!gemm_.warning.empty()) std::printf("loom: warning: %s\n", gemm_.warning.c_str());

@@ -15,6 +15,7 @@
 #include "loom/data/tokenizer.h"
 #include "loom/kernels/cpu/cpu_backend.h"
 #include "loom/train/checkpointer.h"
+#include "loom/profile/gemm_peak.h"
 #include "loom/train/config.h"
 #include "loom/train/gemm_choice.h"
 #include "loom/train/metrics.h"
@@ -69,6 +70,8 @@ class Trainer {
   void save(double lr);
   void finish_save();
   double peak_gflops() const { return peak_gflops_; }
+  // The path the run's GEMMs take, whose peak peak_gflops() is.
+  GemmPath gemm_path() const { return gemm_path_; }
   // The MFU denominator: the per-rank peak times the ranks, capped by the
   // cores they share on each host.
   double job_peak_gflops() const { return job_peak_gflops_; }
@@ -109,6 +112,8 @@ class Trainer {
   std::unique_ptr<Tokenizer> tokenizer_;  // null when the data's tokenizer is unknown
   bool writer_ = true;                    // world rank 0: writes outputs, shows progress
   double peak_gflops_ = 0;
+  GemmPath gemm_path_ = GemmPath::kF32Sgemm;
+  bool mfu_warned_ = false;
   double job_peak_gflops_ = 0;
   std::unique_ptr<StragglerDetector> stragglers_;
   std::vector<int> slow_ranks_;  // those last warned about

@@ -319,12 +319,17 @@ bool bf16_matmul_runs() {
 
 }  // namespace
 
-const char* gemm_16_path(DType t) {
+bool gemm_16_uses_bf16_matmul(DType t) {
 #ifdef LOOM_HAVE_ONEDNN
-  if (t == DType::kBF16 && bf16_matmul_runs()) return "oneDNN's bf16 matmul";
-#endif
+  return t == DType::kBF16 && bf16_matmul_runs();
+#else
   (void)t;
-  return "K-tiles rounded, then the backend's sgemm";
+  return false;
+#endif
+}
+
+const char* gemm_16_path(DType t) {
+  return gemm_16_uses_bf16_matmul(t) ? "oneDNN's bf16 matmul" : "K-tiles rounded, then the backend's sgemm";
 }
 
 void gemm_16(GemmBackend be, DType t, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
