@@ -158,7 +158,8 @@ TEST(Gemm, ThePeakIsTheBestBackendMeasuredOnceAndCachedPerMachine) {
     EXPECT_EQ(machine_peak_gflops(2).gflops, first.gflops) << "the f32 entry stays";
   } else {
     EXPECT_EQ(gemm_path_for(DType::kBF16), GemmPath::kF32Sgemm);
-    EXPECT_HAS(test::error_of([] { machine_peak_gflops(2, GemmPath::kBf16Matmul); }), "bf16 matmul");
+    EXPECT_HAS(test::error_of([] { machine_peak_gflops(2, GemmPath::kBf16Matmul); }),
+               "bf16 matmul");
   }
   // f32 and fp16 inputs run on the sgemm: its peak.
   EXPECT_EQ(gemm_path_for(DType::kF32), GemmPath::kF32Sgemm);

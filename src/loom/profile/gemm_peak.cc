@@ -96,8 +96,8 @@ PeakGflops machine_peak_gflops(int threads, GemmPath path) {
                cpu::gemm_backend_isa(b);
     }
   // The f32 key is what earlier caches hold; the bf16 matmul's is apart.
-  const std::string key = format("{} | {} threads | {}{}", cpu_model(), threads, names,
-                                 bf16 ? " | bf16 matmul" : "");
+  const std::string key =
+      format("{} | {} threads | {}{}", cpu_model(), threads, names, bf16 ? " | bf16 matmul" : "");
   PeakGflops p;
   p.cache_file = cache_path();
   nlohmann::json cache = nlohmann::json::object();

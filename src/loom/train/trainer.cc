@@ -223,12 +223,13 @@ StepResult Trainer::train_step() {
   // of the path the GEMMs take: said once, with what to do.
   if (r.mfu > 1 && !mfu_warned_ && writer_ && !options_.quiet) {
     mfu_warned_ = true;
-    std::printf("loom: warning: step %ld: MFU %.2f above 1: %.0f GFLOP/s per rank is below what "
-                "this run's GEMMs (%s) reach; %s\n",
-                long(step_ + 1), r.mfu, peak_gflops_, r.gemm_path.c_str(),
-                config_.log.peak_gflops > 0
-                    ? "raise log.peak_gflops to the path's peak (loom bench gemm)"
-                    : "the cached peak may be stale: delete the peak_gflops.json cache");
+    std::printf(
+        "loom: warning: step %ld: MFU %.2f above 1: %.0f GFLOP/s per rank is below what "
+        "this run's GEMMs (%s) reach; %s\n",
+        long(step_ + 1), r.mfu, peak_gflops_, r.gemm_path.c_str(),
+        config_.log.peak_gflops > 0
+            ? "raise log.peak_gflops to the path's peak (loom bench gemm)"
+            : "the cached peak may be stale: delete the peak_gflops.json cache");
   }
   gather_rank_times(r);
   if (record) {

@@ -329,7 +329,8 @@ bool gemm_16_uses_bf16_matmul(DType t) {
 }
 
 const char* gemm_16_path(DType t) {
-  return gemm_16_uses_bf16_matmul(t) ? "oneDNN's bf16 matmul" : "K-tiles rounded, then the backend's sgemm";
+  return gemm_16_uses_bf16_matmul(t) ? "oneDNN's bf16 matmul"
+                                     : "K-tiles rounded, then the backend's sgemm";
 }
 
 void gemm_16(GemmBackend be, DType t, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
