@@ -83,8 +83,7 @@ WorkPtr MpiProcessGroup::all_reduce_with(const std::string& algo, const void* in
       o.sent = 2.0 * (size_ - 1) / size_ * double(count) * sizeof(float);
       o.exact = false;
       wait_requests(&req, 1, o);
-      if (op == ReduceOp::kAvg)
-        average(res, count);
+      if (op == ReduceOp::kAvg) average(res, count);
       if (t != DType::kF32) be_.round_16(res, static_cast<uint16_t*>(out), int64_t(count), t);
       return;
     }
@@ -112,8 +111,7 @@ WorkPtr MpiProcessGroup::all_reduce_with(const std::string& algo, const void* in
                                       work.data, count, base);
       }
     }
-    if (op == ReduceOp::kAvg)
-      average(work.data, count);
+    if (op == ReduceOp::kAvg) average(work.data, count);
     if (t != DType::kF32) be_.round_16(work.data, static_cast<uint16_t*>(out), int64_t(count), t);
   });
 }
@@ -137,8 +135,7 @@ WorkPtr MpiProcessGroup::reduce_scatter(const void* in, void* out, size_t count,
     MPI_Ireduce_scatter_block(in, res.data, as_int(count, "reduce-scatter"), MPI_FLOAT, mpi_op(op),
                               comm_, &req);
     wait_requests(&req, 1, o);
-    if (op == ReduceOp::kAvg)
-      average(res.data, count);
+    if (op == ReduceOp::kAvg) average(res.data, count);
     std::memcpy(out, res.data, count * sizeof(float));
   });
 }
@@ -185,9 +182,10 @@ void MpiProcessGroup::reduce_16(Op& o, const void* in, void* out, size_t count, 
     be_.round_16(acc, reinterpret_cast<uint16_t*>(dst), static_cast<int64_t>(mine), t);
     return;
   }
-  be_.round_16(acc,
-               reinterpret_cast<uint16_t*>(dst + static_cast<size_t>(sd[static_cast<size_t>(rank_)]) * es),
-               static_cast<int64_t>(mine), t);
+  be_.round_16(
+      acc,
+      reinterpret_cast<uint16_t*>(dst + static_cast<size_t>(sd[static_cast<size_t>(rank_)]) * es),
+      static_cast<int64_t>(mine), t);
   o.sent += double(p - 1) * double(mine) * double(es);
   MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out, sc.data(), sd.data(), MPI_UINT16_T,
                   comm_, &req);

@@ -11,8 +11,8 @@
 #include "loom/comm/algorithms/allreduce.h"
 #include "loom/core/clock.h"
 #include "loom/core/error.h"
-#include "loom/core/threads.h"
 #include "loom/core/memory.h"
+#include "loom/core/threads.h"
 
 namespace loom {
 

@@ -170,17 +170,17 @@ class MpiProcessGroup : public ProcessGroup {
   void poll_p2p();    // completes finished point-to-point requests; enforces their deadline
   void cancel_p2p();  // the group is going away: cancels what is still in flight
   void run_worker();
-  // Polls until all requests complete; on the deadline, reports and aborts.
+  // x (n) divided by the group's size: the sum times 1 / size, on the backend.
+  void average(float* x, size_t n) const {
+    be_.scale(x, static_cast<int64_t>(n), 1.0f / static_cast<float>(size_));
+  }
   // A bf16 or f16 reduction with 16 bits on the wire: one all-to-all hands
   // every rank its block of each rank's input, summed in f32 in rank order
   // (divided for kAvg) and rounded once; `all` then all-gathers the blocks
   // (an all-reduce of `count`), else each rank keeps its block (a
   // reduce-scatter of `count` per rank from `count` x size inputs).
-  // x (n) divided by the group's size: the sum times 1 / size, on the backend.
-  void average(float* x, size_t n) const {
-    be_.scale(x, static_cast<int64_t>(n), 1.0f / static_cast<float>(size_));
-  }
   void reduce_16(Op& o, const void* in, void* out, size_t count, DType t, ReduceOp op, bool all);
+  // Polls until all requests complete; on the deadline, reports and aborts.
   void wait_requests(MPI_Request* reqs, int n, const Op& op);
   void check_descriptors(const Op& op);
   [[noreturn]] void timed_out(const Op& op);
