@@ -13,17 +13,17 @@ size_t f32_bytes(int64_t elements) {
 ShardOptimizer::ShardOptimizer(const ShardLayout& shards, const ZeroConfig& config,
                                const OptimizerConfig& optimizer, const Backend<float>& backend,
                                int rank)
-    : shards_(shards), half_(config.dtype != DType::kF32), dtype_(config.dtype) {
+    : shards_(shards), dtype_(config.dtype) {
   const int64_t n = shards.shard_elements();
   if (config.offload_device == "nvme") {
     check_writable_dir(config.nvme_path, "zero_optimization.offload_optimizer.nvme_path");
     // The moments, and in 16-bit mode the masters after them.
-    nvme_ = std::make_unique<NvmeStore>(config.nvme_path, (half_ ? 3 : 2) * f32_bytes(n), rank);
+    nvme_ = std::make_unique<NvmeStore>(config.nvme_path, parts() * f32_bytes(n), rank);
     adamw_ = std::make_unique<AdamW>(shards.segments(), n, optimizer, nvme_->data(),
                                      nvme_->data() + n, backend);
   } else {
     adamw_ = std::make_unique<AdamW>(shards.segments(), n, optimizer, nullptr, nullptr, backend);
-    if (half_) master_ = backend.alloc(f32_bytes(n), MemCategory::kOptimizer);
+    if (parts() == 3) master_ = backend.alloc(f32_bytes(n), MemCategory::kOptimizer);
   }
 }
 
@@ -38,16 +38,15 @@ void ShardOptimizer::each_unit(F update) {
     return;
   }
   // Unit by unit: only the moments (and masters) being updated are resident.
-  const int parts = half_ ? 3 : 2;
   const size_t all = f32_bytes(shards_.shard_elements());
   for (int u = 0; u < shards_.num_units(); ++u) {
     const size_t bytes = f32_bytes(shards_.slice(u));
-    memory_tracker().on_alloc(MemCategory::kOptimizer, parts * bytes);
+    memory_tracker().on_alloc(MemCategory::kOptimizer, parts() * bytes);
     const auto [first, last] = shards_.unit_segments(u);
     update(first, last);
     const size_t off = f32_bytes(shards_.shard_offset(u));
-    for (int k = 0; k < parts; ++k) nvme_->release(k * all + off, bytes);
-    memory_tracker().on_free(MemCategory::kOptimizer, parts * bytes);
+    for (int k = 0; k < parts(); ++k) nvme_->release(k * all + off, bytes);
+    memory_tracker().on_free(MemCategory::kOptimizer, parts() * bytes);
   }
   // Faults map a few neighbouring pages in too (fault-around); drop those.
   release();
@@ -69,7 +68,7 @@ void ShardOptimizer::release() const {
 }
 
 size_t ShardOptimizer::resident_bytes() const {
-  return nvme_ ? nvme_->resident_bytes() : (half_ ? 3 : 2) * f32_bytes(shards_.shard_elements());
+  return nvme_ ? nvme_->resident_bytes() : parts() * f32_bytes(shards_.shard_elements());
 }
 
 }  // namespace loom

@@ -44,8 +44,10 @@ class ShardOptimizer {
   template <class F>
   void each_unit(F update);
 
+  // The f32 arrays per shard element: two moments, and 16-bit mode's masters.
+  int parts() const { return dtype_ != DType::kF32 ? 3 : 2; }
+
   const ShardLayout& shards_;
-  bool half_;
   std::unique_ptr<NvmeStore> nvme_;
   std::unique_ptr<AdamW> adamw_;
   Buffer master_;
