@@ -525,6 +525,17 @@ Config parse_config(const std::string& text, const std::string& source,
     fail(source, format("zero_optimization.offload_optimizer.device {} needs stage 1, 2 or 3 "
                         "(stage is 0)",
                         z.offload_device));
+  CompressionConfig& cc = z.compression;
+  cc.seed = c.train.seed;
+  if ((cc.type == "fp16" || cc.type == "bf16") && c.precision != DType::kF32)
+    fail(source, format("comm.compression.type {}: the gradients of a {} run are already 16-bit "
+                        "and cross the wire in 16 bits",
+                        cc.type, dtype_name(c.precision)));
+  if (cc.type == "powersgd" && z.stage >= 2)
+    fail(source, format("comm.compression.type powersgd needs zero_optimization.stage 0 or 1 "
+                        "(stage is {}): PowerSGD compresses a step's accumulated gradients, "
+                        "which stages 2-3 do not keep",
+                        z.stage));
   // Checked here, before anything is allocated: the files are made later.
   if (z.offload_device == "nvme")
     check_writable_dir(z.nvme_path, source + ": zero_optimization.offload_optimizer.nvme_path");

@@ -218,6 +218,45 @@ std::vector<ConfigKey> run_keys() {
                "half the bytes (fp16 runs keep f32: loss-scaled gradients can outgrow fp16's "
                "range where the layers' f32 does not); `f32`: always f32 "
                "([precision](precision.md#what-16-bit-runs-send))"),
+      key("comm.compression.type", KeyKind::kString)
+          .one_of({"none", "fp16", "bf16", "powersgd"})
+          .or_else("none")
+          .lands(LOOM_FIELD(c.zero.compression.type, std::string))
+          .doc("`none` \\| `fp16` \\| `bf16` \\| `powersgd`", "`none`",
+               "compress the data-parallel gradient reduction, for any optimizer: `fp16`/`bf16` "
+               "send f32 gradients in 16 bits (divided by the group size first); `powersgd` "
+               "sends rank-r factors of each matrix with error feedback (ZeRO stages 0-1) "
+               "([comm.md](comm.md#gradient-compression))"),
+      key("comm.compression.rank", KeyKind::kInt)
+          .range(1, 1 << 20)
+          .or_else(1)
+          .lands(LOOM_FIELD(c.zero.compression.rank, int))
+          .when([](const Config& c) { return c.zero.compression.type == "powersgd"; })
+          .doc("int >= 1", "1", "`powersgd`: the approximation's rank"),
+      key("comm.compression.start_iter", KeyKind::kInt)
+          .range(0, kMaxInt)
+          .or_else(10)
+          .lands(LOOM_FIELD(c.zero.compression.start_iter, int64_t))
+          .when([](const Config& c) { return c.zero.compression.type == "powersgd"; })
+          .doc("int >= 0", "10", "`powersgd`: steps reduced uncompressed first"),
+      key("comm.compression.min_compression_rate", KeyKind::kNumber)
+          .range(0, 1e300)
+          .or_else(2.0)
+          .lands(LOOM_FIELD(c.zero.compression.min_compression_rate, double))
+          .when([](const Config& c) { return c.zero.compression.type == "powersgd"; })
+          .doc("number >= 0", "2",
+               "`powersgd`: a matrix is compressed when rows x cols exceeds (rows + cols) x rank "
+               "by this factor; the others, and vectors, are averaged uncompressed"),
+      key("comm.compression.error_feedback", KeyKind::kBool)
+          .or_else(true)
+          .lands(LOOM_FIELD(c.zero.compression.error_feedback, bool))
+          .when([](const Config& c) { return c.zero.compression.type == "powersgd"; })
+          .doc("bool", "true", "`powersgd`: carry each matrix's approximation error to the next step"),
+      key("comm.compression.warm_start", KeyKind::kBool)
+          .or_else(true)
+          .lands(LOOM_FIELD(c.zero.compression.warm_start, bool))
+          .when([](const Config& c) { return c.zero.compression.type == "powersgd"; })
+          .doc("bool", "true", "`powersgd`: start each step's Q from the last step's"),
       key("kernels.gemm_inputs", KeyKind::kString)
           .one_of({"f32", "16bit"})
           .or_else("f32")

@@ -69,6 +69,13 @@ void MetricsLog::write(const StepResult& r) {
   j["bubble_fraction"] = r.bubble_fraction;
   if (r.val_loss) j["val_loss"] = *r.val_loss;
   j["comm_bytes"] = r.comm_bytes;
+  if (!r.compression.empty() && r.compression != "none")
+    j["compression"] = {
+        {"type", r.compression},
+        {"phase", r.compressed ? "compressed" : "warmup"},
+        {"payload_bytes", r.compressed_bytes},
+        {"ratio", r.compressed_bytes > 0 ? r.uncompressed_bytes / r.compressed_bytes : 1.0},
+        {"error_norm", r.error_norm}};
   if (!r.comm_groups.empty()) {
     json groups = json::object();
     for (const CommTotals& g : r.comm_groups)

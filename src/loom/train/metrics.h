@@ -38,6 +38,13 @@ struct StepResult {
   double comm_bytes = 0;
   std::vector<CommTotals> comm_groups;
   std::vector<CommEvent> comm_events;  // the step's operations (not written to metrics.jsonl)
+  // comm.compression (type "none": not written): whether the step's
+  // data-parallel reduction ran compressed, the gradient payload it handed
+  // to collectives against the plain reduction's, and this rank's
+  // error-feedback norm after the step.
+  std::string compression;
+  bool compressed = false;
+  double compressed_bytes = 0, uncompressed_bytes = 0, error_norm = 0;
   double t_all_to_all = 0;             // of it, the MoE layers' all-to-alls (expert parallelism)
   // Pipelined: seconds the most idle stage waited in the schedule, that
   // stage's idle share, and seconds this rank blocked on pipeline messages.

@@ -197,12 +197,23 @@ StepStats StepEngine::step(const BatchSource& data, int64_t step, double lr) {
   if (!r.skipped) zero.step(lr, step + 1 - skipped_);
   r.t_optimizer = seconds_since(t0);
   r.comm = zero.take_stats();
+  take_compression(r);
   // Tensor-parallel collectives block the layers that issue them: all exposed.
   const tp::Traffic t = tp_.take_traffic();
   r.comm.comm_s += t.seconds;
   r.comm.exposed_s += t.seconds;
   take_all_to_all(r);
   return r;
+}
+
+void StepEngine::take_compression(StepStats& r) {
+  for (Chunk& c : chunks_) {
+    const CompressionStats z = c.zero->take_compression();
+    r.compression.compressed = r.compression.compressed || z.compressed;
+    r.compression.payload_bytes += z.payload_bytes;
+    r.compression.plain_bytes += z.plain_bytes;
+    r.compression.error_sum_squares += z.error_sum_squares;
+  }
 }
 
 void StepEngine::take_all_to_all(StepStats& r) {
@@ -335,6 +346,7 @@ StepStats StepEngine::step_pipelined(const BatchSource& data, int64_t step, doub
     r.comm.comm_s += z.comm_s;
     r.comm.exposed_s += z.exposed_s;
   }
+  take_compression(r);
   const tp::Traffic t = tp_.take_traffic();
   r.comm.comm_s += t.seconds + st.wait;
   r.comm.exposed_s += t.seconds + st.wait;

@@ -35,6 +35,7 @@ struct StepStats {
   std::vector<MoeLayerStats> moe;
   double t_forward = 0, t_backward = 0, t_recompute = 0, t_optimizer = 0;  // seconds
   CommStats comm;
+  CompressionStats compression;  // comm.compression, over the rank's chunks
   // Expert parallelism: seconds of the MoE layers' all-to-alls
   // (also in comm; they block the layers, so all of it is exposed).
   double t_all_to_all = 0;
@@ -138,6 +139,8 @@ class StepEngine {
   void drop_moe_stats();
   // The all-to-alls since the last call into r (its comm too).
   void take_all_to_all(StepStats& r);
+  // Every chunk's comm.compression stats of the step into r.
+  void take_compression(StepStats& r);
   // After the gradient norm of step `step` (0-based): whether to update.
   // Throws (train.on_nonfinite stop) or counts a skip when `norm` is not
   // finite. Collective over the world when it is not.

@@ -209,6 +209,11 @@ StepResult Trainer::train_step() {
   r.t_comm = s.comm.comm_s;
   r.t_comm_exposed = s.comm.exposed_s;
   r.t_all_to_all = s.t_all_to_all;
+  r.compression = config_.zero.compression.type;
+  r.compressed = s.compression.compressed;
+  r.compressed_bytes = s.compression.payload_bytes;
+  r.uncompressed_bytes = s.compression.plain_bytes;
+  r.error_norm = std::sqrt(s.compression.error_sum_squares);
   r.t_bubble = s.t_bubble;
   r.bubble_fraction = s.bubble_fraction;
   r.t_p2p_wait = s.t_p2p_wait;

@@ -1,5 +1,7 @@
 #include "loom/parallel/zero/grad_reducer.h"
 
+#include "loom/parallel/zero/bucketed_reducer.h"
+
 #include <deque>
 #include <vector>
 
@@ -14,147 +16,155 @@ size_t f32_bytes(int64_t elements) {
   return static_cast<size_t>(elements) * sizeof(float);
 }
 
-// What both reducers share: the store, the split, the target, and the
-// per-unit f32 buffers backward writes into where the target is not the
-// store's own gradients.
-class ReducerBase : public GradReducer {
- protected:
-  ReducerBase(ParamStore<float>& store, const ShardLayout& shards, const ZeroConfig& config,
-              GradTarget target)
-      : store_(store),
-        be_(store.backend()),
-        shards_(shards),
-        config_(config),
-        target_(target),
-        bufs_(static_cast<size_t>(shards.num_units())) {}
+DType wire_type(const ZeroConfig& c) {
+  if (c.compression.type == "fp16") return DType::kF16;
+  if (c.compression.type == "bf16") return DType::kBF16;
+  return c.dtype;
+}
 
-  bool half() const { return config_.dtype != DType::kF32; }
-  size_t pbytes(int64_t elements) const {
-    return static_cast<size_t>(elements) * dtype_size(config_.dtype);
-  }
-  Buffer& buf(int u) { return bufs_[static_cast<size_t>(u)]; }
-  void bind(int u) {
-    buf(u) = be_.alloc(f32_bytes(shards_.unit(u).size()), MemCategory::kComm);
-    store_.bind_grads(u, buf(u).as<float>());
-  }
-  Buffer unbind(int u) {
-    store_.bind_grads(u, nullptr);
-    return std::move(buf(u));
-  }
+}  // namespace
 
-  ParamStore<float>& store_;
-  const Backend<float>& be_;
-  const ShardLayout& shards_;
-  const ZeroConfig& config_;
-  GradTarget target_;
-  std::vector<Buffer> bufs_;  // per unit, while backward writes it
-};
+ReducerBase::ReducerBase(ParamStore<float>& store, const ShardLayout& shards,
+                         const ZeroConfig& config, GradTarget target)
+    : store_(store),
+      be_(store.backend()),
+      shards_(shards),
+      config_(config),
+      target_(target),
+      wire_(wire_type(config)),
+      bufs_(static_cast<size_t>(shards.num_units())) {
+  LOOM_CHECK(wire_ == config.dtype || config.dtype == DType::kF32,
+             "comm.compression {} needs f32 gradients", config.compression.type);
+}
 
-class BucketedAllReduce final : public ReducerBase {
- public:
-  BucketedAllReduce(ParamStore<float>& store, const ShardLayout& shards, const ZeroConfig& config,
-                    GradTarget target)
-      : ReducerBase(store, shards, config, target) {
-    if (!shards.dense().group) return;  // one process: nothing to reduce
-    // Units reduced alike share an entry: one for the dense units, one for
-    // the expert units.
-    std::vector<int> of_unit;
-    for (int u = 0; u < shards.num_units(); ++u) {
-      const UnitGroup& g = shards.group(u);
-      int k = 0;
-      while (k < static_cast<int>(groups_.size()) &&
-             (groups_[static_cast<size_t>(k)]->group != g.group ||
-              groups_[static_cast<size_t>(k)]->scale != g.scale))
-        ++k;
-      if (k == static_cast<int>(groups_.size())) groups_.push_back(&g);
-      of_unit.push_back(k);
-    }
-    // Walk parameters from the last to the first; cut a bucket once it
-    // holds at least reduce_bucket_size elements, or where the group
-    // changes. Parameters are contiguous in the flat buffer, so each bucket
-    // is one range (alignment padding included, zero on every rank).
-    const auto& ps = shards.layout().params();
-    int64_t end = shards.layout().total();
-    for (size_t i = ps.size(); i-- > 0;) {
-      const int64_t begin = ps[i].offset;
-      const int g = of_unit[static_cast<size_t>(ps[i].unit)];
-      if (end - begin >= config.reduce_bucket_size || i == 0 ||
-          of_unit[static_cast<size_t>(ps[i - 1].unit)] != g) {
-        buckets_.push_back({begin, end, g, nullptr});
-        end = begin;
-      }
+void ReducerBase::bind(int u) {
+  buf(u) = be_.alloc(f32_bytes(shards_.unit(u).size()), MemCategory::kComm);
+  store_.bind_grads(u, buf(u).as<float>());
+}
+
+Buffer ReducerBase::unbind(int u) {
+  store_.bind_grads(u, nullptr);
+  return std::move(buf(u));
+}
+
+BucketedAllReduce::BucketedAllReduce(ParamStore<float>& store, const ShardLayout& shards,
+                                     const ZeroConfig& config, GradTarget target)
+    : ReducerBase(store, shards, config, target) {
+  if (!shards.dense().group) return;  // one process: nothing to reduce
+  // Units reduced alike share an entry: one for the dense units, one for
+  // the expert units.
+  std::vector<int> of_unit;
+  for (int u = 0; u < shards.num_units(); ++u) {
+    const UnitGroup& g = shards.group(u);
+    int k = 0;
+    while (k < static_cast<int>(groups_.size()) &&
+           (groups_[static_cast<size_t>(k)]->group != g.group ||
+            groups_[static_cast<size_t>(k)]->scale != g.scale))
+      ++k;
+    if (k == static_cast<int>(groups_.size())) groups_.push_back(&g);
+    of_unit.push_back(k);
+  }
+  // Walk parameters from the last to the first; cut a bucket once it
+  // holds at least reduce_bucket_size elements, or where the group
+  // changes. Parameters are contiguous in the flat buffer, so each bucket
+  // is one range (alignment padding included, zero on every rank).
+  const auto& ps = shards.layout().params();
+  int64_t end = shards.layout().total();
+  for (size_t i = ps.size(); i-- > 0;) {
+    const int64_t begin = ps[i].offset;
+    const int g = of_unit[static_cast<size_t>(ps[i].unit)];
+    if (end - begin >= config.reduce_bucket_size || i == 0 ||
+        of_unit[static_cast<size_t>(ps[i - 1].unit)] != g) {
+      buckets_.push_back({begin, end, g, nullptr, Buffer()});
+      end = begin;
     }
   }
+}
 
-  ~BucketedAllReduce() override {
-    for (const Bucket& b : buckets_) wait_quietly(b.work, "a gradient all-reduce");
+BucketedAllReduce::~BucketedAllReduce() {
+  for (const Bucket& b : buckets_) wait_quietly(b.work, "a gradient all-reduce");
+}
+
+void BucketedAllReduce::begin(bool reduce) {
+  reduce_ = reduce && !buckets_.empty();
+  next_ = 0;
+  for (Bucket& b : buckets_) b.work = nullptr;
+}
+
+void BucketedAllReduce::acquire(int u) {
+  // f32: backward writes into the store's gradients.
+  if (half() && !buf(u).data()) bind(u);
+}
+
+void BucketedAllReduce::written(int u) {
+  if (!half()) return;
+  // Added into the 16-bit gradients in f32, rounded once.
+  const Buffer b = unbind(u);
+  be_.accumulate_16(b.as<float>(), nullptr, 1.0f, target_.h16 + shards_.unit(u).begin,
+                    shards_.unit(u).size(), config_.dtype);
+}
+
+void BucketedAllReduce::final(int u) {
+  if (!reduce_ || !config_.overlap_comm) return;
+  // Every gradient from the unit's first element on is final.
+  const int64_t from = shards_.unit(u).begin;
+  while (next_ < buckets_.size() && buckets_[next_].begin >= from) launch(buckets_[next_++]);
+}
+
+void BucketedAllReduce::end() {
+  if (!reduce_) return;
+  while (next_ < buckets_.size()) launch(buckets_[next_++]);
+  complete();
+  reduce_ = false;
+  ++steps_;
+}
+
+void BucketedAllReduce::launch(Bucket& b) {
+  const UnitGroup& g = group_of(b);
+  if (!g.group) return;
+  const int64_t n = b.end - b.begin;
+  cstats_.plain_bytes += double(pbytes(n));
+  cstats_.payload_bytes += double(n) * double(dtype_size(wire()));
+  if (wire() != config_.dtype) {
+    // fp16/bf16 compression of f32 gradients: divided by the group's size
+    // first (so that fp16 holds the sum), rounded, summed, widened back.
+    float* x = target_.f32 + b.begin;
+    be_.scale(x, n, 1.0f / static_cast<float>(g.size));
+    b.wire = be_.alloc(static_cast<size_t>(n) * dtype_size(wire()), MemCategory::kComm, false);
+    be_.round_16(x, b.wire.as<uint16_t>(), n, wire());
+    b.work = g.group->all_reduce(b.wire.data(), b.wire.data(), static_cast<size_t>(n), wire(),
+                                 ReduceOp::kSum);
+    return;
   }
+  b.work = g.group->all_reduce(at(b), at(b), static_cast<size_t>(n), config_.dtype,
+                               ReduceOp::kAvg);
+}
 
-  void begin(bool reduce) override {
-    reduce_ = reduce && !buckets_.empty();
-    next_ = 0;
-    for (Bucket& b : buckets_) b.work = nullptr;
-  }
+void BucketedAllReduce::scale(const Bucket& b, float s) const {
+  if (half())
+    be_.scale_16(target_.h16 + b.begin, b.end - b.begin, s, config_.dtype);
+  else
+    be_.scale(target_.f32 + b.begin, b.end - b.begin, s);
+}
 
-  void acquire(int u) override {
-    // f32: backward writes into the store's gradients.
-    if (half() && !buf(u).data()) bind(u);
-  }
-
-  void written(int u) override {
-    if (!half()) return;
-    // Added into the 16-bit gradients in f32, rounded once.
-    const Buffer b = unbind(u);
-    be_.accumulate_16(b.as<float>(), nullptr, 1.0f, target_.h16 + shards_.unit(u).begin,
-                      shards_.unit(u).size(), config_.dtype);
-  }
-
-  void final(int u) override {
-    if (!reduce_ || !config_.overlap_comm) return;
-    // Every gradient from the unit's first element on is final.
-    const int64_t from = shards_.unit(u).begin;
-    while (next_ < buckets_.size() && buckets_[next_].begin >= from) launch(buckets_[next_++]);
-  }
-
-  void end() override {
-    if (!reduce_) return;
-    while (next_ < buckets_.size()) launch(buckets_[next_++]);
-    std::vector<WorkPtr> works;
-    for (const Bucket& b : buckets_)
-      if (b.work) works.push_back(b.work);
-    wait_all(works, &stats_);
-    for (Bucket& b : buckets_) {
-      b.work = nullptr;
-      const float scale = groups_[static_cast<size_t>(b.group)]->scale;
-      if (scale == 1.0f) continue;
-      if (half())
-        be_.scale_16(target_.h16 + b.begin, b.end - b.begin, scale, config_.dtype);
-      else
-        be_.scale(target_.f32 + b.begin, b.end - b.begin, scale);
+void BucketedAllReduce::complete() {
+  std::vector<WorkPtr> works;
+  for (const Bucket& b : buckets_)
+    if (b.work) works.push_back(b.work);
+  wait_all(works, &stats_);
+  cstats_.compressed = wire() != config_.dtype;
+  for (Bucket& b : buckets_) {
+    b.work = nullptr;
+    if (b.wire.data()) {
+      be_.widen_16(b.wire.as<uint16_t>(), target_.f32 + b.begin, b.end - b.begin, wire());
+      b.wire = Buffer();
     }
-    reduce_ = false;
+    const float s = group_of(b).scale;
+    if (s != 1.0f) scale(b, s);
   }
+}
 
- private:
-  struct Bucket {
-    int64_t begin, end;  // elements [begin, end) of the flat gradients
-    int group;           // its entry of groups_
-    WorkPtr work;
-  };
-  void launch(Bucket& b) {
-    const UnitGroup& g = *groups_[static_cast<size_t>(b.group)];
-    if (!g.group) return;
-    void* at = half() ? static_cast<void*>(target_.h16 + b.begin)
-                      : static_cast<void*>(target_.f32 + b.begin);
-    b.work = g.group->all_reduce(at, at, static_cast<size_t>(b.end - b.begin), config_.dtype,
-                                 ReduceOp::kAvg);
-  }
-
-  std::vector<const UnitGroup*> groups_;
-  std::vector<Bucket> buckets_;  // in launch order: highest offsets first
-  size_t next_ = 0;              // first bucket not launched
-  bool reduce_ = false;
-};
+namespace {
 
 class UnitReduceScatter final : public ReducerBase {
  public:
@@ -183,20 +193,30 @@ class UnitReduceScatter final : public ReducerBase {
   void written(int u) override {
     Buffer b = unbind(u);
     const int64_t n = shards_.unit(u).size(), slice = shards_.slice(u);
+    const size_t wbytes = dtype_size(wire());
     WorkPtr w;
     bool half16 = false;
     if (const UnitGroup& g = shards_.group(u); g.group) {
-      if (half()) {
+      ReduceOp op = ReduceOp::kAvg;
+      if (wire() != DType::kF32) {
         // Rounded to 16 bits and reduced in 16 bits (accumulated in f32).
-        Buffer h = be_.alloc(pbytes(n), MemCategory::kComm, false);  // all written next
-        be_.round_16(b.as<float>(), h.as<uint16_t>(), n, config_.dtype);
+        // fp16/bf16 compression of f32 gradients divides by the group's
+        // size first, so that fp16 holds the sum.
+        if (!half()) {
+          be_.scale(b.as<float>(), n, 1.0f / static_cast<float>(g.size));
+          op = ReduceOp::kSum;
+        }
+        Buffer h = be_.alloc(static_cast<size_t>(n) * wbytes, MemCategory::kComm, false);
+        be_.round_16(b.as<float>(), h.as<uint16_t>(), n, wire());
         b = std::move(h);
         half16 = true;
       }
+      cstats_.plain_bytes += double(pbytes(n));
+      cstats_.payload_bytes += double(n) * double(wbytes);
       // Rank r's averaged slice lands in place, at block r of the buffer.
       char* p = b.as<char>();
-      w = g.group->reduce_scatter(p, p + pbytes(g.srank * slice), static_cast<size_t>(slice),
-                                  config_.dtype, ReduceOp::kAvg);
+      w = g.group->reduce_scatter(p, p + static_cast<size_t>(g.srank * slice) * wbytes,
+                                  static_cast<size_t>(slice), wire(), op);
     }
     reducing_.push_back({u, std::move(b), std::move(w), half16});
     if (reducing_.back().work) fault_point("zero_reduce");
@@ -209,6 +229,7 @@ class UnitReduceScatter final : public ReducerBase {
 
   void end() override {
     while (!reducing_.empty()) drain_one();
+    cstats_.compressed = wire() != config_.dtype;
   }
 
  private:
@@ -235,6 +256,11 @@ class UnitReduceScatter final : public ReducerBase {
         be_.accumulate_16(nullptr, r.buf.as<uint16_t>() + at, g.scale, dst, n, config_.dtype);
       else
         be_.accumulate_16(r.buf.as<float>() + at, nullptr, g.scale, dst, n, config_.dtype);
+    } else if (r.half) {
+      // fp16/bf16 compression: widened, then added.
+      Buffer f = be_.alloc(f32_bytes(n), MemCategory::kComm, false);
+      be_.widen_16(r.buf.as<uint16_t>() + at, f.as<float>(), n, wire());
+      be_.axpy(target_.f32 + shards_.shard_offset(u), g.scale, f.as<float>(), n);
     } else {
       be_.axpy(target_.f32 + shards_.shard_offset(u), g.scale, r.buf.as<float>() + at, n);
     }
@@ -250,6 +276,14 @@ class UnitReduceScatter final : public ReducerBase {
 
 std::unique_ptr<GradReducer> make_grad_reducer(ParamStore<float>& store, const ShardLayout& shards,
                                                const ZeroConfig& config, GradTarget target) {
+  if (config.compression.type == "powersgd") {
+    LOOM_CHECK_KIND(kConfig, config.stage <= 1,
+                    "comm.compression.type powersgd needs zero_optimization.stage 0 or 1, got {}: "
+                    "PowerSGD compresses a step's accumulated gradients, which stages 2-3 do not "
+                    "keep (they reduce-scatter every micro-batch's)",
+                    config.stage);
+    return make_powersgd_reducer(store, shards, config, target);
+  }
   if (config.stage >= 2) return std::make_unique<UnitReduceScatter>(store, shards, config, target);
   return std::make_unique<BucketedAllReduce>(store, shards, config, target);
 }

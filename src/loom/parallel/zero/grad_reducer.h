@@ -25,6 +25,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "loom/nn/param_store.h"
 #include "loom/parallel/zero/comm_wait.h"
@@ -64,9 +66,29 @@ class GradReducer {
     stats_ = CommStats{};
     return s;
   }
+  // What compression did since the last call (compression.h).
+  CompressionStats take_compression() {
+    CompressionStats s = cstats_;
+    cstats_.payload_bytes = cstats_.plain_bytes = 0;
+    return s;
+  }
+
+  // The state a compressing reducer carries from step to step (PowerSGD's
+  // errors and Q), as named f32 arrays of this rank: checkpoints save and
+  // restore them. `steps`: reductions done so far (start_iter counts them).
+  struct State {
+    std::string name;  // "error.<parameter>", "q.<parameter>"
+    float* data = nullptr;
+    int64_t elements = 0;
+  };
+  virtual std::vector<State> state() { return {}; }
+  int64_t steps() const { return steps_; }
+  void set_steps(int64_t n) { steps_ = n; }
 
  protected:
   CommStats stats_;
+  CompressionStats cstats_;
+  int64_t steps_ = 0;
 };
 
 // The stage's reducer (stages 0-1: bucketed all-reduce; 2-3: per-unit

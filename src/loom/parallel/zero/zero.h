@@ -103,6 +103,12 @@ class ZeroEngine {
   void step(double lr, int64_t step);
   // Communication since the last call.
   CommStats take_stats();
+  // comm.compression: what it did since the last call, the state it
+  // carries between steps (for checkpoints), and the steps reduced so far
+  // (a resume sets them).
+  CompressionStats take_compression() { return reducer_->take_compression(); }
+  std::vector<GradReducer::State> compression_state() { return reducer_->state(); }
+  void set_reduced_steps(int64_t n) { reducer_->set_steps(n); }
 
   // Stage 3: gathers the full parameters into the model's own buffer
   // (collective); release_full_params(true) copies this rank's slices back

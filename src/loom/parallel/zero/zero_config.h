@@ -5,6 +5,7 @@
 #include <string>
 
 #include "loom/core/dtype.h"
+#include "loom/parallel/zero/compression.h"
 
 namespace loom {
 
@@ -35,6 +36,8 @@ struct ZeroConfig {
   // layers read a unit's matrices in 16 bits where the engine holds them,
   // and only its other parameters are widened to f32 while it is in use.
   bool weights16 = false;
+  // Not a zero_optimization key: comm.compression (compression.h).
+  CompressionConfig compression;
   bool pin_memory = false;   // accepted; no effect on a CPU build
   int64_t buffer_count = 4;  // accepted; no effect (moments are paged unit by unit)
 };

@@ -1,0 +1,247 @@
+// PowerSGD over the buckets of the bucketed all-reduce (compression.h).
+//
+// A bucket's matrices start compressing as soon as backward has finished
+// the bucket: the error is added, P = M Q computed and the sum of the P's
+// launched with the bucket's uncompressed parameters, so that they travel
+// during the rest of backward; when backward ends, each bucket's P is
+// orthonormalised, Q = M^T P computed and summed, and M^ = P Q^T / size
+// written into the gradients: the same bits on every rank, since P and Q
+// are. In 16-bit mode a bucket's matrices are widened into f32 copies to
+// compress, and M^ rounded back.
+#include <cmath>
+#include <cstring>
+
+#include "loom/core/error.h"
+#include "loom/core/rng.h"
+#include "loom/parallel/zero/bucketed_reducer.h"
+
+namespace loom {
+
+namespace {
+
+size_t f32_bytes(int64_t elements) {
+  return static_cast<size_t>(elements) * sizeof(float);
+}
+
+// Gram-Schmidt over the r columns of row-major P (rows x r); a column of
+// zeros (a matrix whose gradient is zero) stays zero.
+void orthonormalise(float* P, int64_t rows, int64_t r) {
+  for (int64_t j = 0; j < r; ++j) {
+    double ss = 0;
+    for (int64_t i = 0; i < rows; ++i) ss += double(P[i * r + j]) * P[i * r + j];
+    if (ss == 0) continue;
+    const float inv = static_cast<float>(1.0 / std::sqrt(ss));
+    for (int64_t i = 0; i < rows; ++i) P[i * r + j] *= inv;
+    for (int64_t k = j + 1; k < r; ++k) {
+      double dot = 0;
+      for (int64_t i = 0; i < rows; ++i) dot += double(P[i * r + j]) * P[i * r + k];
+      const float d = static_cast<float>(dot);
+      for (int64_t i = 0; i < rows; ++i) P[i * r + k] -= d * P[i * r + j];
+    }
+  }
+}
+
+class PowerSgd final : public BucketedAllReduce {
+ public:
+  PowerSgd(ParamStore<float>& store, const ShardLayout& shards, const ZeroConfig& config,
+           GradTarget target)
+      : BucketedAllReduce(store, shards, config, target) {
+    const CompressionConfig& c = config.compression;
+    LOOM_CHECK_KIND(kConfig, c.rank >= 1, "comm.compression.rank must be >= 1, got {}", c.rank);
+    plans_.resize(buckets_.size());
+    for (size_t k = 0; k < buckets_.size(); ++k) {
+      Plan& pl = plans_[k];
+      for (const Param& p : shards.layout().params()) {
+        if (p.offset < buckets_[k].begin || p.offset >= buckets_[k].end) continue;
+        const int64_t rows = p.matrix() ? p.local[0] : 0, cols = p.matrix() ? p.local[1] : 0;
+        const int64_t r = std::min<int64_t>({c.rank, rows, cols});
+        // PyTorch's rule: compress when (rows + cols) r x rate < rows cols.
+        if (!p.matrix() || double((rows + cols) * r) * c.min_compression_rate >=
+                               double(rows * cols)) {
+          pl.rest.push_back({p.offset, p.numel, pl.rest_elements});
+          pl.rest_elements += p.numel;
+          continue;
+        }
+        Matrix m{&p, rows, cols, r, pl.p_elements, pl.q_elements, Buffer(), Buffer()};
+        if (c.error_feedback) m.error = be_.alloc(f32_bytes(p.numel), MemCategory::kComm);
+        pl.p_elements += rows * r;
+        pl.q_elements += cols * r;
+        pl.mats.push_back(std::move(m));
+      }
+      pl.q = be_.alloc(f32_bytes(pl.q_elements), MemCategory::kComm);
+      for (const Matrix& m : pl.mats) init_q(pl, m, 0);
+    }
+  }
+
+  ~PowerSgd() override {
+    for (const Plan& pl : plans_) {
+      wait_quietly(pl.pw, "a PowerSGD all-reduce of P");
+      wait_quietly(pl.qw, "a PowerSGD all-reduce of Q");
+      wait_quietly(pl.rw, "a PowerSGD all-reduce");
+    }
+  }
+
+  std::vector<State> state() override {
+    std::vector<State> out;
+    for (Plan& pl : plans_) {
+      for (Matrix& m : pl.mats) {
+        const std::string& name = m.p->name;
+        if (m.error.data()) out.push_back({"powersgd.error." + name, m.error.as<float>(), m.p->numel});
+        out.push_back({"powersgd.q." + name, pl.q.as<float>() + m.q_off, m.cols * m.r});
+      }
+    }
+    return out;
+  }
+
+ private:
+  struct Matrix {
+    const Param* p;
+    int64_t rows, cols, r;
+    int64_t p_off, q_off;  // in the bucket's P and Q
+    Buffer error;          // error feedback (rows x cols), or none
+    Buffer m;              // 16-bit mode: the f32 copy being compressed
+  };
+  struct Rest {
+    int64_t offset, numel, at;  // flat offset, elements, place in the message
+  };
+  struct Plan {
+    std::vector<Matrix> mats;
+    std::vector<Rest> rest;
+    int64_t p_elements = 0, q_elements = 0, rest_elements = 0;
+    Buffer q;        // every matrix's Q (warm start keeps it)
+    Buffer p, rmsg;  // while the step reduces
+    WorkPtr pw, qw, rw;
+  };
+
+  bool compressing() const { return steps_ >= config_.compression.start_iter; }
+  size_t index(const Bucket& b) const { return static_cast<size_t>(&b - buckets_.data()); }
+
+  // A standard normal Q keyed by the run's seed, the tensor and its slice,
+  // (without warm start) the step: the same on every rank that reduces it.
+  void init_q(Plan& pl, const Matrix& m, int64_t step) {
+    const std::string key = format("powersgd.q.{}.{}.{}", m.p->name, m.p->shard.index, step);
+    const NormalStream normal(config_.compression.seed, key);
+    float* q = pl.q.as<float>() + m.q_off;
+    for (int64_t i = 0; i < m.cols * m.r; ++i) q[i] = normal.at(static_cast<uint64_t>(i));
+  }
+
+  // The matrix being compressed: the gradients in place (f32) or the f32 copy.
+  float* matrix(Matrix& m) {
+    return half() ? m.m.as<float>() : target_.f32 + m.p->offset;
+  }
+
+  void launch(Bucket& b) override {
+    if (!compressing()) {
+      BucketedAllReduce::launch(b);
+      return;
+    }
+    const UnitGroup& g = group_of(b);
+    if (!g.group) return;
+    Plan& pl = plans_[index(b)];
+    const size_t es = dtype_size(config_.dtype);
+    cstats_.plain_bytes += double(pbytes(b.end - b.begin));
+    // The uncompressed parameters, in one message of the gradient type.
+    if (pl.rest_elements > 0) {
+      pl.rmsg = be_.alloc(static_cast<size_t>(pl.rest_elements) * es, MemCategory::kComm, false);
+      auto* dst = pl.rmsg.as<char>();
+      const auto* src = static_cast<const char*>(at(b)) - static_cast<size_t>(b.begin) * es;
+      for (const Rest& r : pl.rest)
+        std::memcpy(dst + static_cast<size_t>(r.at) * es, src + static_cast<size_t>(r.offset) * es,
+                    static_cast<size_t>(r.numel) * es);
+      pl.rw = g.group->all_reduce(pl.rmsg.data(), pl.rmsg.data(),
+                                  static_cast<size_t>(pl.rest_elements), config_.dtype,
+                                  ReduceOp::kAvg);
+      cstats_.payload_bytes += double(pl.rest_elements) * double(es);
+    }
+    if (pl.mats.empty()) return;
+    // P = (M + e) Q of every matrix.
+    pl.p = be_.alloc(f32_bytes(pl.p_elements), MemCategory::kComm, false);
+    for (Matrix& m : pl.mats) {
+      if (half()) {
+        m.m = be_.alloc(f32_bytes(m.p->numel), MemCategory::kComm, false);
+        be_.widen_16(target_.h16 + m.p->offset, m.m.as<float>(), m.p->numel, config_.dtype);
+      }
+      float* M = matrix(m);
+      if (m.error.data()) be_.add(M, m.error.as<float>(), m.p->numel);
+      if (!config_.compression.warm_start) init_q(pl, m, steps_);
+      be_.gemm(false, false, m.rows, m.r, m.cols, 1.0f, M, m.cols, pl.q.as<float>() + m.q_off, m.r,
+               0.0f, pl.p.as<float>() + m.p_off, m.r);
+    }
+    pl.pw = g.group->all_reduce(pl.p.data(), pl.p.data(), static_cast<size_t>(pl.p_elements),
+                                DType::kF32, ReduceOp::kSum);
+    cstats_.payload_bytes += double(f32_bytes(pl.p_elements));
+  }
+
+  void complete() override {
+    if (!compressing()) {
+      BucketedAllReduce::complete();
+      return;
+    }
+    // Q = M^T P for every bucket, once its P is summed.
+    for (Bucket& b : buckets_) {
+      Plan& pl = plans_[index(b)];
+      if (!pl.pw) continue;
+      wait_for_use(pl.pw, be_, &stats_);
+      pl.pw = nullptr;
+      for (Matrix& m : pl.mats) {
+        float* P = pl.p.as<float>() + m.p_off;
+        orthonormalise(P, m.rows, m.r);
+        be_.gemm(true, false, m.cols, m.r, m.rows, 1.0f, matrix(m), m.cols, P, m.r, 0.0f,
+                 pl.q.as<float>() + m.q_off, m.r);
+      }
+      pl.qw = group_of(b).group->all_reduce(pl.q.data(), pl.q.data(),
+                                            static_cast<size_t>(pl.q_elements), DType::kF32,
+                                            ReduceOp::kSum);
+      cstats_.payload_bytes += double(f32_bytes(pl.q_elements));
+    }
+    // M^ = P Q^T / size into the gradients; the error M - M^ kept.
+    double ess = 0;
+    const size_t es = dtype_size(config_.dtype);
+    for (Bucket& b : buckets_) {
+      Plan& pl = plans_[index(b)];
+      const UnitGroup& g = group_of(b);
+      if (pl.qw) wait_for_use(pl.qw, be_, &stats_);
+      if (pl.rw) wait_for_use(pl.rw, be_, &stats_);
+      pl.qw = pl.rw = nullptr;
+      for (Matrix& m : pl.mats) {
+        float* M = matrix(m);
+        if (m.error.data()) be_.copy(m.error.as<float>(), M, m.p->numel);
+        be_.gemm(false, true, m.rows, m.cols, m.r, 1.0f / static_cast<float>(g.size),
+                 pl.p.as<float>() + m.p_off, m.r, pl.q.as<float>() + m.q_off, m.r, 0.0f, M,
+                 m.cols);
+        if (m.error.data()) {
+          be_.axpy(m.error.as<float>(), -1.0f, M, m.p->numel);
+          ess += be_.sum_squares(m.error.as<float>(), m.p->numel);
+        }
+        if (half()) {
+          be_.round_16(M, target_.h16 + m.p->offset, m.p->numel, config_.dtype);
+          m.m = Buffer();
+        }
+      }
+      if (pl.rest_elements > 0 && g.group) {
+        auto* dst = static_cast<char*>(at(b)) - static_cast<size_t>(b.begin) * es;
+        for (const Rest& r : pl.rest)
+          std::memcpy(dst + static_cast<size_t>(r.offset) * es,
+                      pl.rmsg.as<char>() + static_cast<size_t>(r.at) * es,
+                      static_cast<size_t>(r.numel) * es);
+      }
+      pl.p = Buffer();
+      pl.rmsg = Buffer();
+      if (g.scale != 1.0f) scale(b, g.scale);
+    }
+    cstats_.compressed = true;
+    cstats_.error_sum_squares = ess;
+  }
+
+  std::vector<Plan> plans_;  // per bucket
+};
+
+}  // namespace
+
+std::unique_ptr<GradReducer> make_powersgd_reducer(ParamStore<float>& store,
+                                                   const ShardLayout& shards,
+                                                   const ZeroConfig& config, GradTarget target) {
+  return std::make_unique<PowerSgd>(store, shards, config, target);
+}
+
+}  // namespace loom
