@@ -1,0 +1,256 @@
+// Gradient compression (comm.compression) at the reducer: known gradients
+// on every rank go through the stage's GradReducer and come out as a
+// reference computed over all ranks' gradients in one process says: the
+// fp16/bf16 reduction (stages 0 and 2) bit for bit, PowerSGD (its P, Q,
+// orthonormalisation, error feedback, warm start, the uncompressed rest)
+// to f32 rounding, with a matrix whose gradient is always zero staying
+// zero and finite.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <random>
+
+#include "loom/parallel/zero/grad_reducer.h"
+#include "loom/parallel/zero/zero.h"
+#include "mpi_main.h"
+
+namespace loom {
+namespace {
+
+using test::runtime;
+
+// Two units: a compressible matrix and a bias; a matrix too small to
+// compress at rank 2 and one whose gradient is always zero.
+ParamLayout small_layout(int64_t unit_multiple) {
+  ParamLayout l(unit_multiple);
+  l.begin_unit("a");
+  l.add("a.w", Shape{48, 40}, true, ParamInit{});
+  l.add("a.b", Shape{40}, false, ParamInit{});
+  l.begin_unit("b");
+  l.add("b.small", Shape{6, 5}, true, ParamInit{});
+  l.add("b.w", Shape{64, 24}, true, ParamInit{});
+  l.add("b.zero", Shape{32, 32}, true, ParamInit{});
+  return l;
+}
+
+// Rank r's gradient of parameter p at step t.
+float grad(const Param& p, int r, int t, int64_t i) {
+  if (p.name == "b.zero") return 0.0f;
+  std::mt19937 gen(static_cast<uint32_t>(p.offset * 31 + r * 7 + t * 1009 + i));
+  return std::normal_distribution<float>(0.1f * float(r + 1), 1.0f)(gen);
+}
+
+struct Rig {
+  ParamStore<float> store;
+  std::unique_ptr<ShardLayout> shards;
+  std::unique_ptr<GradReducer> reducer;
+  Buffer shard_grads;  // stages 2-3: the target
+
+  Rig(const ZeroConfig& z, std::shared_ptr<ProcessGroup> dp) {
+    const int W = dp->size();
+    store.build(small_layout(ZeroEngine::storage(z, W).unit_multiple), ZeroEngine::storage(z, W));
+    shards = std::make_unique<ShardLayout>(store.layout(), z.stage, dp, ExpertGroups{});
+    GradTarget target{store.grads(), nullptr};
+    if (z.stage >= 2) {
+      shard_grads = Buffer(sizeof(float) * static_cast<size_t>(shards->shard_elements()),
+                           MemCategory::kGrads);
+      target.f32 = shard_grads.as<float>();
+    }
+    reducer = make_grad_reducer(store, *shards, z, target);
+  }
+
+  // One step's backward: every unit's gradients written, last unit first.
+  void step(int rank, int t) {
+    reducer->begin(true);
+    if (shard_grads.data())
+      std::memset(shard_grads.data(), 0, shard_grads.bytes());
+    else
+      std::memset(store.grads(), 0, sizeof(float) * static_cast<size_t>(store.layout().total()));
+    for (int u = shards->num_units(); u-- > 0;) {
+      reducer->acquire(u);
+      for (const Param& p : store.layout().params()) {
+        if (p.unit != u) continue;
+        float* g = store.grad(p);  // where backward writes it
+        for (int64_t i = 0; i < p.numel; ++i) g[i] = grad(p, rank, t, i);
+      }
+      reducer->written(u);
+      reducer->final(u);
+    }
+    reducer->end();
+  }
+};
+
+ZeroConfig config(int stage, const std::string& type) {
+  ZeroConfig z;
+  z.stage = stage;
+  z.reduce_bucket_size = 1500;  // several buckets
+  z.compression.type = type;
+  z.compression.rank = 2;
+  z.compression.start_iter = 1;
+  return z;
+}
+
+TEST(Compression, SixteenBitReductionOfF32GradientsIsTheRoundedSum) {
+  auto dp = runtime().world(CommOptions{});
+  const int W = dp->size(), rank = dp->rank();
+  for (int stage : {0, 2}) {
+    for (const char* type : {"bf16", "fp16"}) {
+      const DType t = std::string(type) == "bf16" ? DType::kBF16 : DType::kF16;
+      Rig rig(config(stage, type), dp);
+      rig.step(rank, 0);
+      for (const Param& p : rig.store.layout().params()) {
+        // This rank's elements of p: all of it at stage 0, its slice at 2.
+        int64_t lo = p.offset, hi = p.offset + p.numel, at = p.offset;
+        if (stage >= 2) {
+          const int64_t sb = rig.shards->slice_begin(p.unit), se = sb + rig.shards->slice(p.unit);
+          lo = std::max(lo, sb), hi = std::min(hi, se);
+          at = rig.shards->shard_offset(p.unit) + (lo - sb);
+        }
+        const float* got = stage >= 2 ? rig.shard_grads.as<float>() : rig.store.grads();
+        for (int64_t e = lo; e < hi; ++e) {
+          // Each rank's gradient divided by W, rounded; summed in f32 in
+          // rank order; rounded once; widened.
+          float acc = 0;
+          for (int r = 0; r < W; ++r) {
+            const float x = grad(p, r, 0, e - p.offset) * (1.0f / float(W));
+            uint16_t h;
+            convert(&x, DType::kF32, &h, t, 1);
+            float back;
+            convert(&h, t, &back, DType::kF32, 1);
+            acc += back;
+          }
+          uint16_t h;
+          convert(&acc, DType::kF32, &h, t, 1);
+          float want;
+          convert(&h, t, &want, DType::kF32, 1);
+          ASSERT_EQ(got[at + (e - lo)], want) << type << " stage " << stage << " " << p.name;
+        }
+      }
+      const CompressionStats s = rig.reducer->take_compression();
+      EXPECT_TRUE(s.compressed);
+      EXPECT_EQ(s.plain_bytes, 2 * s.payload_bytes);
+    }
+  }
+}
+
+// PowerSGD of comm.compression over every rank's gradients in one process,
+// written out with plain loops in double.
+struct PowerSgdReference {
+  int W;
+  int64_t rows, cols, r;
+  std::vector<double> q;                   // cols x r
+  std::vector<std::vector<double>> error;  // per rank, rows x cols
+
+  std::vector<double> step(const std::vector<std::vector<double>>& m) {
+    std::vector<std::vector<double>> x = m;
+    for (int w = 0; w < W; ++w)
+      for (size_t i = 0; i < x[size_t(w)].size(); ++i) x[size_t(w)][i] += error[size_t(w)][i];
+    std::vector<double> P(size_t(rows * r), 0.0);
+    for (int w = 0; w < W; ++w)
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < r; ++j)
+          for (int64_t k = 0; k < cols; ++k)
+            P[size_t(i * r + j)] += x[size_t(w)][size_t(i * cols + k)] * q[size_t(k * r + j)];
+    for (int64_t j = 0; j < r; ++j) {
+      double ss = 0;
+      for (int64_t i = 0; i < rows; ++i) ss += P[size_t(i * r + j)] * P[size_t(i * r + j)];
+      if (ss == 0) continue;
+      for (int64_t i = 0; i < rows; ++i) P[size_t(i * r + j)] /= std::sqrt(ss);
+      for (int64_t k = j + 1; k < r; ++k) {
+        double d = 0;
+        for (int64_t i = 0; i < rows; ++i) d += P[size_t(i * r + j)] * P[size_t(i * r + k)];
+        for (int64_t i = 0; i < rows; ++i) P[size_t(i * r + k)] -= d * P[size_t(i * r + j)];
+      }
+    }
+    std::fill(q.begin(), q.end(), 0.0);
+    for (int w = 0; w < W; ++w)
+      for (int64_t k = 0; k < cols; ++k)
+        for (int64_t j = 0; j < r; ++j)
+          for (int64_t i = 0; i < rows; ++i)
+            q[size_t(k * r + j)] += x[size_t(w)][size_t(i * cols + k)] * P[size_t(i * r + j)];
+    std::vector<double> mhat(size_t(rows * cols), 0.0);
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t k = 0; k < cols; ++k) {
+        double s = 0;
+        for (int64_t j = 0; j < r; ++j) s += P[size_t(i * r + j)] * q[size_t(k * r + j)];
+        mhat[size_t(i * cols + k)] = s / W;
+      }
+    for (int w = 0; w < W; ++w)
+      for (size_t i = 0; i < mhat.size(); ++i) error[size_t(w)][i] = x[size_t(w)][i] - mhat[i];
+    return mhat;
+  }
+};
+
+double rel_diff(const float* got, const std::vector<double>& want) {
+  double d = 0, n = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    d += (got[i] - want[i]) * (got[i] - want[i]);
+    n += want[i] * want[i];
+  }
+  return n > 0 ? std::sqrt(d / n) : std::sqrt(d);
+}
+
+TEST(Compression, PowerSgdMatchesAReferenceOverEveryRanksGradients) {
+  auto dp = runtime().world(CommOptions{});
+  const int W = dp->size(), rank = dp->rank();
+  Rig rig(config(0, "powersgd"), dp);
+  const ParamLayout& layout = rig.store.layout();
+  // The first Q, as the reducer drew it: the same on every rank.
+  std::map<std::string, PowerSgdReference> refs;
+  std::map<std::string, GradReducer::State> state;
+  for (const GradReducer::State& s : rig.reducer->state()) state[s.name] = s;
+  EXPECT_FALSE(state.count("powersgd.q.a.b")) << "vectors are not compressed";
+  EXPECT_FALSE(state.count("powersgd.q.b.small")) << "(6 + 5) x 2 x 2 > 30: not compressed";
+  for (const char* name : {"a.w", "b.w", "b.zero"}) {
+    const Param& p = layout.find(name);
+    ASSERT_TRUE(state.count(std::string("powersgd.q.") + name)) << name;
+    const GradReducer::State& q = state[std::string("powersgd.q.") + name];
+    ASSERT_EQ(q.elements, p.local[1] * 2);
+    std::vector<float> all(static_cast<size_t>(q.elements * W));
+    dp->all_gather(q.data, all.data(), size_t(q.elements), DType::kF32)->wait();
+    for (int r = 1; r < W; ++r)
+      ASSERT_EQ(std::memcmp(all.data(), all.data() + r * q.elements, sizeof(float) * q.elements), 0)
+          << "Q of " << name << " differs on rank " << r;
+    PowerSgdReference ref{W, p.local[0], p.local[1], 2, {}, {}};
+    ref.q.assign(q.data, q.data + q.elements);
+    ref.error.assign(size_t(W), std::vector<double>(size_t(p.numel), 0.0));
+    refs.emplace(name, std::move(ref));
+  }
+  for (int t = 0; t < 4; ++t) {
+    rig.step(rank, t);
+    const CompressionStats s = rig.reducer->take_compression();
+    EXPECT_EQ(s.compressed, t >= 1) << "start_iter 1: step " << t;
+    for (const Param& p : layout.params()) {
+      const float* got = rig.store.grads() + p.offset;
+      std::vector<std::vector<double>> m(size_t(W), std::vector<double>(size_t(p.numel)));
+      for (int r = 0; r < W; ++r)
+        for (int64_t i = 0; i < p.numel; ++i) m[size_t(r)][size_t(i)] = grad(p, r, t, i);
+      std::vector<double> want(size_t(p.numel), 0.0);
+      const bool compressed = t >= 1 && refs.count(p.name);
+      if (compressed) {
+        want = refs.at(p.name).step(m);
+      } else {
+        for (int r = 0; r < W; ++r)
+          for (int64_t i = 0; i < p.numel; ++i) want[size_t(i)] += m[size_t(r)][size_t(i)] / W;
+      }
+      EXPECT_LT(rel_diff(got, want), compressed ? 2e-5 : 1e-6) << p.name << " step " << t;
+      for (int64_t i = 0; i < p.numel; ++i) ASSERT_TRUE(std::isfinite(got[i])) << p.name;
+      if (p.name == "b.zero") {
+        for (int64_t i = 0; i < p.numel; ++i) ASSERT_EQ(got[i], 0.0f);
+      }
+      if (compressed && p.name != "b.zero") {
+        const GradReducer::State& e = state["powersgd.error." + p.name];
+        EXPECT_LT(rel_diff(e.data, refs.at(p.name).error[size_t(rank)]), 2e-5) << p.name;
+      }
+    }
+    // Compressed: P and Q (and the uncompressed rest) instead of everything.
+    if (t >= 1) {
+      EXPECT_GT(s.plain_bytes / s.payload_bytes, 4.0);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace loom
