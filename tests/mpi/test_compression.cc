@@ -9,11 +9,14 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <map>
+#include <numeric>
 #include <random>
 
 #include "loom/parallel/zero/grad_reducer.h"
 #include "loom/parallel/zero/zero.h"
+#include "harness.h"
 #include "mpi_main.h"
 
 namespace loom {
@@ -200,21 +203,25 @@ TEST(Compression, PowerSgdMatchesAReferenceOverEveryRanksGradients) {
   // The first Q, as the reducer drew it: the same on every rank.
   std::map<std::string, PowerSgdReference> refs;
   std::map<std::string, GradReducer::State> state;
-  for (const GradReducer::State& s : rig.reducer->state()) state[s.name] = s;
+  for (const GradReducer::State& s : rig.reducer->state())
+    state[(s.kind == GradReducer::State::kQ ? "powersgd.q." : "powersgd.error.") + s.param->name] =
+        s;
   EXPECT_FALSE(state.count("powersgd.q.a.b")) << "vectors are not compressed";
   EXPECT_FALSE(state.count("powersgd.q.b.small")) << "(6 + 5) x 2 x 2 > 30: not compressed";
   for (const char* name : {"a.w", "b.w", "b.zero"}) {
     const Param& p = layout.find(name);
     ASSERT_TRUE(state.count(std::string("powersgd.q.") + name)) << name;
     const GradReducer::State& q = state[std::string("powersgd.q.") + name];
-    ASSERT_EQ(q.elements, p.local[1] * 2);
-    std::vector<float> all(static_cast<size_t>(q.elements * W));
-    dp->all_gather(q.data, all.data(), size_t(q.elements), DType::kF32)->wait();
+    ASSERT_EQ(q.rows, p.local[1]);
+    ASSERT_EQ(q.cols, 2);
+    const int64_t elements = q.rows * q.cols;
+    std::vector<float> all(static_cast<size_t>(elements * W));
+    dp->all_gather(q.data, all.data(), size_t(elements), DType::kF32)->wait();
     for (int r = 1; r < W; ++r)
-      ASSERT_EQ(std::memcmp(all.data(), all.data() + r * q.elements, sizeof(float) * q.elements), 0)
+      ASSERT_EQ(std::memcmp(all.data(), all.data() + r * elements, sizeof(float) * elements), 0)
           << "Q of " << name << " differs on rank " << r;
     PowerSgdReference ref{W, p.local[0], p.local[1], 2, {}, {}};
-    ref.q.assign(q.data, q.data + q.elements);
+    ref.q.assign(q.data, q.data + elements);
     ref.error.assign(size_t(W), std::vector<double>(size_t(p.numel), 0.0));
     refs.emplace(name, std::move(ref));
   }
@@ -250,6 +257,69 @@ TEST(Compression, PowerSgdMatchesAReferenceOverEveryRanksGradients) {
       EXPECT_GT(s.plain_bytes / s.payload_bytes, 4.0);
     }
   }
+}
+
+
+// A PowerSGD run's checkpoint holds every rank's error feedback and Q: a
+// run resumed from it continues bitwise as if never stopped, with ZeRO-1 and
+// 16-bit gradients too; one resumed on half the data-parallel ranks takes
+// the saved ranks' mean error and trains on.
+TEST(Compression, PowerSgdResumesBitwise) {
+  auto world = runtime().world(CommOptions{});
+  const int n = world->size();
+  const std::string root =
+      (std::filesystem::temp_directory_path() / "loom-test-powersgd-resume").string();
+  if (world->rank() == 0) std::filesystem::remove_all(root);
+  world->barrier()->wait();
+  for (const std::vector<std::string>& extra :
+       {std::vector<std::string>{"zero_optimization.stage=0"},
+        std::vector<std::string>{"zero_optimization.stage=1", "bf16.enabled=true"}}) {
+    auto make = [&](int steps, const std::string& resume, const std::string& dir,
+                    std::shared_ptr<ProcessGroup> group) {
+      std::vector<std::string> o = {"comm.compression.type=powersgd", "comm.compression.rank=2",
+                                    "comm.compression.start_iter=2",
+                                    "train.steps=" + std::to_string(steps), "checkpoint.every=3",
+                                    "checkpoint.dir=" + root + "/" + dir};
+      o.insert(o.end(), extra.begin(), extra.end());
+      const int size = group ? group->size() : 1;
+      Config c = parse_config(test::kBase, "harness", o, size);
+      RunOptions opt;
+      opt.quiet = true;
+      opt.resume = resume;
+      opt.parallel = make_parallel_context(std::move(group), GridShape{size, 1, 1});
+      return std::make_unique<Trainer>(std::move(c), opt, ThreadConfig{});
+    };
+    auto f = make(6, "", "f", world);
+    const std::vector<StepResult> rf = f->run();
+    ASSERT_TRUE(rf[3].compressed && !rf[1].compressed) << "start_iter 2";
+    EXPECT_GT(rf[5].error_norm, 0);
+    auto g = make(6, root + "/f/step-00000003", "g", world);
+    const std::vector<StepResult> rg = g->run();
+    ASSERT_EQ(rg.size(), 3u);
+    for (size_t k = 0; k < 3; ++k) {
+      EXPECT_EQ(rg[k].loss, rf[k + 3].loss) << extra.back() << " step " << k + 4;
+      EXPECT_EQ(rg[k].grad_norm, rf[k + 3].grad_norm) << extra.back() << " step " << k + 4;
+      EXPECT_EQ(rg[k].error_norm, rf[k + 3].error_norm) << extra.back() << " step " << k + 4;
+    }
+    EXPECT_TRUE(test::whole_state(*g) == test::whole_state(*f)) << "resumed run's final state";
+    if (n >= 4) {
+      // Half the ranks (still data-parallel): the mean error; training goes on from the same weights.
+      const int half = n / 2;
+      std::vector<int> a(static_cast<size_t>(half)), b(static_cast<size_t>(n - half));
+      std::iota(a.begin(), a.end(), 0);
+      std::iota(b.begin(), b.end(), half);
+      auto split = world->split({a, b}, "half");
+      if (world->rank() < half) {
+        auto h = make(6, root + "/f/step-00000003", "h", split);
+        const std::vector<StepResult> rh = h->run();
+        ASSERT_EQ(rh.size(), 3u);
+        for (const StepResult& r : rh) EXPECT_TRUE(std::isfinite(r.loss) && r.compressed);
+        EXPECT_LT(std::fabs(rh[0].loss - rf[3].loss), 0.05 * rf[3].loss);
+      }
+      world->barrier()->wait();
+    }
+  }
+  if (world->rank() == 0) std::filesystem::remove_all(root);
 }
 
 }  // namespace

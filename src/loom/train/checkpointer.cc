@@ -22,6 +22,15 @@ using State = ZeroEngine::State;
 constexpr std::pair<State, const char*> kStates[] = {
     {State::kParams, ""}, {State::kExpAvg, "exp_avg."}, {State::kExpAvgSq, "exp_avg_sq."}};
 
+// The checkpoint's name of a compression state tensor of data-parallel
+// rank dp and tensor-parallel rank tp (a parameter whole on every tp rank
+// is tp 0's); `copy`: of a last stage's wte copy.
+std::string compression_tensor(const GradReducer::State& s, bool copy, int dp, int tp) {
+  const std::string name = (copy ? "tied_copy." : "") + s.param->name;
+  if (s.kind == GradReducer::State::kError) return format("powersgd.error.dp{}.{}", dp, name);
+  return format("powersgd.q.tp{}.{}", s.param->shard.sharded() ? tp : 0, name);
+}
+
 // A rank's file as the all-gather carries it: its size, then its SHA-256 in
 // hex, 8 characters to a word.
 constexpr size_t kInfoWords = 9;
@@ -37,6 +46,7 @@ struct Checkpointer::Pending {
   std::string folder;
   Buffer staging;  // async: the copy being written
   std::vector<PieceOut> pieces;
+  std::deque<Param> extra;  // the compression state's Q tensors (pieces point at them)
   std::thread thread;
   std::atomic<bool> done{false};
   std::atomic<bool> stop{false};
@@ -54,9 +64,10 @@ Checkpointer::~Checkpointer() {
   pending_->thread.join();
 }
 
-std::vector<PieceOut> Checkpointer::pieces() const {
+std::vector<PieceOut> Checkpointer::pieces(std::deque<Param>& extra) const {
   const ParallelContext& ctx = engine_.context();
   const int tp_rank = ctx.tp ? ctx.tp->rank() : 0;
+  const int dp_rank = ctx.dp ? ctx.dp->rank() : 0;
   std::vector<PieceOut> out;
   for (int c = 0; c < engine_.num_chunks(); ++c) {
     GptStage<float>& stage = engine_.stage(c);
@@ -75,6 +86,23 @@ std::vector<PieceOut> Checkpointer::pieces() const {
         out.push_back({prefix + p.name, &p, lo - p.offset, hi - p.offset, r.data + (lo - r.begin)});
       }
     }
+    // comm.compression: each data-parallel rank's error feedback, a tensor
+    // of the parameter's shape per rank; Q, the same on every data-parallel
+    // rank, written by the first, one tensor per tensor-parallel slice.
+    for (const GradReducer::State& s : zero.compression_state()) {
+      const Param& p = *s.param;
+      if (!p.shard.sharded() && tp_rank != 0) continue;  // the same on every tp rank
+      const std::string name = compression_tensor(s, p.unit == skip, dp_rank, tp_rank);
+      if (s.kind == GradReducer::State::kError) {
+        out.push_back({name, &p, 0, p.numel, s.data});
+      } else if (dp_rank == 0) {
+        Param& q = extra.emplace_back();
+        q.name = name;
+        q.shape = q.local = Shape{s.rows, s.cols};
+        q.numel = s.rows * s.cols;
+        out.push_back({name, &q, 0, q.numel, s.data});
+      }
+    }
   }
   return out;
 }
@@ -87,7 +115,7 @@ void Checkpointer::save(const TrainerState& state, const json& config) {
   p->state = state;
   p->config = config;
   p->folder = checkpoint_staging_folder(root_, state.step);
-  p->pieces = pieces();
+  p->pieces = pieces(p->extra);
   p->async = cfg.checkpoint.async;
   if (ctx.writer()) begin_checkpoint(root_, state.step);
   if (ctx.world) ctx.world->barrier()->wait();  // the folder exists
@@ -226,6 +254,47 @@ void Checkpointer::load(StepEngine& engine, const CheckpointReader& reader, bool
     // 16-bit runs loaded the masters; their parameters are them rounded.
     zero.sync_params();
     zero.release_offloaded();
+    if (moments) load_compression(engine, c, reader);
+  }
+}
+
+void Checkpointer::load_compression(StepEngine& engine, int chunk, const CheckpointReader& reader) {
+  const ParallelContext& ctx = engine.context();
+  const int tp_rank = ctx.tp ? ctx.tp->rank() : 0;
+  const int dp_rank = ctx.dp ? ctx.dp->rank() : 0;
+  GptStage<float>& stage = engine.stage(chunk);
+  const int skip = stage.wte_is_copy() ? stage.wte_unit() : -1;
+  for (const GradReducer::State& s : engine.zero(chunk).compression_state()) {
+    const Param& p = *s.param;
+    const bool copy = p.unit == skip;
+    if (s.kind == GradReducer::State::kQ) {
+      // Saved at this slicing: continue from it; else the fresh Q stays.
+      Param q;
+      q.name = compression_tensor(s, copy, 0, tp_rank);
+      q.shape = q.local = Shape{s.rows, s.cols};
+      q.numel = s.rows * s.cols;
+      if (reader.has(q.name) && Shape(reader.shape(q.name)) == q.shape)
+        reader.read(q.name, q, 0, q.numel, s.data);
+      continue;
+    }
+    // The error feedback of the saving data-parallel ranks: this rank's own
+    // at the same data-parallel size; else every new rank takes their mean,
+    // so that the mean error (what the group has yet to deliver) carries on.
+    int saved = 0;
+    while (reader.has(compression_tensor(s, copy, saved, 0))) ++saved;
+    if (saved == 0) continue;  // saved without it: starts from zero
+    if (saved == ctx.dp_size()) {
+      reader.read(compression_tensor(s, copy, dp_rank, 0), p, 0, p.numel, s.data);
+      continue;
+    }
+    std::vector<float> one(static_cast<size_t>(p.numel));
+    std::fill(s.data, s.data + p.numel, 0.0f);
+    for (int d = 0; d < saved; ++d) {
+      reader.read(compression_tensor(s, copy, d, 0), p, 0, p.numel, one.data());
+      for (int64_t i = 0; i < p.numel; ++i) s.data[i] += one[static_cast<size_t>(i)];
+    }
+    const float inv = 1.0f / static_cast<float>(saved);
+    for (int64_t i = 0; i < p.numel; ++i) s.data[i] *= inv;
   }
 }
 

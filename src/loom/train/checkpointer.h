@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdint>
 #include <exception>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -56,10 +57,15 @@ class Checkpointer {
   // ZeRO stage 1 or 2, where the loaded masters are rounded into parameters
   // gathered over the data-parallel group (every rank loads).
   static void load(StepEngine& engine, const CheckpointReader& reader, bool moments);
+  // With the moments, chunk c's comm.compression state (docs/comm.md).
+  static void load_compression(StepEngine& engine, int chunk, const CheckpointReader& reader);
 
  private:
   struct Pending;
-  std::vector<PieceOut> pieces() const;
+  // What this rank writes: its share of the parameters and moments, and
+  // its comm.compression state (whose Q tensors are described by Params
+  // kept in `extra`).
+  std::vector<PieceOut> pieces(std::deque<Param>& extra) const;
   void complete();
 
   StepEngine& engine_;

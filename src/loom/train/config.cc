@@ -536,6 +536,9 @@ Config parse_config(const std::string& text, const std::string& source,
                         "(stage is {}): PowerSGD compresses a step's accumulated gradients, "
                         "which stages 2-3 do not keep",
                         z.stage));
+  if (cc.type == "powersgd" && c.checkpoint.format == "whole")
+    fail(source, "comm.compression.type powersgd with checkpoint.format whole: PowerSGD's error "
+                 "feedback is every rank's own, which only sharded checkpoints hold");
   // Checked here, before anything is allocated: the files are made later.
   if (z.offload_device == "nvme")
     check_writable_dir(z.nvme_path, source + ": zero_optimization.offload_optimizer.nvme_path");

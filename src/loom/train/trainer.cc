@@ -157,6 +157,7 @@ void Trainer::load_initial_state(uint64_t seed) {
                   dir, st.seed, seed);
   Checkpointer::load(*engine_, CheckpointReader(dir), true);
   step_ = st.step;
+  for (int c = 0; c < engine_->num_chunks(); ++c) engine_->zero(c).set_reduced_steps(st.step);
   engine_->set_skipped_steps(st.skipped_steps);
   // An fp16 run continues with its scaler's state; one resumed from an f32
   // or bf16 checkpoint, or with a static fp16.loss_scale now, starts afresh.

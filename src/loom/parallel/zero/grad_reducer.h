@@ -73,13 +73,16 @@ class GradReducer {
     return s;
   }
 
-  // The state a compressing reducer carries from step to step (PowerSGD's
-  // errors and Q), as named f32 arrays of this rank: checkpoints save and
-  // restore them. `steps`: reductions done so far (start_iter counts them).
+  // The state a compressing reducer carries from step to step, as f32
+  // arrays of this rank: PowerSGD's error feedback of a parameter (its
+  // slice's shape, this rank's own) and its Q (cols x rank of the slice,
+  // the same on every rank of the group). Checkpoints save and restore
+  // them. steps(): reductions done so far (start_iter counts them).
   struct State {
-    std::string name;  // "error.<parameter>", "q.<parameter>"
+    enum Kind { kError, kQ } kind = kError;
+    const Param* param = nullptr;
     float* data = nullptr;
-    int64_t elements = 0;
+    int64_t rows = 0, cols = 0;  // of data
   };
   virtual std::vector<State> state() { return {}; }
   int64_t steps() const { return steps_; }

@@ -85,9 +85,9 @@ class PowerSgd final : public BucketedAllReduce {
     std::vector<State> out;
     for (Plan& pl : plans_) {
       for (Matrix& m : pl.mats) {
-        const std::string& name = m.p->name;
-        if (m.error.data()) out.push_back({"powersgd.error." + name, m.error.as<float>(), m.p->numel});
-        out.push_back({"powersgd.q." + name, pl.q.as<float>() + m.q_off, m.cols * m.r});
+        if (m.error.data())
+          out.push_back({State::kError, m.p, m.error.as<float>(), m.rows, m.cols});
+        out.push_back({State::kQ, m.p, pl.q.as<float>() + m.q_off, m.cols, m.r});
       }
     }
     return out;
