@@ -133,7 +133,7 @@ TEST(Compression, SixteenBitReductionOfF32GradientsIsTheRoundedSum) {
       }
       const CompressionStats s = rig.reducer->take_compression();
       EXPECT_TRUE(s.compressed);
-      EXPECT_EQ(s.plain_bytes, 2 * s.payload_bytes);
+      EXPECT_EQ(s.plain_bytes, 2 * s.sent_bytes);
     }
   }
 }
@@ -202,16 +202,16 @@ TEST(Compression, PowerSgdMatchesAReferenceOverEveryRanksGradients) {
   const ParamLayout& layout = rig.store.layout();
   // The first Q, as the reducer drew it: the same on every rank.
   std::map<std::string, PowerSgdReference> refs;
-  std::map<std::string, GradReducer::State> state;
-  for (const GradReducer::State& s : rig.reducer->state())
-    state[(s.kind == GradReducer::State::kQ ? "powersgd.q." : "powersgd.error.") + s.param->name] =
+  std::map<std::string, CompressionState> state;
+  for (const CompressionState& s : rig.reducer->state())
+    state[(s.kind == CompressionState::kQ ? "powersgd.q." : "powersgd.error.") + s.param->name] =
         s;
   EXPECT_FALSE(state.count("powersgd.q.a.b")) << "vectors are not compressed";
   EXPECT_FALSE(state.count("powersgd.q.b.small")) << "(6 + 5) x 2 x 2 > 30: not compressed";
   for (const char* name : {"a.w", "b.w", "b.zero"}) {
     const Param& p = layout.find(name);
     ASSERT_TRUE(state.count(std::string("powersgd.q.") + name)) << name;
-    const GradReducer::State& q = state[std::string("powersgd.q.") + name];
+    const CompressionState& q = state[std::string("powersgd.q.") + name];
     ASSERT_EQ(q.rows, p.local[1]);
     ASSERT_EQ(q.cols, 2);
     const int64_t elements = q.rows * q.cols;
@@ -248,13 +248,13 @@ TEST(Compression, PowerSgdMatchesAReferenceOverEveryRanksGradients) {
         for (int64_t i = 0; i < p.numel; ++i) ASSERT_EQ(got[i], 0.0f);
       }
       if (compressed && p.name != "b.zero") {
-        const GradReducer::State& e = state["powersgd.error." + p.name];
+        const CompressionState& e = state["powersgd.error." + p.name];
         EXPECT_LT(rel_diff(e.data, refs.at(p.name).error[size_t(rank)]), 2e-5) << p.name;
       }
     }
     // Compressed: P and Q (and the uncompressed rest) instead of everything.
     if (t >= 1) {
-      EXPECT_GT(s.plain_bytes / s.payload_bytes, 4.0);
+      EXPECT_GT(s.plain_bytes / s.sent_bytes, 4.0);
     }
   }
 }

@@ -15,11 +15,16 @@
 namespace loom {
 
 struct OptimizerConfig {
-  std::string type = "AdamW";  // "Adam" means the same (DeepSpeed's adam_w_mode default)
+  // "AdamW"; "Adam" means the same (DeepSpeed's adam_w_mode default);
+  // "OneBitAdam": AdamW until freeze_step, then 1-bit compressed momentum
+  // (parallel/zero/onebit.h).
+  std::string type = "AdamW";
   double lr = 3e-4;
   double beta1 = 0.9, beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.0;
+  int64_t freeze_step = 100000;  // OneBitAdam: optimizer steps of plain AdamW first
+  bool one_bit() const { return type == "OneBitAdam"; }
 };
 
 // Which elements one AdamW instance updates: `length` elements starting at

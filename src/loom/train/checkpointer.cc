@@ -25,10 +25,17 @@ constexpr std::pair<State, const char*> kStates[] = {
 // The checkpoint's name of a compression state tensor of data-parallel
 // rank dp and tensor-parallel rank tp (a parameter whole on every tp rank
 // is tp 0's); `copy`: of a last stage's wte copy.
-std::string compression_tensor(const GradReducer::State& s, bool copy, int dp, int tp) {
+std::string compression_tensor(const CompressionState& s, bool copy, int dp, int tp) {
   const std::string name = (copy ? "tied_copy." : "") + s.param->name;
-  if (s.kind == GradReducer::State::kError) return format("powersgd.error.dp{}.{}", dp, name);
-  return format("powersgd.q.tp{}.{}", s.param->shard.sharded() ? tp : 0, name);
+  switch (s.kind) {
+    case CompressionState::kError:
+      return format("{}.error.dp{}.{}", s.family, dp, name);
+    case CompressionState::kServerError:
+      return format("{}.server_error.{}", s.family, name);
+    case CompressionState::kQ:
+      break;
+  }
+  return format("{}.q.tp{}.{}", s.family, s.param->shard.sharded() ? tp : 0, name);
 }
 
 // A rank's file as the all-gather carries it: its size, then its SHA-256 in
@@ -86,15 +93,19 @@ std::vector<PieceOut> Checkpointer::pieces(std::deque<Param>& extra) const {
         out.push_back({prefix + p.name, &p, lo - p.offset, hi - p.offset, r.data + (lo - r.begin)});
       }
     }
-    // comm.compression: each data-parallel rank's error feedback, a tensor
-    // of the parameter's shape per rank; Q, the same on every data-parallel
-    // rank, written by the first, one tensor per tensor-parallel slice.
-    for (const GradReducer::State& s : zero.compression_state()) {
+    // comm.compression and the 1-bit optimizers: each data-parallel rank's
+    // error feedback, a tensor of the parameter's shape per rank; the 1-bit
+    // server errors, the pieces each rank serves of one tensor; Q, the same
+    // on every data-parallel rank, written by the first, one tensor per
+    // tensor-parallel slice.
+    for (const CompressionState& s : zero.compression_state()) {
       const Param& p = *s.param;
       if (!p.shard.sharded() && tp_rank != 0) continue;  // the same on every tp rank
       const std::string name = compression_tensor(s, p.unit == skip, dp_rank, tp_rank);
-      if (s.kind == GradReducer::State::kError) {
+      if (s.kind == CompressionState::kError) {
         out.push_back({name, &p, 0, p.numel, s.data});
+      } else if (s.kind == CompressionState::kServerError) {
+        if (s.begin < s.end) out.push_back({name, &p, s.begin, s.end, s.data});
       } else if (dp_rank == 0) {
         Param& q = extra.emplace_back();
         q.name = name;
@@ -264,10 +275,16 @@ void Checkpointer::load_compression(StepEngine& engine, int chunk, const Checkpo
   const int dp_rank = ctx.dp ? ctx.dp->rank() : 0;
   GptStage<float>& stage = engine.stage(chunk);
   const int skip = stage.wte_is_copy() ? stage.wte_unit() : -1;
-  for (const GradReducer::State& s : engine.zero(chunk).compression_state()) {
+  for (const CompressionState& s : engine.zero(chunk).compression_state()) {
     const Param& p = *s.param;
     const bool copy = p.unit == skip;
-    if (s.kind == GradReducer::State::kQ) {
+    if (s.kind == CompressionState::kServerError) {
+      // The pieces this rank serves now, from whatever ranks served them.
+      const std::string name = compression_tensor(s, copy, 0, tp_rank);
+      if (s.begin < s.end && reader.has(name)) reader.read(name, p, s.begin, s.end, s.data);
+      continue;
+    }
+    if (s.kind == CompressionState::kQ) {
       // Saved at this slicing: continue from it; else the fresh Q stays.
       Param q;
       q.name = compression_tensor(s, copy, 0, tp_rank);

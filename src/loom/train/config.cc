@@ -536,6 +536,27 @@ Config parse_config(const std::string& text, const std::string& source,
                         "(stage is {}): PowerSGD compresses a step's accumulated gradients, "
                         "which stages 2-3 do not keep",
                         z.stage));
+  if (c.optimizer.one_bit()) {
+    if (z.stage != 0)
+      fail(source, format("optimizer.type {} needs zero_optimization.stage 0 (stage is {}): in "
+                          "its compressed phase every rank updates every parameter from the "
+                          "averaged momentum and the frozen variance, which stage 0 holds",
+                          c.optimizer.type, z.stage));
+    if (c.parallel.expert > 1)
+      fail(source, format("optimizer.type {} with parallel.expert {}: expert units reduce over "
+                          "their own groups, which 1-bit compression does not cover",
+                          c.optimizer.type, c.parallel.expert));
+    if (cc.any())
+      fail(source, format("optimizer.type {} with comm.compression.type {}: the optimizer "
+                          "compresses what it communicates itself; set comm.compression.type "
+                          "none",
+                          c.optimizer.type, cc.type));
+    if (c.checkpoint.format == "whole")
+      fail(source, format("optimizer.type {} with checkpoint.format whole: the errors of its "
+                          "compression are every rank's own, which only sharded checkpoints "
+                          "hold",
+                          c.optimizer.type));
+  }
   if (cc.type == "powersgd" && c.checkpoint.format == "whole")
     fail(source, "comm.compression.type powersgd with checkpoint.format whole: PowerSGD's error "
                  "feedback is every rank's own, which only sharded checkpoints hold");

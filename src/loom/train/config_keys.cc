@@ -29,11 +29,14 @@ std::vector<ConfigKey> run_keys() {
           .lands(LOOM_FIELD(c.gradient_clipping, double))
           .doc("number >= 0", "0 (off)", "clip the global gradient L2 norm to this"),
       key("optimizer.type", KeyKind::kString)
-          .one_of({"AdamW", "Adam"})
+          .one_of({"AdamW", "Adam", "OneBitAdam"})
           .or_else("AdamW")
           .lands(LOOM_FIELD(c.optimizer.type, std::string))
-          .doc("`AdamW` \\| `Adam`", "`AdamW`",
-               "both are AdamW (decoupled weight decay), as DeepSpeed's `Adam` is by default"),
+          .doc("`AdamW` \\| `Adam` \\| `OneBitAdam`", "`AdamW`",
+               "`AdamW` and `Adam` are AdamW (decoupled weight decay), as DeepSpeed's `Adam` is "
+               "by default; `OneBitAdam`: AdamW until `freeze_step`, then the momentum averaged "
+               "by a 1-bit compressed all-reduce with the variance frozen "
+               "([comm.md](comm.md#1-bit-adam))"),
       key("optimizer.params.lr", KeyKind::kNumber)
           .range(0, 1e300)
           .or_else(3e-4)
@@ -63,6 +66,27 @@ std::vector<ConfigKey> run_keys() {
           .lands(LOOM_FIELD(c.optimizer.weight_decay, double))
           .doc("number >= 0", "0",
                "applied to matrices and embeddings only, not to biases or LayerNorm parameters"),
+      key("optimizer.params.freeze_step", KeyKind::kInt)
+          .range(0, kMaxInt)
+          .or_else(100000)
+          .lands(LOOM_FIELD(c.optimizer.freeze_step, int64_t))
+          .when([](const Config& c) { return c.optimizer.one_bit(); })
+          .doc("int >= 0", "100000",
+               "`OneBitAdam`: optimizer steps of plain AdamW before compression (DeepSpeed "
+               "advises 15-25% of training)"),
+      key("optimizer.params.comm_backend_name", KeyKind::kString)
+          .one_of({"mpi"})
+          .or_else("mpi")
+          .lands([](Config&, const json&) {}, [](const Config&) { return json("mpi"); })
+          .when([](const Config& c) { return c.optimizer.one_bit(); })
+          .doc("`mpi`", "`mpi`",
+               "`OneBitAdam`: the transport of its collectives; this build's is MPI"),
+      key("optimizer.params.cuda_aware", KeyKind::kBool)
+          .or_else(false)
+          .lands([](Config&, const json&) {}, [](const Config&) { return json(false); })
+          .when([](const Config& c) { return c.optimizer.one_bit(); })
+          .doc("bool", "false",
+               "`OneBitAdam`: accepted and ignored: this build keeps every buffer in host memory"),
       key("scheduler.type", KeyKind::kString)
           .one_of({"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"})
           .or_else("")

@@ -73,7 +73,7 @@ void MetricsLog::write(const StepResult& r) {
     j["compression"] = {
         {"type", r.compression},
         {"phase", r.compressed ? "compressed" : "warmup"},
-        {"payload_bytes", r.compressed_bytes},
+        {"sent_bytes", r.compressed_bytes},
         {"ratio", r.compressed_bytes > 0 ? r.uncompressed_bytes / r.compressed_bytes : 1.0},
         {"error_norm", r.error_norm}};
   if (!r.comm_groups.empty()) {

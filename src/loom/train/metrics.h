@@ -38,10 +38,10 @@ struct StepResult {
   double comm_bytes = 0;
   std::vector<CommTotals> comm_groups;
   std::vector<CommEvent> comm_events;  // the step's operations (not written to metrics.jsonl)
-  // comm.compression (type "none": not written): whether the step's
-  // data-parallel reduction ran compressed, the gradient payload it handed
-  // to collectives against the plain reduction's, and this rank's
-  // error-feedback norm after the step.
+  // comm.compression or a 1-bit optimizer (none: not written): whether the
+  // step's data-parallel reduction ran compressed, the bytes it sent
+  // against what the plain reduction would have sent (compression.h), and
+  // this rank's error-feedback norm after the step.
   std::string compression;
   bool compressed = false;
   double compressed_bytes = 0, uncompressed_bytes = 0, error_norm = 0;

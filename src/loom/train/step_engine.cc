@@ -210,7 +210,7 @@ void StepEngine::take_compression(StepStats& r) {
   for (Chunk& c : chunks_) {
     const CompressionStats z = c.zero->take_compression();
     r.compression.compressed = r.compression.compressed || z.compressed;
-    r.compression.payload_bytes += z.payload_bytes;
+    r.compression.sent_bytes += z.sent_bytes;
     r.compression.plain_bytes += z.plain_bytes;
     r.compression.error_sum_squares += z.error_sum_squares;
   }

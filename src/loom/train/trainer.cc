@@ -157,7 +157,8 @@ void Trainer::load_initial_state(uint64_t seed) {
                   dir, st.seed, seed);
   Checkpointer::load(*engine_, CheckpointReader(dir), true);
   step_ = st.step;
-  for (int c = 0; c < engine_->num_chunks(); ++c) engine_->zero(c).set_reduced_steps(st.step);
+  for (int c = 0; c < engine_->num_chunks(); ++c)
+    engine_->zero(c).resume_steps(st.step, st.step - st.skipped_steps);
   engine_->set_skipped_steps(st.skipped_steps);
   // An fp16 run continues with its scaler's state; one resumed from an f32
   // or bf16 checkpoint, or with a static fp16.loss_scale now, starts afresh.
@@ -210,11 +211,20 @@ StepResult Trainer::train_step() {
   r.t_comm = s.comm.comm_s;
   r.t_comm_exposed = s.comm.exposed_s;
   r.t_all_to_all = s.t_all_to_all;
-  r.compression = config_.zero.compression.type;
+  r.compression = config_.optimizer.one_bit() ? config_.optimizer.type
+                                              : config_.zero.compression.type;
   r.compressed = s.compression.compressed;
-  r.compressed_bytes = s.compression.payload_bytes;
+  r.compressed_bytes = s.compression.sent_bytes;
   r.uncompressed_bytes = s.compression.plain_bytes;
   r.error_norm = std::sqrt(s.compression.error_sum_squares);
+  if (r.compressed && !was_compressed_ && writer_ && !options_.quiet) {
+    if (progress_->tty()) std::printf("\r\033[K");
+    std::printf("loom: step %ld: %s compresses from here on%s\n", long(r.step),
+                r.compression.c_str(),
+                config_.optimizer.one_bit() ? " (variance frozen)" : "");
+    std::fflush(stdout);
+  }
+  was_compressed_ = r.compressed;
   r.t_bubble = s.t_bubble;
   r.bubble_fraction = s.bubble_fraction;
   r.t_p2p_wait = s.t_p2p_wait;
@@ -655,6 +665,40 @@ void Trainer::describe_checkpointing() const {
         "(time.recompute)\n");
 }
 
+void Trainer::describe_compression() const {
+  const CompressionConfig& cc = config_.zero.compression;
+  const OptimizerConfig& o = config_.optimizer;
+  const bool dp = options_.parallel.dp != nullptr;
+  if (o.one_bit()) {
+    std::printf(
+        "loom: %s: AdamW for the first %ld optimizer steps, then each rank's momentum averaged "
+        "by a 1-bit compressed all-reduce per unit (error feedback on both sides), the variance "
+        "frozen%s\n",
+        o.type.c_str(), long(o.freeze_step), dp ? "" : " (one process: nothing to compress)");
+    if (o.freeze_step >= config_.train.steps)
+      std::printf(
+          "loom: warning: optimizer.params.freeze_step %ld >= train.steps %ld: compression never "
+          "starts\n",
+          long(o.freeze_step), long(config_.train.steps));
+  }
+  if (!cc.any()) return;
+  if (cc.type == "powersgd")
+    std::printf(
+        "loom: comm.compression powersgd: rank %d, from step %ld (before: uncompressed), error "
+        "feedback %s, warm start %s, matrices compressed when %.3g x smaller%s\n",
+        cc.rank, long(cc.start_iter) + 1, cc.error_feedback ? "on" : "off",
+        cc.warm_start ? "on" : "off", cc.min_compression_rate,
+        dp ? "" : " (one process: nothing to compress)");
+  else
+    std::printf("loom: comm.compression %s: f32 gradients reduced in %s, half the bytes%s\n",
+                cc.type.c_str(), cc.type.c_str(), dp ? "" : " (one process: nothing to compress)");
+  if (cc.type == "powersgd" && cc.start_iter >= config_.train.steps)
+    std::printf(
+        "loom: warning: comm.compression.start_iter %ld >= train.steps %ld: compression never "
+        "starts\n",
+        long(cc.start_iter), long(config_.train.steps));
+}
+
 void Trainer::describe_zero() const {
   const ZeroConfig& z = config_.zero;
   if (options_.parallel.dp || z.stage > 0) {
@@ -673,6 +717,7 @@ void Trainer::describe_zero() const {
                   long(z.prefetch_bucket_size), long(z.persistence_threshold));
     std::printf("\n");
   }
+  describe_compression();
   if (z.offload_device == "cpu")
     std::printf(
         "loom: offload_optimizer.device cpu: this build computes on the CPU, so the optimizer "

@@ -93,6 +93,7 @@ class Trainer {
   std::string checkpoint_root() const;
   void describe_run() const;
   void describe_zero() const;
+  void describe_compression() const;
   void describe_checkpointing() const;
 
   Config config_;
@@ -114,6 +115,7 @@ class Trainer {
   double peak_gflops_ = 0;
   GemmPath gemm_path_ = GemmPath::kF32Sgemm;
   bool mfu_warned_ = false;
+  bool was_compressed_ = false;  // the last step ran compressed (the switch is logged)
   double job_peak_gflops_ = 0;
   std::unique_ptr<StragglerDetector> stragglers_;
   std::vector<int> slow_ranks_;  // those last warned about

@@ -20,6 +20,8 @@
 #include <cstdint>
 #include <string>
 
+#include "loom/nn/param.h"
+
 namespace loom {
 
 struct CompressionConfig {
@@ -33,13 +35,42 @@ struct CompressionConfig {
   bool any() const { return type != "none"; }
 };
 
+// The volumes of that model for a group of p ranks.
+inline double all_reduce_volume(double bytes, int p) {
+  return 2.0 * (p - 1) / p * bytes;
+}
+inline double spread_volume(double bytes, int p) {
+  return double(p - 1) / p * bytes;
+}
+
 // What the reducer's compression did in the steps since the last take.
 struct CompressionStats {
   bool compressed = false;  // the last step's reduction was compressed
-  // Bytes of gradient payload handed to collectives, and what the plain
-  // reduction in the run's gradient type would have handed them.
-  double payload_bytes = 0, plain_bytes = 0;
+  // Bytes this rank sent for the reduction, and what the plain reduction
+  // in the run's gradient type would have sent, by the volume model of the
+  // communication record (comm/record.h: an all-reduce of b bytes sends
+  // 2 (p - 1) / p b, a reduce-scatter, all-gather or all-to-all of b in all
+  // (p - 1) / p b).
+  double sent_bytes = 0, plain_bytes = 0;
   double error_sum_squares = 0;  // this rank's error feedback, after the last step
+};
+
+// One array of state that compression carries between steps, of one
+// parameter on this rank (checkpoints save and restore them):
+//   kError        this rank's error feedback (PowerSGD's, 1-bit Adam's
+//                 worker error): the parameter's slice shape, rows x cols,
+//                 different on every data-parallel rank;
+//   kServerError  1-bit Adam's server error: elements [begin, end) of the
+//                 parameter's slice, which this rank serves;
+//   kQ            PowerSGD's Q (cols x rank of the slice), the same on every
+//                 data-parallel rank.
+struct CompressionState {
+  enum Kind { kError, kServerError, kQ } kind = kError;
+  const char* family = "powersgd";  // names it in checkpoints: "powersgd", "onebit"
+  const Param* param = nullptr;
+  float* data = nullptr;
+  int64_t rows = 0, cols = 0;  // kError, kQ: of data
+  int64_t begin = 0, end = 0;  // kServerError: the range data holds
 };
 
 }  // namespace loom

@@ -123,8 +123,8 @@ void BucketedAllReduce::launch(Bucket& b) {
   const UnitGroup& g = group_of(b);
   if (!g.group) return;
   const int64_t n = b.end - b.begin;
-  cstats_.plain_bytes += double(pbytes(n));
-  cstats_.payload_bytes += double(n) * double(dtype_size(wire()));
+  cstats_.plain_bytes += all_reduce_volume(double(pbytes(n)), g.size);
+  cstats_.sent_bytes += all_reduce_volume(double(n) * double(dtype_size(wire())), g.size);
   if (wire() != config_.dtype) {
     // fp16/bf16 compression of f32 gradients: divided by the group's size
     // first (so that fp16 holds the sum), rounded, summed, widened back.
@@ -211,8 +211,8 @@ class UnitReduceScatter final : public ReducerBase {
         b = std::move(h);
         half16 = true;
       }
-      cstats_.plain_bytes += double(pbytes(n));
-      cstats_.payload_bytes += double(n) * double(wbytes);
+      cstats_.plain_bytes += spread_volume(double(pbytes(n)), g.size);
+      cstats_.sent_bytes += spread_volume(double(n) * double(wbytes), g.size);
       // Rank r's averaged slice lands in place, at block r of the buffer.
       char* p = b.as<char>();
       w = g.group->reduce_scatter(p, p + static_cast<size_t>(g.srank * slice) * wbytes,

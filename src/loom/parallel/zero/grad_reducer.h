@@ -69,22 +69,14 @@ class GradReducer {
   // What compression did since the last call (compression.h).
   CompressionStats take_compression() {
     CompressionStats s = cstats_;
-    cstats_.payload_bytes = cstats_.plain_bytes = 0;
+    cstats_.sent_bytes = cstats_.plain_bytes = 0;
     return s;
   }
 
-  // The state a compressing reducer carries from step to step, as f32
-  // arrays of this rank: PowerSGD's error feedback of a parameter (its
-  // slice's shape, this rank's own) and its Q (cols x rank of the slice,
-  // the same on every rank of the group). Checkpoints save and restore
-  // them. steps(): reductions done so far (start_iter counts them).
-  struct State {
-    enum Kind { kError, kQ } kind = kError;
-    const Param* param = nullptr;
-    float* data = nullptr;
-    int64_t rows = 0, cols = 0;  // of data
-  };
-  virtual std::vector<State> state() { return {}; }
+  // The state a compressing reducer carries from step to step
+  // (compression.h), for checkpoints. steps(): reductions done so far
+  // (start_iter counts them).
+  virtual std::vector<CompressionState> state() { return {}; }
   int64_t steps() const { return steps_; }
   void set_steps(int64_t n) { steps_ = n; }
 

@@ -81,13 +81,15 @@ class PowerSgd final : public BucketedAllReduce {
     }
   }
 
-  std::vector<State> state() override {
-    std::vector<State> out;
+  std::vector<CompressionState> state() override {
+    std::vector<CompressionState> out;
     for (Plan& pl : plans_) {
       for (Matrix& m : pl.mats) {
         if (m.error.data())
-          out.push_back({State::kError, m.p, m.error.as<float>(), m.rows, m.cols});
-        out.push_back({State::kQ, m.p, pl.q.as<float>() + m.q_off, m.cols, m.r});
+          out.push_back({CompressionState::kError, "powersgd", m.p, m.error.as<float>(), m.rows,
+                         m.cols});
+        out.push_back(
+            {CompressionState::kQ, "powersgd", m.p, pl.q.as<float>() + m.q_off, m.cols, m.r});
       }
     }
     return out;
@@ -139,7 +141,7 @@ class PowerSgd final : public BucketedAllReduce {
     if (!g.group) return;
     Plan& pl = plans_[index(b)];
     const size_t es = dtype_size(config_.dtype);
-    cstats_.plain_bytes += double(pbytes(b.end - b.begin));
+    cstats_.plain_bytes += all_reduce_volume(double(pbytes(b.end - b.begin)), g.size);
     // The uncompressed parameters, in one message of the gradient type.
     if (pl.rest_elements > 0) {
       pl.rmsg = be_.alloc(static_cast<size_t>(pl.rest_elements) * es, MemCategory::kComm, false);
@@ -151,7 +153,7 @@ class PowerSgd final : public BucketedAllReduce {
       pl.rw = g.group->all_reduce(pl.rmsg.data(), pl.rmsg.data(),
                                   static_cast<size_t>(pl.rest_elements), config_.dtype,
                                   ReduceOp::kAvg);
-      cstats_.payload_bytes += double(pl.rest_elements) * double(es);
+      cstats_.sent_bytes += all_reduce_volume(double(pl.rest_elements) * double(es), g.size);
     }
     if (pl.mats.empty()) return;
     // P = (M + e) Q of every matrix.
@@ -169,7 +171,7 @@ class PowerSgd final : public BucketedAllReduce {
     }
     pl.pw = g.group->all_reduce(pl.p.data(), pl.p.data(), static_cast<size_t>(pl.p_elements),
                                 DType::kF32, ReduceOp::kSum);
-    cstats_.payload_bytes += double(f32_bytes(pl.p_elements));
+    cstats_.sent_bytes += all_reduce_volume(double(f32_bytes(pl.p_elements)), g.size);
   }
 
   void complete() override {
@@ -192,7 +194,8 @@ class PowerSgd final : public BucketedAllReduce {
       pl.qw = group_of(b).group->all_reduce(pl.q.data(), pl.q.data(),
                                             static_cast<size_t>(pl.q_elements), DType::kF32,
                                             ReduceOp::kSum);
-      cstats_.payload_bytes += double(f32_bytes(pl.q_elements));
+      cstats_.sent_bytes +=
+          all_reduce_volume(double(f32_bytes(pl.q_elements)), group_of(b).size);
     }
     // M^ = P Q^T / size into the gradients; the error M - M^ kept.
     double ess = 0;

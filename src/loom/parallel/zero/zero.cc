@@ -89,6 +89,13 @@ ZeroEngine::ZeroEngine(ParamStore<float>& store, std::shared_ptr<ProcessGroup> g
   }
   reducer_ = make_grad_reducer(store_, shards_, config_,
                                GradTarget{half() ? nullptr : held_grads(), grads16()});
+  if (optimizer.one_bit()) {
+    LOOM_CHECK_KIND(kConfig, experts_.ep_size() == 1,
+                    "optimizer.type {} with parallel.expert {}: expert units reduce over their own "
+                    "groups, which 1-bit compression does not cover",
+                    optimizer.type, experts_.ep_size());
+    onebit_ = std::make_unique<OneBitAdam>(shards_, config_, optimizer, be_);
+  }
   if (config_.stage >= 3)
     gatherer_ = std::make_unique<ParamGatherer>(
         store_, shards_, config_,
@@ -153,7 +160,9 @@ void ZeroEngine::begin_micro_batch(std::vector<UnitUse> schedule, bool last) {
   pos_ = 0;
   // Stages 0-1 keep full gradients and reduce once per step; stages 2-3 hold
   // no full gradients, so every micro-batch's are reduced into the shard.
-  reducer_->begin(backward && (config_.stage >= 2 || last));
+  // 1-bit Adam's compressed phase keeps every rank's own gradients.
+  const bool local = onebit_ && onebit_->compressed(optimizer_steps_ + 1);
+  reducer_->begin(backward && (config_.stage >= 2 || last) && !local);
   if (gatherer_ && !full_) gatherer_->start(plan_);
 }
 
@@ -350,6 +359,17 @@ void ZeroEngine::sum_grads(int64_t begin, int64_t end, ProcessGroup& group) {
 void ZeroEngine::step(double lr, int64_t step) {
   // The update goes to the shard; gathered full parameters would go stale.
   LOOM_CHECK(!full_, "optimizer step while the full parameters are gathered");
+  optimizer_steps_ = step;
+  if (onebit_ && onebit_->compressed(step)) {
+    // Stage 0: the moments and masters are the whole layout's.
+    if (half())
+      onebit_->step_16(masters(), params16(), grads16(), config_.dtype, grad_factor_,
+                       optimizer_->exp_avg(), optimizer_->exp_avg_sq(), lr, step);
+    else
+      onebit_->step(store_.params(), held_grads(), optimizer_->exp_avg(),
+                    optimizer_->exp_avg_sq(), lr, step);
+    return;
+  }
   // 16-bit mode updates the masters and rounds them into the parameters.
   if (half())
     optimizer_->step_16(params16(), grads16(), grad_factor_, lr, step);
@@ -373,6 +393,35 @@ void ZeroEngine::gather_updated_params() {
                                         static_cast<size_t>(shards_.slice(u)), config_.dtype));
   }
   wait_all(works, &stats_);
+}
+
+CompressionStats ZeroEngine::take_compression() {
+  CompressionStats s = reducer_->take_compression();
+  if (!onebit_) return s;
+  // 1-bit Adam: its own compression in the compressed phase, the plain
+  // reduction's figures in the warm-up.
+  const CompressionStats o = onebit_->take_stats();
+  s.sent_bytes += o.sent_bytes;
+  s.plain_bytes += o.plain_bytes;
+  s.compressed = onebit_->compressed(optimizer_steps_);
+  s.error_sum_squares = 0;
+  for (const CompressionState& c : onebit_->state()) {
+    const int64_t n = c.kind == CompressionState::kError ? c.rows * c.cols : c.end - c.begin;
+    s.error_sum_squares += be_.sum_squares(c.data, n);
+  }
+  return s;
+}
+
+std::vector<CompressionState> ZeroEngine::compression_state() {
+  std::vector<CompressionState> s = reducer_->state();
+  if (onebit_)
+    for (const CompressionState& c : onebit_->state()) s.push_back(c);
+  return s;
+}
+
+void ZeroEngine::resume_steps(int64_t steps, int64_t optimizer_steps) {
+  reducer_->set_steps(steps);
+  optimizer_steps_ = optimizer_steps;
 }
 
 CommStats ZeroEngine::take_stats() {

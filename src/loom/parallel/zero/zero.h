@@ -44,6 +44,7 @@
 #include "loom/optim/adamw.h"
 #include "loom/parallel/zero/comm_wait.h"
 #include "loom/parallel/zero/grad_reducer.h"
+#include "loom/parallel/zero/onebit.h"
 #include "loom/parallel/zero/param_gather.h"
 #include "loom/parallel/zero/shard_layout.h"
 #include "loom/parallel/zero/shard_optimizer.h"
@@ -106,9 +107,11 @@ class ZeroEngine {
   // comm.compression: what it did since the last call, the state it
   // carries between steps (for checkpoints), and the steps reduced so far
   // (a resume sets them).
-  CompressionStats take_compression() { return reducer_->take_compression(); }
-  std::vector<GradReducer::State> compression_state() { return reducer_->state(); }
-  void set_reduced_steps(int64_t n) { reducer_->set_steps(n); }
+  CompressionStats take_compression();
+  std::vector<CompressionState> compression_state();
+  // A resume: `steps` reductions (the run's steps) and `optimizer_steps`
+  // updates (those not skipped) done so far.
+  void resume_steps(int64_t steps, int64_t optimizer_steps);
 
   // Stage 3: gathers the full parameters into the model's own buffer
   // (collective); release_full_params(true) copies this rank's slices back
@@ -199,6 +202,8 @@ class ZeroEngine {
   // After the buffers they write into, so that they are gone first.
   std::unique_ptr<GradReducer> reducer_;
   std::unique_ptr<ParamGatherer> gatherer_;  // stage 3
+  std::unique_ptr<OneBitAdam> onebit_;       // optimizer.type OneBitAdam
+  int64_t optimizer_steps_ = 0;              // updates done (the last step() argument)
 
   // The unit uses of the current micro-batch and the position in them.
   std::vector<UnitUse> plan_;
