@@ -260,25 +260,35 @@ TEST(Compression, PowerSgdMatchesAReferenceOverEveryRanksGradients) {
 }
 
 
-// A PowerSGD run's checkpoint holds every rank's error feedback and Q: a
-// run resumed from it continues bitwise as if never stopped, with ZeRO-1 and
+// A compressing run's checkpoint holds its state (PowerSGD's error feedback
+// and Q of every rank; 1-bit Adam's worker and server errors): a run
+// resumed from it continues bitwise as if never stopped, with ZeRO-1 and
 // 16-bit gradients too; one resumed on half the data-parallel ranks takes
-// the saved ranks' mean error and trains on.
-TEST(Compression, PowerSgdResumesBitwise) {
+// the saved ranks' mean error (and the server errors resharded) and trains on.
+TEST(Compression, CompressingRunsResumeBitwise) {
   auto world = runtime().world(CommOptions{});
   const int n = world->size();
   const std::string root =
-      (std::filesystem::temp_directory_path() / "loom-test-powersgd-resume").string();
+      (std::filesystem::temp_directory_path() / "loom-test-compression-resume").string();
   if (world->rank() == 0) std::filesystem::remove_all(root);
   world->barrier()->wait();
+  const std::vector<std::string> powersgd = {"comm.compression.type=powersgd",
+                                             "comm.compression.rank=2",
+                                             "comm.compression.start_iter=2"};
+  const std::vector<std::string> onebit = {"optimizer.type=OneBitAdam",
+                                           "optimizer.params.freeze_step=2"};
+  auto with = [](std::vector<std::string> a, const std::vector<std::string>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
   for (const std::vector<std::string>& extra :
-       {std::vector<std::string>{"zero_optimization.stage=0"},
-        std::vector<std::string>{"zero_optimization.stage=1", "bf16.enabled=true"}}) {
+       {with(powersgd, {"zero_optimization.stage=0"}),
+        with(powersgd, {"zero_optimization.stage=1", "bf16.enabled=true"}),
+        with(onebit, {"zero_optimization.stage=0"}), with(onebit, {"bf16.enabled=true"})}) {
+    const std::string what = extra[0] + " " + extra.back();
     auto make = [&](int steps, const std::string& resume, const std::string& dir,
                     std::shared_ptr<ProcessGroup> group) {
-      std::vector<std::string> o = {"comm.compression.type=powersgd", "comm.compression.rank=2",
-                                    "comm.compression.start_iter=2",
-                                    "train.steps=" + std::to_string(steps), "checkpoint.every=3",
+      std::vector<std::string> o = {"train.steps=" + std::to_string(steps), "checkpoint.every=3",
                                     "checkpoint.dir=" + root + "/" + dir};
       o.insert(o.end(), extra.begin(), extra.end());
       const int size = group ? group->size() : 1;
@@ -291,19 +301,19 @@ TEST(Compression, PowerSgdResumesBitwise) {
     };
     auto f = make(6, "", "f", world);
     const std::vector<StepResult> rf = f->run();
-    ASSERT_TRUE(rf[3].compressed && !rf[1].compressed) << "start_iter 2";
-    EXPECT_GT(rf[5].error_norm, 0);
+    ASSERT_TRUE(rf[3].compressed && !rf[1].compressed) << what << ": compression from step 3";
+    EXPECT_GT(rf[5].error_norm, 0) << what;
     auto g = make(6, root + "/f/step-00000003", "g", world);
     const std::vector<StepResult> rg = g->run();
     ASSERT_EQ(rg.size(), 3u);
     for (size_t k = 0; k < 3; ++k) {
-      EXPECT_EQ(rg[k].loss, rf[k + 3].loss) << extra.back() << " step " << k + 4;
-      EXPECT_EQ(rg[k].grad_norm, rf[k + 3].grad_norm) << extra.back() << " step " << k + 4;
-      EXPECT_EQ(rg[k].error_norm, rf[k + 3].error_norm) << extra.back() << " step " << k + 4;
+      EXPECT_EQ(rg[k].loss, rf[k + 3].loss) << what << " step " << k + 4;
+      EXPECT_EQ(rg[k].grad_norm, rf[k + 3].grad_norm) << what << " step " << k + 4;
+      EXPECT_EQ(rg[k].error_norm, rf[k + 3].error_norm) << what << " step " << k + 4;
     }
-    EXPECT_TRUE(test::whole_state(*g) == test::whole_state(*f)) << "resumed run's final state";
+    EXPECT_TRUE(test::whole_state(*g) == test::whole_state(*f)) << what << ": final state";
     if (n >= 4) {
-      // Half the ranks (still data-parallel): the mean error; training goes on from the same weights.
+      // Half the ranks (still data-parallel).
       const int half = n / 2;
       std::vector<int> a(static_cast<size_t>(half)), b(static_cast<size_t>(n - half));
       std::iota(a.begin(), a.end(), 0);
@@ -313,13 +323,76 @@ TEST(Compression, PowerSgdResumesBitwise) {
         auto h = make(6, root + "/f/step-00000003", "h", split);
         const std::vector<StepResult> rh = h->run();
         ASSERT_EQ(rh.size(), 3u);
-        for (const StepResult& r : rh) EXPECT_TRUE(std::isfinite(r.loss) && r.compressed);
-        EXPECT_LT(std::fabs(rh[0].loss - rf[3].loss), 0.05 * rf[3].loss);
+        for (const StepResult& r : rh) EXPECT_TRUE(std::isfinite(r.loss) && r.compressed) << what;
+        EXPECT_LT(std::fabs(rh[0].loss - rf[3].loss), 0.05 * rf[3].loss) << what;
       }
       world->barrier()->wait();
     }
+    world->barrier()->wait();
+    if (world->rank() == 0) std::filesystem::remove_all(root);
+    world->barrier()->wait();
   }
-  if (world->rank() == 0) std::filesystem::remove_all(root);
+}
+
+// OneBitAdam: its warm-up is AdamW bit for bit; with the identity codec its
+// compressed phase (each rank's momentum averaged, the variance frozen) is
+// the one-process run's to rounding; with the 1-bit codec it trains on,
+// moves no element whose gradient is always zero (the vocabulary padding of
+// wte) and sends 1/32 of the bytes.
+TEST(Compression, OneBitAdamWarmsUpAsAdamWAndCompressesAfter) {
+  auto world = runtime().world(CommOptions{});
+  const int n = world->size();
+  auto run = [&](const std::vector<std::string>& o, std::shared_ptr<ProcessGroup> group,
+                 std::vector<StepResult>* steps) {
+    std::vector<std::string> all = {"train.steps=8", "gradient_clipping=0",
+                                    "model.vocab_size=250"};
+    all.insert(all.end(), o.begin(), o.end());
+    const int size = group ? group->size() : 1;
+    Config c = parse_config(test::kBase, "harness", all, size);
+    RunOptions opt;
+    opt.quiet = true;
+    opt.parallel = make_parallel_context(std::move(group), GridShape{size, 1, 1});
+    auto t = std::make_unique<Trainer>(std::move(c), opt, ThreadConfig{});
+    *steps = t->run();
+    return t;
+  };
+  std::vector<StepResult> ra, rb, rc, rd, re;
+  auto a = run({}, world, &ra);
+  auto b = run({"optimizer.type=OneBitAdam", "optimizer.params.freeze_step=8"}, world, &rb);
+  for (size_t k = 0; k < 8; ++k) ASSERT_EQ(rb[k].loss, ra[k].loss) << "warm-up step " << k + 1;
+  EXPECT_TRUE(test::whole_state(*a) == test::whole_state(*b)) << "warm-up is AdamW";
+
+  const std::vector<std::string> onebit = {"optimizer.type=OneBitAdam",
+                                           "optimizer.params.freeze_step=3"};
+  // The identity codec against one process (which compresses nothing).
+  setenv("LOOM_TEST_CODEC", "identity", 1);
+  auto d = run(onebit, world, &rd);
+  unsetenv("LOOM_TEST_CODEC");
+  auto e = run(onebit, nullptr, &re);
+  for (size_t k = 0; k < 8; ++k)
+    EXPECT_NEAR(rd[k].loss, re[k].loss, 1e-5 * re[k].loss) << "identity codec step " << k + 1;
+  const auto pd = test::whole_params(*d), pe = test::whole_params(*e);
+  for (const auto& [name, x] : pe) {
+    const std::vector<float>& y = pd.at(name);
+    for (size_t i = 0; i < x.size(); ++i)
+      ASSERT_NEAR(y[i], x[i], 1e-4) << name << " at " << i << ": identity codec vs one process";
+  }
+
+  auto c = run(onebit, world, &rc);
+  for (size_t k = 0; k < 3; ++k) EXPECT_EQ(rc[k].loss, ra[k].loss) << "warm-up step " << k + 1;
+  for (size_t k = 3; k < 8; ++k) {
+    EXPECT_TRUE(rc[k].compressed && std::isfinite(rc[k].loss)) << "step " << k + 1;
+    EXPECT_LT(std::fabs(rc[k].loss - ra[k].loss), 0.02 * ra[k].loss) << "step " << k + 1;
+    if (n > 1) {
+      EXPECT_GT(rc[k].uncompressed_bytes / rc[k].compressed_bytes, 25.0);
+    }
+  }
+  // The padded vocabulary rows of wte (zero, never a gradient) stay zero.
+  const Param& wte = c->engine().stage().layout().find("transformer.wte.weight");
+  const float* w = c->engine().stage().params() + wte.offset;
+  for (int64_t row = 250; row < wte.local[0]; ++row)
+    for (int64_t j = 0; j < wte.local[1]; ++j)
+      ASSERT_EQ(w[row * wte.local[1] + j], 0.0f) << "padded row " << row;
 }
 
 }  // namespace

@@ -48,6 +48,7 @@ class CompressedAllReduce {
   double run(const float* in, float* out);
 
   size_t count() const { return count_; }
+  Codec codec() const { return codec_; }
   size_t padded() const { return padded_; }
   size_t chunk() const { return padded_ / static_cast<size_t>(size_); }
   // The errors carried to the next call: this rank's as a worker (padded()

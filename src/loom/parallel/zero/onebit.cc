@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "loom/core/error.h"
 
@@ -22,11 +24,14 @@ OneBitAdam::OneBitAdam(const ShardLayout& shards, const ZeroConfig& zero,
   LOOM_CHECK_KIND(kConfig, zero.stage == 0,
                   "optimizer.type {} needs zero_optimization.stage 0, got {}", optimizer.type,
                   zero.stage);
+  // Tests only: LOOM_TEST_CODEC=identity runs the same path uncompressed.
+  const char* test_codec = std::getenv("LOOM_TEST_CODEC");
+  const Codec codec =
+      test_codec && std::string(test_codec) == "identity" ? Codec::kIdentity : Codec::kSign;
   for (int u = 0; u < shards.num_units(); ++u) {
     const UnitGroup& g = shards.group(u);
     units_.push_back(g.group ? std::make_unique<CompressedAllReduce>(
-                                   g.group, static_cast<size_t>(shards.unit(u).size()),
-                                   Codec::kSign)
+                                   g.group, static_cast<size_t>(shards.unit(u).size()), codec)
                              : nullptr);
   }
 }
@@ -44,15 +49,19 @@ void OneBitAdam::unit_step(int u, const float* g, float* params, float* m, const
   if (CompressedAllReduce* ca = units_[static_cast<size_t>(u)].get()) {
     ca->run(x, m + b);
     // Masked elements carry no momentum and no error; nor does the padding.
-    float* ew = ca->worker_error();
-    float* es = ca->server_error();
-    const int64_t C = static_cast<int64_t>(ca->chunk());
-    const int64_t first = shards_.group(u).rank * C;
     for (int64_t i = 0; i < n; ++i)
-      if (v[b + i] == 0.0f) m[b + i] = ew[i] = 0.0f;
-    std::fill(ew + n, ew + ca->padded(), 0.0f);
-    for (int64_t j = 0; j < C; ++j)
-      if (first + j >= n || v[b + first + j] == 0.0f) es[j] = 0.0f;
+      if (v[b + i] == 0.0f) m[b + i] = 0.0f;
+    if (ca->codec() == Codec::kSign) {
+      float* ew = ca->worker_error();
+      float* es = ca->server_error();
+      const int64_t C = static_cast<int64_t>(ca->chunk());
+      const int64_t first = shards_.group(u).rank * C;
+      for (int64_t i = 0; i < n; ++i)
+        if (v[b + i] == 0.0f) ew[i] = 0.0f;
+      std::fill(ew + n, ew + ca->padded(), 0.0f);
+      for (int64_t j = 0; j < C; ++j)
+        if (first + j >= n || v[b + first + j] == 0.0f) es[j] = 0.0f;
+    }
     const int W = shards_.group(u).size;
     // The all-to-all's blocks to the others, and the all-gather's.
     stats_.sent_bytes += 2.0 * (W - 1) * double(ca->block_bytes());
@@ -102,7 +111,7 @@ std::vector<CompressionState> OneBitAdam::state() {
   std::vector<CompressionState> out;
   for (int u = 0; u < shards_.num_units(); ++u) {
     CompressedAllReduce* ca = units_[static_cast<size_t>(u)].get();
-    if (!ca) continue;
+    if (!ca || ca->codec() != Codec::kSign) continue;
     const int64_t b = shards_.unit(u).begin, C = static_cast<int64_t>(ca->chunk());
     const int64_t first = shards_.group(u).rank * C;
     for (const Param& p : shards_.layout().params()) {
