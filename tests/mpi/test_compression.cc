@@ -15,6 +15,7 @@
 #include <random>
 
 #include "loom/parallel/zero/grad_reducer.h"
+#include "loom/parallel/zero/onebit.h"
 #include "loom/parallel/zero/zero.h"
 #include "harness.h"
 #include "mpi_main.h"
@@ -281,10 +282,13 @@ TEST(Compression, CompressingRunsResumeBitwise) {
     a.insert(a.end(), b.begin(), b.end());
     return a;
   };
+  const std::vector<std::string> zero_one = {"optimizer.type=ZeroOneAdam",
+                                             "optimizer.params.var_freeze_step=2"};
   for (const std::vector<std::string>& extra :
        {with(powersgd, {"zero_optimization.stage=0"}),
         with(powersgd, {"zero_optimization.stage=1", "bf16.enabled=true"}),
-        with(onebit, {"zero_optimization.stage=0"}), with(onebit, {"bf16.enabled=true"})}) {
+        with(onebit, {"zero_optimization.stage=0"}), with(onebit, {"bf16.enabled=true"}),
+        with(zero_one, {"zero_optimization.stage=0"})}) {
     const std::string what = extra[0] + " " + extra.back();
     auto make = [&](int steps, const std::string& resume, const std::string& dir,
                     std::shared_ptr<ProcessGroup> group) {
@@ -393,6 +397,63 @@ TEST(Compression, OneBitAdamWarmsUpAsAdamWAndCompressesAfter) {
   for (int64_t row = 250; row < wte.local[0]; ++row)
     for (int64_t j = 0; j < wte.local[1]; ++j)
       ASSERT_EQ(w[row * wte.local[1] + j], 0.0f) << "padded row " << row;
+}
+
+TEST(Compression, ZeroOneAdamUpdatesTheVarianceAtExponentiallySpacedSteps) {
+  std::vector<int64_t> steps;
+  for (int64_t t = 1; t <= 40; ++t)
+    if (zero_one_variance_step(t, 30, 4)) steps.push_back(t);
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 28}));
+  EXPECT_EQ(zero_one_variance_updates(40, 30, 4), 12);
+  EXPECT_EQ(zero_one_variance_updates(5, 30, 4), 4);
+  // DeepSpeed's default scaler: 16 steps at each interval.
+  EXPECT_TRUE(zero_one_variance_step(16, 100000, 16));
+  EXPECT_FALSE(zero_one_variance_step(17, 100000, 16));
+  EXPECT_TRUE(zero_one_variance_step(18, 100000, 16));
+}
+
+// 0/1 Adam: updating the variance at every step (a scaler beyond the run)
+// it is AdamW to rounding; with the identity codec its compressed steps are
+// the one-process run's to rounding; with the 1-bit codec it trains on.
+TEST(Compression, ZeroOneAdamTrainsLikeAdamWAndOneProcess) {
+  auto world = runtime().world(CommOptions{});
+  auto run = [&](const std::vector<std::string>& o, std::shared_ptr<ProcessGroup> group) {
+    std::vector<std::string> all = {"train.steps=10", "gradient_clipping=0"};
+    all.insert(all.end(), o.begin(), o.end());
+    const int size = group ? group->size() : 1;
+    Config c = parse_config(test::kBase, "harness", all, size);
+    RunOptions opt;
+    opt.quiet = true;
+    opt.parallel = make_parallel_context(std::move(group), GridShape{size, 1, 1});
+    Trainer t(std::move(c), opt, ThreadConfig{});
+    return std::pair{t.run(), test::whole_params(t)};
+  };
+  const auto [ra, pa] = run({}, world);
+  const auto [rb, pb] = run({"optimizer.type=ZeroOneAdam", "optimizer.params.var_update_scaler=100"},
+                            world);
+  for (size_t k = 0; k < 10; ++k) {
+    EXPECT_FALSE(rb[k].compressed);
+    EXPECT_NEAR(rb[k].loss, ra[k].loss, 1e-5 * ra[k].loss) << "step " << k + 1;
+  }
+  for (const auto& [name, x] : pa)
+    for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(pb.at(name)[i], x[i], 1e-5) << name;
+  const std::vector<std::string> zo = {"optimizer.type=ZeroOneAdam",
+                                       "optimizer.params.var_update_scaler=2"};
+  setenv("LOOM_TEST_CODEC", "identity", 1);
+  const auto [rd, pd] = run(zo, world);
+  unsetenv("LOOM_TEST_CODEC");
+  const auto [re, pe] = run(zo, nullptr);
+  for (size_t k = 0; k < 10; ++k)
+    EXPECT_NEAR(rd[k].loss, re[k].loss, 1e-5 * re[k].loss) << "identity codec step " << k + 1;
+  for (const auto& [name, x] : pe)
+    for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(pd.at(name)[i], x[i], 1e-4) << name;
+  const auto [rc, pc] = run(zo, world);
+  int compressed = 0;
+  for (size_t k = 0; k < 10; ++k) {
+    compressed += rc[k].compressed;
+    EXPECT_LT(std::fabs(rc[k].loss - ra[k].loss), 0.02 * ra[k].loss) << "step " << k + 1;
+  }
+  EXPECT_EQ(compressed, 10 - 5) << "variance steps 1, 2, 4, 6, 10";
 }
 
 }  // namespace

@@ -16,15 +16,22 @@ namespace loom {
 
 struct OptimizerConfig {
   // "AdamW"; "Adam" means the same (DeepSpeed's adam_w_mode default);
-  // "OneBitAdam": AdamW until freeze_step, then 1-bit compressed momentum
-  // (parallel/zero/onebit.h).
+  // "OneBitAdam": AdamW until freeze_step, then 1-bit compressed momentum;
+  // "ZeroOneAdam": the variance updated at exponentially spaced steps,
+  // 1-bit compressed momentum at the others (parallel/zero/onebit.h).
   std::string type = "AdamW";
   double lr = 3e-4;
   double beta1 = 0.9, beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.0;
   int64_t freeze_step = 100000;  // OneBitAdam: optimizer steps of plain AdamW first
-  bool one_bit() const { return type == "OneBitAdam"; }
+  // ZeroOneAdam: the last step that may update the variance; variance
+  // updates per interval before it doubles; steps between doublings of the
+  // local-step interval, and its largest value.
+  int64_t var_freeze_step = 100000, var_update_scaler = 16;
+  int64_t local_step_scaler = 32678, local_step_clipper = 16;
+  bool one_bit() const { return type == "OneBitAdam" || type == "ZeroOneAdam"; }
+  bool zero_one() const { return type == "ZeroOneAdam"; }
 };
 
 // Which elements one AdamW instance updates: `length` elements starting at

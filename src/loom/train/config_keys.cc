@@ -29,14 +29,15 @@ std::vector<ConfigKey> run_keys() {
           .lands(LOOM_FIELD(c.gradient_clipping, double))
           .doc("number >= 0", "0 (off)", "clip the global gradient L2 norm to this"),
       key("optimizer.type", KeyKind::kString)
-          .one_of({"AdamW", "Adam", "OneBitAdam"})
+          .one_of({"AdamW", "Adam", "OneBitAdam", "ZeroOneAdam"})
           .or_else("AdamW")
           .lands(LOOM_FIELD(c.optimizer.type, std::string))
-          .doc("`AdamW` \\| `Adam` \\| `OneBitAdam`", "`AdamW`",
+          .doc("`AdamW` \\| `Adam` \\| `OneBitAdam` \\| `ZeroOneAdam`", "`AdamW`",
                "`AdamW` and `Adam` are AdamW (decoupled weight decay), as DeepSpeed's `Adam` is "
                "by default; `OneBitAdam`: AdamW until `freeze_step`, then the momentum averaged "
-               "by a 1-bit compressed all-reduce with the variance frozen "
-               "([comm.md](comm.md#1-bit-adam))"),
+               "by a 1-bit compressed all-reduce with the variance frozen; `ZeroOneAdam`: the "
+               "variance updated at exponentially spaced steps, the momentum 1-bit compressed at "
+               "the others ([comm.md](comm.md#1-bit-adam-and-01-adam))"),
       key("optimizer.params.lr", KeyKind::kNumber)
           .range(0, 1e300)
           .or_else(3e-4)
@@ -70,10 +71,37 @@ std::vector<ConfigKey> run_keys() {
           .range(0, kMaxInt)
           .or_else(100000)
           .lands(LOOM_FIELD(c.optimizer.freeze_step, int64_t))
-          .when([](const Config& c) { return c.optimizer.one_bit(); })
+          .when([](const Config& c) { return c.optimizer.type == "OneBitAdam"; })
           .doc("int >= 0", "100000",
                "`OneBitAdam`: optimizer steps of plain AdamW before compression (DeepSpeed "
                "advises 15-25% of training)"),
+      key("optimizer.params.var_freeze_step", KeyKind::kInt)
+          .range(0, kMaxInt)
+          .or_else(100000)
+          .lands(LOOM_FIELD(c.optimizer.var_freeze_step, int64_t))
+          .when([](const Config& c) { return c.optimizer.zero_one(); })
+          .doc("int >= 0", "100000", "`ZeroOneAdam`: the last step that may update the variance"),
+      key("optimizer.params.var_update_scaler", KeyKind::kInt)
+          .range(1, kMaxInt)
+          .or_else(16)
+          .lands(LOOM_FIELD(c.optimizer.var_update_scaler, int64_t))
+          .when([](const Config& c) { return c.optimizer.zero_one(); })
+          .doc("int >= 1", "16",
+               "`ZeroOneAdam`: variance updates at each interval before the interval doubles"),
+      key("optimizer.params.local_step_scaler", KeyKind::kInt)
+          .range(1, kMaxInt)
+          .or_else(32678)
+          .lands(LOOM_FIELD(c.optimizer.local_step_scaler, int64_t))
+          .when([](const Config& c) { return c.optimizer.zero_one(); })
+          .doc("int >= 1", "32678",
+               "`ZeroOneAdam`: steps after `var_freeze_step` before local steps would begin "
+               "(loom refuses a run that reaches them)"),
+      key("optimizer.params.local_step_clipper", KeyKind::kInt)
+          .range(1, kMaxInt)
+          .or_else(16)
+          .lands(LOOM_FIELD(c.optimizer.local_step_clipper, int64_t))
+          .when([](const Config& c) { return c.optimizer.zero_one(); })
+          .doc("int >= 1", "16", "`ZeroOneAdam`: the largest local-step interval (accepted)"),
       key("optimizer.params.comm_backend_name", KeyKind::kString)
           .one_of({"mpi"})
           .or_else("mpi")

@@ -217,14 +217,16 @@ StepResult Trainer::train_step() {
   r.compressed_bytes = s.compression.sent_bytes;
   r.uncompressed_bytes = s.compression.plain_bytes;
   r.error_norm = std::sqrt(s.compression.error_sum_squares);
-  if (r.compressed && !was_compressed_ && writer_ && !options_.quiet) {
+  if (r.compressed && !compression_logged_ && writer_ && !options_.quiet) {
     if (progress_->tty()) std::printf("\r\033[K");
     std::printf("loom: step %ld: %s compresses from here on%s\n", long(r.step),
                 r.compression.c_str(),
-                config_.optimizer.one_bit() ? " (variance frozen)" : "");
+                config_.optimizer.type == "OneBitAdam"    ? " (variance frozen)"
+                : config_.optimizer.type == "ZeroOneAdam" ? " (but at its variance steps)"
+                                                          : "");
     std::fflush(stdout);
   }
-  was_compressed_ = r.compressed;
+  compression_logged_ = compression_logged_ || r.compressed;
   r.t_bubble = s.t_bubble;
   r.bubble_fraction = s.bubble_fraction;
   r.t_p2p_wait = s.t_p2p_wait;
@@ -669,7 +671,15 @@ void Trainer::describe_compression() const {
   const CompressionConfig& cc = config_.zero.compression;
   const OptimizerConfig& o = config_.optimizer;
   const bool dp = options_.parallel.dp != nullptr;
-  if (o.one_bit()) {
+  if (o.zero_one())
+    std::printf(
+        "loom: ZeroOneAdam: the variance updated from uncompressed gradients at exponentially "
+        "spaced steps (%ld at each interval, then the interval doubles) until step %ld, each "
+        "rank's momentum averaged by a 1-bit compressed all-reduce per unit at every other "
+        "step%s\n",
+        long(o.var_update_scaler), long(o.var_freeze_step),
+        dp ? "" : " (one process: nothing to compress)");
+  if (o.type == "OneBitAdam") {
     std::printf(
         "loom: %s: AdamW for the first %ld optimizer steps, then each rank's momentum averaged "
         "by a 1-bit compressed all-reduce per unit (error feedback on both sides), the variance "

@@ -115,7 +115,7 @@ class Trainer {
   double peak_gflops_ = 0;
   GemmPath gemm_path_ = GemmPath::kF32Sgemm;
   bool mfu_warned_ = false;
-  bool was_compressed_ = false;  // the last step ran compressed (the switch is logged)
+  bool compression_logged_ = false;  // the first compressed step is logged
   double job_peak_gflops_ = 0;
   std::unique_ptr<StragglerDetector> stragglers_;
   std::vector<int> slow_ranks_;  // those last warned about

@@ -1,3 +1,5 @@
+// The 1-bit optimizers.
+//
 // 1-bit Adam (optimizer.type OneBitAdam): AdamW for the first freeze_step
 // optimizer steps, with the plain gradient reduction; from then on the
 // second moment is frozen and the gradients are not reduced: every rank
@@ -8,6 +10,16 @@
 //   p -= lr (m / (1 - b1^t) / (sqrt(v / (1 - b2^f)) + eps) + wd p)
 // with f = freeze_step (AdamW's update with v frozen, and its bias
 // correction with it).
+//
+// 0/1 Adam (ZeroOneAdam): the variance is updated only at exponentially
+// spaced steps up to var_freeze_step (every step for the first
+// var_update_scaler updates, then every 2nd for as many, every 4th, ...);
+// at those steps the gradients are reduced uncompressed and m and v take
+// AdamW's update; at every other step the momentum is averaged by the
+// 1-bit compressed all-reduce as above, with v kept. After var_freeze_step
+// v is frozen and every step is compressed. The bias correction of v
+// counts its updates. (0/1 Adam's local steps, which begin
+// local_step_scaler steps after the freeze, are refused by the config.)
 //
 // Each unit is compressed on its own (its scale, its signs), so a tied
 // parameter held by two pipeline stages compresses alike on both. Elements
@@ -35,15 +47,18 @@ class OneBitAdam {
   OneBitAdam(const ShardLayout& shards, const ZeroConfig& zero, const OptimizerConfig& optimizer,
              const Backend<float>& backend);
 
-  // Whether optimizer step `step` (1-based) runs compressed.
-  bool compressed(int64_t step) const { return step > optimizer_.freeze_step; }
+  // Whether optimizer step `step` (1-based) runs compressed (its gradients
+  // stay every rank's own), and whether this object updates it (0/1 Adam:
+  // every step; 1-bit Adam: the compressed ones, AdamW the others).
+  bool compressed(int64_t step) const;
+  bool updates(int64_t step) const { return optimizer_.zero_one() || compressed(step); }
 
-  // One compressed step over the whole layout. f32: params and this rank's
-  // gradients. 16-bit mode: the masters from grads16 times grad_factor,
-  // rounded into params16.
-  void step(float* params, const float* grads, float* m, const float* v, double lr, int64_t step);
+  // One update over the whole layout. f32: params and the gradients (this
+  // rank's when compressed, else reduced). 16-bit mode: the masters from
+  // grads16 times grad_factor, rounded into params16.
+  void step(float* params, const float* grads, float* m, float* v, double lr, int64_t step);
   void step_16(float* masters, uint16_t* params16, const uint16_t* grads16, DType t,
-               float grad_factor, float* m, const float* v, double lr, int64_t step);
+               float grad_factor, float* m, float* v, double lr, int64_t step);
 
   // The worker and server errors, per parameter, for checkpoints.
   std::vector<CompressionState> state();
@@ -54,10 +69,11 @@ class OneBitAdam {
   }
 
  private:
-  // The momentum of unit u from its gradients g (f32), compressed and
-  // averaged into m; the mask applied; then the update of its elements
-  // (params indexed like m).
-  void unit_step(int u, const float* g, float* params, float* m, const float* v, double lr,
+  // Unit u's update from its gradients g (f32): compressed, the momentum
+  // of g averaged into m with the mask applied; else (0/1 Adam's variance
+  // steps) m and v updated from the reduced g. Then the parameters (indexed
+  // like m).
+  void unit_step(int u, const float* g, float* params, float* m, float* v, double lr,
                  int64_t step);
 
   const ShardLayout& shards_;
@@ -67,5 +83,10 @@ class OneBitAdam {
   std::vector<std::unique_ptr<CompressedAllReduce>> units_;  // null: reduced over no group
   CompressionStats stats_;
 };
+
+// 0/1 Adam's variance schedule: whether step t (1-based) updates the
+// variance, and how many updates steps 1..t made.
+bool zero_one_variance_step(int64_t t, int64_t var_freeze_step, int64_t scaler);
+int64_t zero_one_variance_updates(int64_t t, int64_t var_freeze_step, int64_t scaler);
 
 }  // namespace loom

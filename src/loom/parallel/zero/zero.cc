@@ -360,7 +360,7 @@ void ZeroEngine::step(double lr, int64_t step) {
   // The update goes to the shard; gathered full parameters would go stale.
   LOOM_CHECK(!full_, "optimizer step while the full parameters are gathered");
   optimizer_steps_ = step;
-  if (onebit_ && onebit_->compressed(step)) {
+  if (onebit_ && onebit_->updates(step)) {
     // Stage 0: the moments and masters are the whole layout's.
     if (half())
       onebit_->step_16(masters(), params16(), grads16(), config_.dtype, grad_factor_,
