@@ -10,6 +10,7 @@
 // compress, and M^ rounded back.
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "loom/core/error.h"
 #include "loom/core/rng.h"
@@ -23,22 +24,40 @@ size_t f32_bytes(int64_t elements) {
   return static_cast<size_t>(elements) * sizeof(float);
 }
 
-// Gram-Schmidt over the r columns of row-major P (rows x r); a column of
-// zeros (a matrix whose gradient is zero) stays zero.
+// Orthonormalises the r columns of row-major P (rows x r) in place:
+// Gram-Schmidt in double, each column projected off the ones before it
+// twice, so that the columns stay orthogonal to working precision even
+// where they are nearly dependent (a gradient of lower rank than r). A
+// column that is all zeros (a matrix whose gradient is zero) stays zero.
 void orthonormalise(float* P, int64_t rows, int64_t r) {
+  std::vector<double> q(static_cast<size_t>(rows * r));
+  for (int64_t i = 0; i < rows * r; ++i) q[static_cast<size_t>(i)] = P[i];
+  auto at = [&](int64_t i, int64_t j) -> double& { return q[static_cast<size_t>(i * r + j)]; };
+  std::vector<char> zero(static_cast<size_t>(r), 0);
   for (int64_t j = 0; j < r; ++j) {
-    double ss = 0;
-    for (int64_t i = 0; i < rows; ++i) ss += double(P[i * r + j]) * P[i * r + j];
-    if (ss == 0) continue;
-    const float inv = static_cast<float>(1.0 / std::sqrt(ss));
-    for (int64_t i = 0; i < rows; ++i) P[i * r + j] *= inv;
-    for (int64_t k = j + 1; k < r; ++k) {
-      double dot = 0;
-      for (int64_t i = 0; i < rows; ++i) dot += double(P[i * r + j]) * P[i * r + k];
-      const float d = static_cast<float>(dot);
-      for (int64_t i = 0; i < rows; ++i) P[i * r + k] -= d * P[i * r + j];
+    double before = 0;
+    for (int64_t i = 0; i < rows; ++i) before += at(i, j) * at(i, j);
+    if (before == 0) {
+      zero[static_cast<size_t>(j)] = 1;
+      continue;
     }
+    for (int pass = 0; pass < 2; ++pass)
+      for (int64_t k = 0; k < j; ++k) {
+        if (zero[static_cast<size_t>(k)]) continue;
+        double d = 0;
+        for (int64_t i = 0; i < rows; ++i) d += at(i, k) * at(i, j);
+        for (int64_t i = 0; i < rows; ++i) at(i, j) -= d * at(i, k);
+      }
+    double ss = 0;
+    for (int64_t i = 0; i < rows; ++i) ss += at(i, j) * at(i, j);
+    if (ss == 0) {
+      zero[static_cast<size_t>(j)] = 1;
+      continue;
+    }
+    const double inv = 1.0 / std::sqrt(ss);
+    for (int64_t i = 0; i < rows; ++i) at(i, j) *= inv;
   }
+  for (int64_t i = 0; i < rows * r; ++i) P[i] = static_cast<float>(q[static_cast<size_t>(i)]);
 }
 
 class PowerSgd final : public BucketedAllReduce {
