@@ -167,6 +167,44 @@ TEST(Config, ZeroKeysAndTheirErrors) {
   EXPECT_EQ(with_path(dir.path.string()), "(no error)");
 }
 
+TEST(Config, CompressionKeysAndTheirErrors) {
+  Config c = parse_config(kBase, "cfg.json",
+                          {"comm.compression.type=powersgd", "comm.compression.rank=4",
+                           "comm.compression.warm_start=false"});
+  EXPECT_EQ(c.zero.compression.type, "powersgd");
+  EXPECT_EQ(c.zero.compression.rank, 4);
+  EXPECT_EQ(c.zero.compression.start_iter, 10);  // PyTorch's defaults
+  EXPECT_EQ(c.zero.compression.min_compression_rate, 2.0);
+  EXPECT_TRUE(c.zero.compression.error_feedback);
+  EXPECT_FALSE(c.zero.compression.warm_start);
+  EXPECT_EQ(c.resolved["comm"]["compression"]["rank"], 4);
+  EXPECT_HAS(error_of(kBase, {"comm.compression.type=topk"}),
+             "comm.compression.type: unknown value \"topk\"");
+  EXPECT_HAS(error_of(kBase, {"comm.compression.type=powersgd", "zero_optimization.stage=2"}),
+             "comm.compression.type powersgd needs zero_optimization.stage 0 or 1 (stage is 2)");
+  EXPECT_HAS(error_of(kBase, {"comm.compression.type=fp16", "bf16.enabled=true"}),
+             "comm.compression.type fp16: the gradients of a bf16 run are already 16-bit");
+  EXPECT_HAS(error_of(kBase, {"comm.compression.type=powersgd", "checkpoint.format=whole"}),
+             "only sharded checkpoints hold");
+
+  Config o = parse_config(kBase, "cfg.json",
+                          {"optimizer.type=OneBitAdam", "optimizer.params.freeze_step=30",
+                           "optimizer.params.cuda_aware=true"});
+  EXPECT_EQ(o.optimizer.freeze_step, 30);
+  EXPECT_EQ(o.resolved["optimizer"]["params"]["comm_backend_name"], "mpi");
+  EXPECT_HAS(error_of(kBase, {"optimizer.type=OneBitAdam", "zero_optimization.stage=1"}),
+             "optimizer.type OneBitAdam needs zero_optimization.stage 0 (stage is 1)");
+  EXPECT_HAS(error_of(kBase, {"optimizer.type=OneBitAdam", "comm.compression.type=bf16"}),
+             "the optimizer compresses what it communicates itself");
+  EXPECT_HAS(error_of(kBase, {"optimizer.type=OneBitAdam",
+                              "optimizer.params.comm_backend_name=nccl"}),
+             "optimizer.params.comm_backend_name: unknown value \"nccl\"");
+  EXPECT_HAS(error_of(kBase, {"optimizer.type=ZeroOneAdam", "optimizer.params.var_freeze_step=10",
+                              "optimizer.params.local_step_scaler=20", "train.steps=40"}),
+             "train.steps 40 reaches the local steps that begin local_step_scaler 20 steps after "
+             "var_freeze_step 10");
+}
+
 TEST(Config, DataAndPrecisionErrors) {
   EXPECT_HAS(error_of(R"({"train_batch_size": 4})"), "data.train: no token file given");
   EXPECT_EQ(error_of(kBase, {"fp16.enabled=true"}), "(no error)");
