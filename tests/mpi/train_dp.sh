@@ -254,4 +254,35 @@ mpirun --oversubscribe -np 2 "$LOOM" train --config "$WORK/cfg.json" --set train
 grep -q "train_batch_size 7 is not divisible by the data-parallel size 2" "$WORK/out3.txt" ||
   fail "no batch message: $(cat "$WORK/out3.txt")"
 echo "ok: config error under mpirun"
+# 1-bit Adam from the CLI: the switch logged on the first compressed step,
+# metrics with the phase and 1/32 of the bytes; a freeze_step beyond the run
+# warns; expert parallelism is refused naming the key.
+mpirun --oversubscribe -np 2 "$LOOM" train --config "$WORK/cfg.json" --set optimizer.type=OneBitAdam \
+  --set optimizer.params.freeze_step=3 --out "$WORK/onebit" > "$WORK/out-onebit.txt" 2>&1 ||
+  fail "OneBitAdam training failed: $(cat "$WORK/out-onebit.txt")"
+grep -q "loom: step 4: OneBitAdam compresses from here on (variance frozen)" "$WORK/out-onebit.txt" ||
+  fail "no switch line: $(cat "$WORK/out-onebit.txt")"
+python3 - "$WORK/onebit" <<'PY' || fail "OneBitAdam metrics"
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1] + "/metrics.jsonl")]
+phases = [l["compression"]["phase"] for l in lines]
+assert phases == ["warmup"] * 3 + ["compressed"] * 3, phases
+for l in lines[3:]:
+    c = l["compression"]
+    assert c["type"] == "OneBitAdam" and c["ratio"] > 25 and c["error_norm"] > 0, c
+    assert l["comm_bytes"] < lines[0]["comm_bytes"] / 20, (l["comm_bytes"], lines[0]["comm_bytes"])
+print("ok: OneBitAdam metrics", lines[-1]["compression"])
+PY
+mpirun --oversubscribe -np 2 "$LOOM" train --config "$WORK/cfg.json" --set optimizer.type=OneBitAdam \
+  --out "$WORK/onebit-never" > "$WORK/out-never.txt" 2>&1 || fail "OneBitAdam (never compressing) failed"
+grep -q "warning: optimizer.params.freeze_step 100000 >= train.steps 6: compression never starts" \
+  "$WORK/out-never.txt" || fail "no freeze_step warning: $(cat "$WORK/out-never.txt")"
+rc=0
+mpirun --oversubscribe -np 2 "$LOOM" train --config "$WORK/cfg.json" --set optimizer.type=OneBitAdam \
+  --set model.moe.num_experts=2 --set parallel.expert=2 --out "$WORK/onebit-ep" \
+  > "$WORK/out-onebit-ep.txt" 2>&1 || rc=$?
+((rc != 0)) || fail "OneBitAdam with expert parallelism accepted"
+grep -q "optimizer.type OneBitAdam with parallel.expert 2: expert units reduce over their own groups" \
+  "$WORK/out-onebit-ep.txt" || fail "no expert-parallel message: $(cat "$WORK/out-onebit-ep.txt")"
+echo "ok: OneBitAdam under mpirun"
 echo PASS
