@@ -15,6 +15,7 @@
 #include <random>
 
 #include "loom/parallel/zero/grad_reducer.h"
+#include "loom/core/rng.h"
 #include "loom/parallel/zero/onebit.h"
 #include "loom/parallel/zero/zero.h"
 #include "harness.h"
@@ -509,6 +510,40 @@ TEST(Compression, OnlyTheDataParallelReductionIsCompressed) {
       }
     }
   }
+}
+
+// A pipeline's first and last stages both hold wte (tied): 1-bit Adam
+// compresses each matrix on its own, so with the 1-bit codec the two copies
+// get the same momentum and stay bitwise equal on every rank.
+TEST(Compression, OneBitAdamKeepsAPipelinesTiedCopiesEqual) {
+  auto world = runtime().world(CommOptions{});
+  if (world->size() != 4) GTEST_SKIP() << "needs four ranks";
+  Config c = parse_config(test::kBase, "harness",
+                          {"parallel.pipeline=2", "gradient_accumulation_steps=2", "train.steps=6",
+                           "optimizer.type=OneBitAdam", "optimizer.params.freeze_step=2"},
+                          4);
+  RunOptions opt;
+  opt.quiet = true;
+  opt.parallel = make_parallel_context(world, GridShape{4, 1, 2});
+  Trainer t(std::move(c), opt, ThreadConfig{});
+  const std::vector<StepResult> r = t.run();
+  ASSERT_TRUE(r.back().compressed);
+  uint64_t mine[2] = {0, 0};  // holds wte, the hash of its bytes
+  const ParamLayout& layout = t.engine().stage().layout();
+  if (const Param* p = layout.find_or_null("transformer.wte.weight")) {
+    const float* w = t.engine().stage().params() + p->offset;
+    mine[0] = 1;
+    mine[1] = name_hash(std::string_view(reinterpret_cast<const char*>(w),
+                                         sizeof(float) * static_cast<size_t>(p->numel)));
+  }
+  const std::vector<uint64_t> all = all_gather_words(*world, mine, 2);
+  int holders = 0;
+  for (size_t k = 0; k < all.size(); k += 2) {
+    if (!all[k]) continue;
+    ++holders;
+    EXPECT_EQ(all[k + 1], mine[0] ? mine[1] : all[1]) << "wte on world rank " << k / 2;
+  }
+  EXPECT_EQ(holders, 4) << "every rank is a first or a last stage";
 }
 
 }  // namespace

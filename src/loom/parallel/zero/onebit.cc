@@ -51,12 +51,71 @@ OneBitAdam::OneBitAdam(const ShardLayout& shards, const ZeroConfig& zero,
   const char* test_codec = std::getenv("LOOM_TEST_CODEC");
   const Codec codec =
       test_codec && std::string(test_codec) == "identity" ? Codec::kIdentity : Codec::kSign;
+  of_unit_.resize(static_cast<size_t>(shards.num_units()));
   for (int u = 0; u < shards.num_units(); ++u) {
-    const UnitGroup& g = shards.group(u);
-    units_.push_back(g.group ? std::make_unique<CompressedAllReduce>(
-                                   g.group, static_cast<size_t>(shards.unit(u).size()), codec)
-                             : nullptr);
+    Segment rest{u, {}, 0, nullptr};
+    for (const Param& p : shards.layout().params()) {
+      if (p.unit != u) continue;
+      if (p.matrix()) {
+        of_unit_[static_cast<size_t>(u)].push_back(segments_.size());
+        segments_.push_back({u, {{p.offset, p.offset + p.numel}}, p.numel, nullptr});
+      } else {
+        rest.ranges.push_back({p.offset, p.offset + p.numel});
+        rest.size += p.numel;
+      }
+    }
+    if (rest.size > 0) {
+      of_unit_[static_cast<size_t>(u)].push_back(segments_.size());
+      segments_.push_back(std::move(rest));
+    }
   }
+  for (Segment& seg : segments_) {
+    const UnitGroup& g = shards.group(seg.unit);
+    if (g.group)
+      seg.ca = std::make_unique<CompressedAllReduce>(g.group, static_cast<size_t>(seg.size), codec);
+  }
+}
+
+void OneBitAdam::compress(Segment& seg, const float* g, int64_t unit_begin, float* m,
+                          const float* v) {
+  const double b1 = optimizer_.beta1;
+  // This rank's momentum of the segment, gathered, masked where the second
+  // moment is zero.
+  Buffer xb = be_.alloc(f32_bytes(seg.size), MemCategory::kComm, false);
+  float* x = xb.as<float>();
+  int64_t k = 0;
+  for (const auto& [lo, hi] : seg.ranges)
+    for (int64_t i = lo; i < hi; ++i, ++k)
+      x[k] = v[i] == 0.0f ? 0.0f : static_cast<float>(b1 * m[i] + (1 - b1) * g[i - unit_begin]);
+  CompressedAllReduce* ca = seg.ca.get();
+  if (ca) ca->run(x, x);
+  // Back into m; masked elements carry no momentum and no error, nor does
+  // the padding.
+  k = 0;
+  float* ew = ca && ca->codec() == Codec::kSign ? ca->worker_error() : nullptr;
+  for (const auto& [lo, hi] : seg.ranges)
+    for (int64_t i = lo; i < hi; ++i, ++k) {
+      const bool masked = v[i] == 0.0f;
+      m[i] = masked ? 0.0f : x[k];
+      if (ew && masked) ew[k] = 0.0f;
+    }
+  if (!ca) return;
+  if (ew) {
+    std::fill(ew + seg.size, ew + ca->padded(), 0.0f);
+    // The server's chunk: masked elements and the padding.
+    float* es = ca->server_error();
+    const int64_t C = static_cast<int64_t>(ca->chunk());
+    const int64_t first = shards_.group(seg.unit).rank * C;
+    k = 0;
+    for (const auto& [lo, hi] : seg.ranges)
+      for (int64_t i = lo; i < hi; ++i, ++k)
+        if (k >= first && k < first + C && v[i] == 0.0f) es[k - first] = 0.0f;
+    for (int64_t j = std::max<int64_t>(0, seg.size - first); j < C; ++j) es[j] = 0.0f;
+  }
+  const int W = shards_.group(seg.unit).size;
+  // The all-to-all's blocks to the others, and the all-gather's.
+  stats_.sent_bytes += 2.0 * (W - 1) * double(ca->block_bytes());
+  stats_.plain_bytes += all_reduce_volume(double(seg.size) * double(dtype_size(zero_.dtype)), W);
 }
 
 void OneBitAdam::unit_step(int u, const float* g, float* params, float* m, float* v, double lr,
@@ -71,34 +130,7 @@ void OneBitAdam::unit_step(int u, const float* g, float* params, float* m, float
       v[b + i] = static_cast<float>(b2 * v[b + i] + (1 - b2) * double(g[i]) * g[i]);
     }
   } else {
-    // This rank's momentum, masked where the second moment is zero.
-    Buffer xb = be_.alloc(f32_bytes(n), MemCategory::kComm, false);
-    float* x = xb.as<float>();
-    for (int64_t i = 0; i < n; ++i)
-      x[i] = v[b + i] == 0.0f ? 0.0f : static_cast<float>(b1 * m[b + i] + (1 - b1) * g[i]);
-    if (CompressedAllReduce* ca = units_[static_cast<size_t>(u)].get()) {
-      ca->run(x, m + b);
-      // Masked elements carry no momentum and no error; nor does the padding.
-      for (int64_t i = 0; i < n; ++i)
-        if (v[b + i] == 0.0f) m[b + i] = 0.0f;
-      if (ca->codec() == Codec::kSign) {
-        float* ew = ca->worker_error();
-        float* es = ca->server_error();
-        const int64_t C = static_cast<int64_t>(ca->chunk());
-        const int64_t first = shards_.group(u).rank * C;
-        for (int64_t i = 0; i < n; ++i)
-          if (v[b + i] == 0.0f) ew[i] = 0.0f;
-        std::fill(ew + n, ew + ca->padded(), 0.0f);
-        for (int64_t j = 0; j < C; ++j)
-          if (first + j >= n || v[b + first + j] == 0.0f) es[j] = 0.0f;
-      }
-      const int W = shards_.group(u).size;
-      // The all-to-all's blocks to the others, and the all-gather's.
-      stats_.sent_bytes += 2.0 * (W - 1) * double(ca->block_bytes());
-      stats_.plain_bytes += all_reduce_volume(double(n) * double(dtype_size(zero_.dtype)), W);
-    } else {
-      std::memcpy(m + b, x, f32_bytes(n));
-    }
+    for (size_t k : of_unit_[static_cast<size_t>(u)]) compress(segments_[k], g, b, m, v);
   }
   // AdamW's update with the second moment as it stands: frozen at the
   // freeze step (1-bit Adam), or after its updates so far (0/1 Adam).
@@ -143,23 +175,30 @@ void OneBitAdam::step_16(float* masters, uint16_t* params16, const uint16_t* gra
 
 std::vector<CompressionState> OneBitAdam::state() {
   std::vector<CompressionState> out;
-  for (int u = 0; u < shards_.num_units(); ++u) {
-    CompressedAllReduce* ca = units_[static_cast<size_t>(u)].get();
+  for (Segment& seg : segments_) {
+    CompressedAllReduce* ca = seg.ca.get();
     if (!ca || ca->codec() != Codec::kSign) continue;
-    const int64_t b = shards_.unit(u).begin, C = static_cast<int64_t>(ca->chunk());
-    const int64_t first = shards_.group(u).rank * C;
-    for (const Param& p : shards_.layout().params()) {
-      if (p.unit != u) continue;
-      const int64_t at = p.offset - b;  // in the unit
-      const int64_t rows = p.local.rank() >= 1 ? p.local[0] : 1;
-      out.push_back({CompressionState::kError, "onebit", &p, ca->worker_error() + at, rows,
-                     p.numel / rows});
-      const int64_t lo = std::max(at, first), hi = std::min(at + p.numel, first + C);
-      CompressionState s{CompressionState::kServerError, "onebit", &p, nullptr};
-      s.begin = std::min(lo, hi) - at;
-      s.end = hi - at;
-      s.data = ca->server_error() + (std::min(lo, hi) - first);
-      if (lo < hi) out.push_back(s);
+    const int64_t C = static_cast<int64_t>(ca->chunk());
+    const int64_t first = shards_.group(seg.unit).rank * C;
+    int64_t at = 0;  // the range's place in the segment
+    for (const auto& [lo, hi] : seg.ranges) {
+      const Param* p = nullptr;
+      for (const Param& q : shards_.layout().params())
+        if (q.offset == lo) p = &q;
+      LOOM_CHECK(p && hi - lo == p->numel, "a 1-bit segment range is not a parameter");
+      const int64_t rows = p->local.rank() >= 1 ? p->local[0] : 1;
+      out.push_back({CompressionState::kError, "onebit", p, ca->worker_error() + at, rows,
+                     p->numel / rows});
+      // The part of it this rank serves.
+      const int64_t b = std::max(at, first), e = std::min(at + p->numel, first + C);
+      if (b < e) {
+        CompressionState s{CompressionState::kServerError, "onebit", p,
+                           ca->server_error() + (b - first)};
+        s.begin = b - at;
+        s.end = e - at;
+        out.push_back(s);
+      }
+      at += p->numel;
     }
   }
   return out;

@@ -21,8 +21,9 @@
 // counts its updates. (0/1 Adam's local steps, which begin
 // local_step_scaler steps after the freeze, are refused by the config.)
 //
-// Each unit is compressed on its own (its scale, its signs), so a tied
-// parameter held by two pipeline stages compresses alike on both. Elements
+// Each matrix is compressed on its own (its scale, its signs), and each
+// unit's other parameters together, so a tied matrix held by two pipeline
+// stages (wte) compresses alike on both and its copies stay equal. Elements
 // whose second moment is zero at the freeze (gradients that were always
 // zero, alignment padding) are masked: their momentum and errors stay zero,
 // so they are never moved by compression noise divided by sqrt(0) + eps.
@@ -30,6 +31,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "loom/comm/compressed.h"
@@ -69,18 +71,29 @@ class OneBitAdam {
   }
 
  private:
-  // Unit u's update from its gradients g (f32): compressed, the momentum
-  // of g averaged into m with the mask applied; else (0/1 Adam's variance
-  // steps) m and v updated from the reduced g. Then the parameters (indexed
-  // like m).
+  // What one compressed all-reduce covers: a matrix, or a unit's other
+  // parameters gathered into one vector (their flat ranges, in order).
+  struct Segment {
+    int unit;
+    std::vector<std::pair<int64_t, int64_t>> ranges;  // flat [begin, end)
+    int64_t size = 0;
+    std::unique_ptr<CompressedAllReduce> ca;  // null: reduced over no group
+  };
+
+  // Unit u's update from its gradients g (f32, the unit's): compressed, the
+  // momentum of g averaged into m with the mask applied, segment by
+  // segment; else (0/1 Adam's variance steps) m and v updated from the
+  // reduced g. Then the parameters (indexed like m).
   void unit_step(int u, const float* g, float* params, float* m, float* v, double lr,
                  int64_t step);
+  void compress(Segment& s, const float* g, int64_t unit_begin, float* m, const float* v);
 
   const ShardLayout& shards_;
   const ZeroConfig& zero_;
   OptimizerConfig optimizer_;
   const Backend<float>& be_;
-  std::vector<std::unique_ptr<CompressedAllReduce>> units_;  // null: reduced over no group
+  std::vector<Segment> segments_;
+  std::vector<std::vector<size_t>> of_unit_;  // per unit: its segments
   CompressionStats stats_;
 };
 
