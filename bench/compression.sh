@@ -8,7 +8,7 @@
 #  2. convergence on the demo data (configs/demo.json, 600 steps) at dp 2
 #     and dp 4: final training loss (mean of the last 20 steps) and
 #     validation loss of OneBitAdam (warm-up 20%), ZeroOneAdam and PowerSGD
-#     rank 4 against AdamW with the same seeds, and the curves
+#     rank 4 and 16 against AdamW with the same seeds, and the curves
 #     (docs/compression-dp<N>.svg);
 #  3. across hosts (scripts/cluster.sh, 2 hosts x 1 rank) at 100 Mbit/s and
 #     1 Gbit/s: gpt-m's step time in the compressed phase against AdamW's,
@@ -51,7 +51,7 @@ for n in names:
     step = S.median(r["time"]["step"] for r in m)
     exp = S.median(r["time"]["comm_exposed"] for r in m)
     sent = S.median(r["comm_bytes"] for r in m)
-    dp = S.median(sum(g["sent_bytes"] for g in r.get("comm_groups", []) if g["group"] in ("dp", "world")) for r in m)
+    dp = S.median(sum(g["bytes"] for k, g in r.get("comm_groups", {}).items() if k in ("dp", "world")) for r in m)
     base = base or sent
     c = m[-1].get("compression")
     ratio = f"{c['ratio']:.1f}x ({c['phase']})" if c else "-"
@@ -88,9 +88,10 @@ if [[ " $sections " == *" 2 "* ]]; then
     [onebit]="--set optimizer.type=OneBitAdam --set optimizer.params.freeze_step=$warm"
     [zeroone]="--set optimizer.type=ZeroOneAdam"
     [powersgd-4]="--set comm.compression.type=powersgd --set comm.compression.rank=4"
+    [powersgd-16]="--set comm.compression.type=powersgd --set comm.compression.rank=16"
   )
   for np in 2 4; do
-    for c in adamw onebit zeroone powersgd-4; do
+    for c in adamw onebit zeroone powersgd-4 powersgd-16; do
       # shellcheck disable=SC2086
       run "conv$np-$c" configs/demo.json mpirun --oversubscribe --bind-to none -np "$np" -- \
         --set train.steps="$demo_steps" --set scheduler.params.total_num_steps="$demo_steps" \
@@ -100,7 +101,8 @@ if [[ " $sections " == *" 2 "* ]]; then
   python3 - "$work" "$demo_steps" <<'PY'
 import json, sys
 work, steps = sys.argv[1], int(sys.argv[2])
-colors = {"adamw": "#222", "onebit": "#d62728", "zeroone": "#1f77b4", "powersgd-4": "#2ca02c"}
+colors = {"adamw": "#222", "onebit": "#d62728", "zeroone": "#1f77b4", "powersgd-4": "#2ca02c",
+          "powersgd-16": "#9467bd"}
 for np in (2, 4):
     runs = {c: [json.loads(l) for l in open(f"{work}/conv{np}-{c}/metrics.jsonl")] for c in colors}
     print(f"\ndemo data, {steps} steps, dp {np}: final loss (mean of the last 20 steps) and validation loss\n")
