@@ -262,6 +262,44 @@ TEST(Compression, PowerSgdMatchesAReferenceOverEveryRanksGradients) {
 }
 
 
+// A non-finite gradient on one rank makes that step's reduced gradients
+// non-finite on every rank (so the step is skipped or fails everywhere) and
+// does not poison PowerSGD's state: the next steps are finite again.
+TEST(Compression, PowerSgdRecoversFromANonFiniteGradient) {
+  auto dp = runtime().world(CommOptions{});
+  if (dp->size() < 2) GTEST_SKIP() << "needs two ranks";
+  ZeroConfig z = config(0, "powersgd");
+  z.compression.start_iter = 0;
+  Rig rig(z, dp);
+  const ParamLayout& layout = rig.store.layout();
+  const Param& w = layout.find("a.w");
+  for (int t = 0; t < 4; ++t) {
+    if (t == 1) {
+      // Rank 0's backward writes a NaN into a.w at step 1.
+      rig.reducer->begin(true);
+      std::memset(rig.store.grads(), 0, sizeof(float) * static_cast<size_t>(layout.total()));
+      for (int u = rig.shards->num_units(); u-- > 0;) {
+        rig.reducer->acquire(u);
+        for (const Param& p : layout.params())
+          if (p.unit == u)
+            for (int64_t i = 0; i < p.numel; ++i) rig.store.grad(p)[i] = grad(p, dp->rank(), t, i);
+        if (u == w.unit && dp->rank() == 0) rig.store.grad(w)[5] = std::nanf("");
+        rig.reducer->written(u);
+        rig.reducer->final(u);
+      }
+      rig.reducer->end();
+    } else {
+      rig.step(dp->rank(), t);
+    }
+    bool finite = true;
+    for (int64_t i = 0; i < w.numel; ++i) finite = finite && std::isfinite(rig.store.grads()[w.offset + i]);
+    EXPECT_EQ(finite, t != 1) << "step " << t;
+    for (const CompressionState& s : rig.reducer->state())
+      for (int64_t i = 0; i < s.rows * s.cols; ++i)
+        ASSERT_TRUE(std::isfinite(s.data[i])) << s.param->name << " state after step " << t;
+  }
+}
+
 // A compressing run's checkpoint holds its state (PowerSGD's error feedback
 // and Q of every rank; 1-bit Adam's worker and server errors): a run
 // resumed from it continues bitwise as if never stopped, with ZeRO-1 and

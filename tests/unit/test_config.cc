@@ -186,6 +186,12 @@ TEST(Config, CompressionKeysAndTheirErrors) {
              "comm.compression.type fp16: the gradients of a bf16 run are already 16-bit");
   EXPECT_HAS(error_of(kBase, {"comm.compression.type=powersgd", "checkpoint.format=whole"}),
              "only sharded checkpoints hold");
+  EXPECT_HAS(error_of(kBase, {"comm.compression.type=powersgd", "fp16.enabled=true"}),
+             "comm.compression.type powersgd with fp16.enabled: the dynamic loss scale");
+  EXPECT_HAS(error_of(kBase, {"comm.compression.type=bf16", "comm.allreduce=ring"}),
+             "comm.compression.type bf16 with comm.allreduce ring: that algorithm reduces f32");
+  EXPECT_HAS(error_of(kBase, {"optimizer.type=OneBitAdam", "optimizer.params.freeze_step=0"}),
+             "optimizer.params.freeze_step: 0 is out of range");
 
   Config o = parse_config(kBase, "cfg.json",
                           {"optimizer.type=OneBitAdam", "optimizer.params.freeze_step=30",

@@ -68,19 +68,19 @@ std::vector<ConfigKey> run_keys() {
           .doc("number >= 0", "0",
                "applied to matrices and embeddings only, not to biases or LayerNorm parameters"),
       key("optimizer.params.freeze_step", KeyKind::kInt)
-          .range(0, kMaxInt)
+          .range(1, kMaxInt)
           .or_else(100000)
           .lands(LOOM_FIELD(c.optimizer.freeze_step, int64_t))
           .when([](const Config& c) { return c.optimizer.type == "OneBitAdam"; })
-          .doc("int >= 0", "100000",
+          .doc("int >= 1", "100000",
                "`OneBitAdam`: optimizer steps of plain AdamW before compression (DeepSpeed "
-               "advises 15-25% of training)"),
+               "advises 15-25% of training; at least one, to have a variance to freeze)"),
       key("optimizer.params.var_freeze_step", KeyKind::kInt)
-          .range(0, kMaxInt)
+          .range(1, kMaxInt)
           .or_else(100000)
           .lands(LOOM_FIELD(c.optimizer.var_freeze_step, int64_t))
           .when([](const Config& c) { return c.optimizer.zero_one(); })
-          .doc("int >= 0", "100000", "`ZeroOneAdam`: the last step that may update the variance"),
+          .doc("int >= 1", "100000", "`ZeroOneAdam`: the last step that may update the variance"),
       key("optimizer.params.var_update_scaler", KeyKind::kInt)
           .range(1, kMaxInt)
           .or_else(16)

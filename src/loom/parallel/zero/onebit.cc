@@ -138,6 +138,7 @@ void OneBitAdam::unit_step(int u, const float* g, float* params, float* m, float
       optimizer_.zero_one()
           ? zero_one_variance_updates(step, optimizer_.var_freeze_step, optimizer_.var_update_scaler)
           : optimizer_.freeze_step;
+  LOOM_CHECK(v_updates >= 1, "a 1-bit step {} before any update of the variance", step);
   const double c1 = 1 - std::pow(b1, double(step));
   const double c2 = 1 - std::pow(b2, double(v_updates));
   const auto [first, last] = shards_.unit_segments(u);

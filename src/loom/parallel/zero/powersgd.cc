@@ -10,6 +10,7 @@
 // compress, and M^ rounded back.
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "loom/core/error.h"
@@ -216,7 +217,10 @@ class PowerSgd final : public BucketedAllReduce {
       cstats_.sent_bytes +=
           all_reduce_volume(double(f32_bytes(pl.q_elements)), group_of(b).size);
     }
-    // M^ = P Q^T / size into the gradients; the error M - M^ kept.
+    // M^ = P Q^T / size into the gradients; the error M - M^ kept. A
+    // non-finite gradient on any rank makes P or Q non-finite, the same on
+    // every rank: the step is skipped or fails on its non-finite norm, and
+    // the state starts afresh (zero errors, a new Q) instead of carrying it.
     double ess = 0;
     const size_t es = dtype_size(config_.dtype);
     for (Bucket& b : buckets_) {
@@ -225,8 +229,23 @@ class PowerSgd final : public BucketedAllReduce {
       if (pl.qw) wait_for_use(pl.qw, be_, &stats_);
       if (pl.rw) wait_for_use(pl.rw, be_, &stats_);
       pl.qw = pl.rw = nullptr;
+      const bool finite =
+          pl.mats.empty() ||
+          (std::isfinite(be_.sum_squares(pl.p.as<float>(), pl.p_elements)) &&
+           std::isfinite(be_.sum_squares(pl.q.as<float>(), pl.q_elements)));
       for (Matrix& m : pl.mats) {
         float* M = matrix(m);
+        if (!finite) {
+          // The gradient stays non-finite for the step's verdict.
+          be_.fill(M, m.p->numel, std::numeric_limits<float>::quiet_NaN());
+          if (m.error.data()) be_.fill(m.error.as<float>(), m.p->numel, 0.0f);
+          init_q(pl, m, steps_ + 1);
+          if (half()) {
+            be_.round_16(M, target_.h16 + m.p->offset, m.p->numel, config_.dtype);
+            m.m = Buffer();
+          }
+          continue;
+        }
         if (m.error.data()) be_.copy(m.error.as<float>(), M, m.p->numel);
         be_.gemm(false, true, m.rows, m.cols, m.r, 1.0f / static_cast<float>(g.size),
                  pl.p.as<float>() + m.p_off, m.r, pl.q.as<float>() + m.q_off, m.r, 0.0f, M,
