@@ -12,24 +12,6 @@ const char* codec_name(Codec c) {
   return c == Codec::kSign ? "sign" : "identity";
 }
 
-double pack_signs(const float* x, size_t n, uint8_t* bits) {
-  double ss = 0;
-  for (size_t i = 0; i < n; i += 8) {
-    uint8_t b = 0;
-    for (size_t k = 0; k < 8; ++k) {
-      const float v = x[i + k];
-      ss += double(v) * double(v);
-      b = static_cast<uint8_t>(b | (v >= 0.0f ? 1u << k : 0u));
-    }
-    bits[i / 8] = b;
-  }
-  return ss;
-}
-
-void unpack_signs(const uint8_t* bits, size_t n, float scale, float* x) {
-  for (size_t i = 0; i < n; ++i) x[i] = (bits[i / 8] >> (i % 8)) & 1u ? scale : -scale;
-}
-
 namespace {
 
 size_t padded_count(size_t n, int size) {
@@ -37,14 +19,34 @@ size_t padded_count(size_t n, int size) {
   return (n + m - 1) / m * m;
 }
 
-// Compresses x (n, a multiple of 8) into block = [scale][signs] and leaves
-// x - scale sign(x) in x: the error.
+// The signs of x (n, a multiple of 8) packed 8 per byte into bits, bit
+// i % 8 of byte i / 8 set where x[i] >= 0, and x - scale sign(x) left in x:
+// the error. One pass.
+void sign_compress(float* x, size_t n, float scale, uint8_t* bits) {
+  for (size_t i = 0; i < n; i += 8) {
+    uint8_t b = 0;
+    for (size_t k = 0; k < 8; ++k) {
+      const float v = x[i + k];
+      const bool up = v >= 0.0f;
+      b = static_cast<uint8_t>(b | (up ? 1u << k : 0u));
+      x[i + k] = v - (up ? scale : -scale);
+    }
+    bits[i / 8] = b;
+  }
+}
+
+double sum_squares(const float* x, size_t n) {
+  double ss = 0;
+  for (size_t i = 0; i < n; ++i) ss += double(x[i]) * double(x[i]);
+  return ss;
+}
+
+// Compresses x (n, a multiple of 8) into block = [scale][signs] with one
+// scale ||x|| / sqrt(n), and leaves the error in x.
 void compress_into(float* x, size_t n, uint8_t* block) {
-  uint8_t* bits = block + sizeof(float);
-  const double ss = pack_signs(x, n, bits);
-  const float scale = n ? static_cast<float>(std::sqrt(ss / double(n))) : 0.0f;
+  const float scale = n ? static_cast<float>(std::sqrt(sum_squares(x, n) / double(n))) : 0.0f;
   std::memcpy(block, &scale, sizeof(float));
-  for (size_t i = 0; i < n; ++i) x[i] -= (bits[i / 8] >> (i % 8)) & 1u ? scale : -scale;
+  sign_compress(x, n, scale, block + sizeof(float));
 }
 
 float block_scale(const uint8_t* block) {
@@ -95,20 +97,18 @@ double CompressedAllReduce::run(const float* in, float* out) {
     // The worker: x = in + e_w over the padded vector, one scale for all of
     // it, each chunk's signs in its block.
     float* x = worker_error();
-    for (size_t i = 0; i < count_; ++i) x[i] += in[i];
-    const double ss = [&] {
-      double s = 0;
-      for (size_t i = 0; i < padded_; ++i) s += double(x[i]) * double(x[i]);
-      return s;
-    }();
+    double ss = 0;
+    for (size_t i = 0; i < count_; ++i) {
+      x[i] += in[i];
+      ss += double(x[i]) * double(x[i]);
+    }
+    ss += sum_squares(x + count_, padded_ - count_);
     const float scale = static_cast<float>(std::sqrt(ss / double(padded_)));
     for (size_t r = 0; r < W; ++r) {
       uint8_t* block = send + r * B;
       std::memcpy(block, &scale, sizeof(float));
-      pack_signs(x + r * C, C, block + sizeof(float));
+      sign_compress(x + r * C, C, scale, block + sizeof(float));
     }
-    for (size_t i = 0; i < padded_; ++i)
-      x[i] -= (send[(i / C) * B + sizeof(float) + (i % C) / 8] >> (i % 8)) & 1u ? scale : -scale;
   } else {
     auto* x = reinterpret_cast<float*>(send);
     std::memcpy(x, in, count_ * sizeof(float));
@@ -128,7 +128,8 @@ double CompressedAllReduce::run(const float* in, float* out) {
       const uint8_t* block = recv + w * B;
       const float s = block_scale(block);
       const uint8_t* bits = block + sizeof(float);
-      for (size_t j = 0; j < C; ++j) acc[j] += (bits[j / 8] >> (j % 8)) & 1u ? s : -s;
+      for (size_t j = 0; j < C; j += 8)
+        for (size_t k = 0; k < 8; ++k) acc[j + k] += (bits[j / 8] >> k) & 1u ? s : -s;
     }
     float* e = server_error();
     for (size_t j = 0; j < C; ++j) e[j] += acc[j] * inv;

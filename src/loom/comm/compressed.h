@@ -70,10 +70,4 @@ class CompressedAllReduce {
   Buffer send_, recv_, gathered_;  // block_bytes() x size each
 };
 
-// Packs the signs of x (n elements, n a multiple of 8) 8 per byte, bit i % 8
-// of byte i / 8 set where x[i] >= 0; returns sum x^2 (in double).
-double pack_signs(const float* x, size_t n, uint8_t* bits);
-// x[i] = bit i set ? scale : -scale.
-void unpack_signs(const uint8_t* bits, size_t n, float scale, float* x);
-
 }  // namespace loom

@@ -78,15 +78,16 @@ OneBitAdam::OneBitAdam(const ShardLayout& shards, const ZeroConfig& zero,
 
 void OneBitAdam::compress(Segment& seg, const float* g, int64_t unit_begin, float* m,
                           const float* v) {
-  const double b1 = optimizer_.beta1;
+  const float b1 = static_cast<float>(optimizer_.beta1), c = 1.0f - b1;
   // This rank's momentum of the segment, gathered, masked where the second
   // moment is zero.
   Buffer xb = be_.alloc(f32_bytes(seg.size), MemCategory::kComm, false);
   float* x = xb.as<float>();
   int64_t k = 0;
-  for (const auto& [lo, hi] : seg.ranges)
-    for (int64_t i = lo; i < hi; ++i, ++k)
-      x[k] = v[i] == 0.0f ? 0.0f : static_cast<float>(b1 * m[i] + (1 - b1) * g[i - unit_begin]);
+  for (const auto& [lo, hi] : seg.ranges) {
+    const float* gs = g + (lo - unit_begin);
+    for (int64_t i = lo; i < hi; ++i, ++k) x[k] = v[i] == 0.0f ? 0.0f : b1 * m[i] + c * gs[i - lo];
+  }
   CompressedAllReduce* ca = seg.ca.get();
   if (ca) ca->run(x, x);
   // Back into m; masked elements carry no momentum and no error, nor does
@@ -134,25 +135,26 @@ void OneBitAdam::unit_step(int u, const float* g, float* params, float* m, float
   }
   // AdamW's update with the second moment as it stands: frozen at the
   // freeze step (1-bit Adam), or after its updates so far (0/1 Adam).
-  const int64_t v_updates =
-      optimizer_.zero_one()
-          ? zero_one_variance_updates(step, optimizer_.var_freeze_step, optimizer_.var_update_scaler)
-          : optimizer_.freeze_step;
+  const int64_t v_updates = optimizer_.zero_one()
+                                ? zero_one_variance_updates(step, optimizer_.var_freeze_step,
+                                                            optimizer_.var_update_scaler)
+                                : optimizer_.freeze_step;
   LOOM_CHECK(v_updates >= 1, "a 1-bit step {} before any update of the variance", step);
   const double c1 = 1 - std::pow(b1, double(step));
   const double c2 = 1 - std::pow(b2, double(v_updates));
+  // In f32, as the AdamW kernels: m / c1 / (sqrt(v) / sqrt(c2) + eps).
+  const float inv_c1 = static_cast<float>(1.0 / c1),
+              inv_sqrt_c2 = static_cast<float>(1.0 / std::sqrt(c2));
+  const float eps = static_cast<float>(optimizer_.eps), lrf = static_cast<float>(lr);
   const auto [first, last] = shards_.unit_segments(u);
   for (size_t k = first; k < last; ++k) {
     const AdamWSegment& s = shards_.segments()[k];
-    const double wd = s.decay ? optimizer_.weight_decay : 0.0;
+    const float wd = s.decay ? static_cast<float>(optimizer_.weight_decay) : 0.0f;
     float* p = params + s.param_offset;
     const float* ms = m + s.state_offset;
     const float* vs = v + s.state_offset;
-    for (int64_t i = 0; i < s.length; ++i) {
-      const double pi = p[i];
-      const double upd = (ms[i] / c1) / (std::sqrt(vs[i] / c2) + optimizer_.eps) + wd * pi;
-      p[i] = static_cast<float>(pi - lr * upd);
-    }
+    for (int64_t i = 0; i < s.length; ++i)
+      p[i] -= lrf * (ms[i] * inv_c1 / (std::sqrt(vs[i]) * inv_sqrt_c2 + eps) + wd * p[i]);
   }
 }
 
@@ -188,8 +190,8 @@ std::vector<CompressionState> OneBitAdam::state() {
         if (q.offset == lo) p = &q;
       LOOM_CHECK(p && hi - lo == p->numel, "a 1-bit segment range is not a parameter");
       const int64_t rows = p->local.rank() >= 1 ? p->local[0] : 1;
-      out.push_back({CompressionState::kError, "onebit", p, ca->worker_error() + at, rows,
-                     p->numel / rows});
+      out.push_back(
+          {CompressionState::kError, "onebit", p, ca->worker_error() + at, rows, p->numel / rows});
       // The part of it this rank serves.
       const int64_t b = std::max(at, first), e = std::min(at + p->numel, first + C);
       if (b < e) {

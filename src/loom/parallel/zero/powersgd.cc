@@ -76,8 +76,8 @@ class PowerSgd final : public BucketedAllReduce {
         const int64_t rows = p.matrix() ? p.local[0] : 0, cols = p.matrix() ? p.local[1] : 0;
         const int64_t r = std::min<int64_t>({c.rank, rows, cols});
         // PyTorch's rule: compress when (rows + cols) r x rate < rows cols.
-        if (!p.matrix() || double((rows + cols) * r) * c.min_compression_rate >=
-                               double(rows * cols)) {
+        if (!p.matrix() ||
+            double((rows + cols) * r) * c.min_compression_rate >= double(rows * cols)) {
           pl.rest.push_back({p.offset, p.numel, pl.rest_elements});
           pl.rest_elements += p.numel;
           continue;
@@ -106,8 +106,8 @@ class PowerSgd final : public BucketedAllReduce {
     for (Plan& pl : plans_) {
       for (Matrix& m : pl.mats) {
         if (m.error.data())
-          out.push_back({CompressionState::kError, "powersgd", m.p, m.error.as<float>(), m.rows,
-                         m.cols});
+          out.push_back(
+              {CompressionState::kError, "powersgd", m.p, m.error.as<float>(), m.rows, m.cols});
         out.push_back(
             {CompressionState::kQ, "powersgd", m.p, pl.q.as<float>() + m.q_off, m.cols, m.r});
       }
@@ -148,9 +148,7 @@ class PowerSgd final : public BucketedAllReduce {
   }
 
   // The matrix being compressed: the gradients in place (f32) or the f32 copy.
-  float* matrix(Matrix& m) {
-    return half() ? m.m.as<float>() : target_.f32 + m.p->offset;
-  }
+  float* matrix(Matrix& m) { return half() ? m.m.as<float>() : target_.f32 + m.p->offset; }
 
   void launch(Bucket& b) override {
     if (!compressing()) {
@@ -170,9 +168,9 @@ class PowerSgd final : public BucketedAllReduce {
       for (const Rest& r : pl.rest)
         std::memcpy(dst + static_cast<size_t>(r.at) * es, src + static_cast<size_t>(r.offset) * es,
                     static_cast<size_t>(r.numel) * es);
-      pl.rw = g.group->all_reduce(pl.rmsg.data(), pl.rmsg.data(),
-                                  static_cast<size_t>(pl.rest_elements), config_.dtype,
-                                  ReduceOp::kAvg);
+      pl.rw =
+          g.group->all_reduce(pl.rmsg.data(), pl.rmsg.data(), static_cast<size_t>(pl.rest_elements),
+                              config_.dtype, ReduceOp::kAvg);
       cstats_.sent_bytes += all_reduce_volume(double(pl.rest_elements) * double(es), g.size);
     }
     if (pl.mats.empty()) return;
@@ -214,8 +212,7 @@ class PowerSgd final : public BucketedAllReduce {
       pl.qw = group_of(b).group->all_reduce(pl.q.data(), pl.q.data(),
                                             static_cast<size_t>(pl.q_elements), DType::kF32,
                                             ReduceOp::kSum);
-      cstats_.sent_bytes +=
-          all_reduce_volume(double(f32_bytes(pl.q_elements)), group_of(b).size);
+      cstats_.sent_bytes += all_reduce_volume(double(f32_bytes(pl.q_elements)), group_of(b).size);
     }
     // M^ = P Q^T / size into the gradients; the error M - M^ kept. A
     // non-finite gradient on any rank makes P or Q non-finite, the same on
@@ -230,9 +227,8 @@ class PowerSgd final : public BucketedAllReduce {
       if (pl.rw) wait_for_use(pl.rw, be_, &stats_);
       pl.qw = pl.rw = nullptr;
       const bool finite =
-          pl.mats.empty() ||
-          (std::isfinite(be_.sum_squares(pl.p.as<float>(), pl.p_elements)) &&
-           std::isfinite(be_.sum_squares(pl.q.as<float>(), pl.q_elements)));
+          pl.mats.empty() || (std::isfinite(be_.sum_squares(pl.p.as<float>(), pl.p_elements)) &&
+                              std::isfinite(be_.sum_squares(pl.q.as<float>(), pl.q_elements)));
       for (Matrix& m : pl.mats) {
         float* M = matrix(m);
         if (!finite) {
@@ -248,8 +244,7 @@ class PowerSgd final : public BucketedAllReduce {
         }
         if (m.error.data()) be_.copy(m.error.as<float>(), M, m.p->numel);
         be_.gemm(false, true, m.rows, m.cols, m.r, 1.0f / static_cast<float>(g.size),
-                 pl.p.as<float>() + m.p_off, m.r, pl.q.as<float>() + m.q_off, m.r, 0.0f, M,
-                 m.cols);
+                 pl.p.as<float>() + m.p_off, m.r, pl.q.as<float>() + m.q_off, m.r, 0.0f, M, m.cols);
         if (m.error.data()) {
           be_.axpy(m.error.as<float>(), -1.0f, M, m.p->numel);
           ess += be_.sum_squares(m.error.as<float>(), m.p->numel);
