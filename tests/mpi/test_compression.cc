@@ -14,11 +14,11 @@
 #include <numeric>
 #include <random>
 
-#include "loom/parallel/zero/grad_reducer.h"
+#include "harness.h"
 #include "loom/core/rng.h"
+#include "loom/parallel/zero/grad_reducer.h"
 #include "loom/parallel/zero/onebit.h"
 #include "loom/parallel/zero/zero.h"
-#include "harness.h"
 #include "mpi_main.h"
 
 namespace loom {
@@ -206,8 +206,7 @@ TEST(Compression, PowerSgdMatchesAReferenceOverEveryRanksGradients) {
   std::map<std::string, PowerSgdReference> refs;
   std::map<std::string, CompressionState> state;
   for (const CompressionState& s : rig.reducer->state())
-    state[(s.kind == CompressionState::kQ ? "powersgd.q." : "powersgd.error.") + s.param->name] =
-        s;
+    state[(s.kind == CompressionState::kQ ? "powersgd.q." : "powersgd.error.") + s.param->name] = s;
   EXPECT_FALSE(state.count("powersgd.q.a.b")) << "vectors are not compressed";
   EXPECT_FALSE(state.count("powersgd.q.b.small")) << "(6 + 5) x 2 x 2 > 30: not compressed";
   for (const char* name : {"a.w", "b.w", "b.zero"}) {
@@ -261,7 +260,6 @@ TEST(Compression, PowerSgdMatchesAReferenceOverEveryRanksGradients) {
   }
 }
 
-
 // A non-finite gradient on one rank makes that step's reduced gradients
 // non-finite on every rank (so the step is skipped or fails everywhere) and
 // does not poison PowerSGD's state: the next steps are finite again.
@@ -292,7 +290,8 @@ TEST(Compression, PowerSgdRecoversFromANonFiniteGradient) {
       rig.step(dp->rank(), t);
     }
     bool finite = true;
-    for (int64_t i = 0; i < w.numel; ++i) finite = finite && std::isfinite(rig.store.grads()[w.offset + i]);
+    for (int64_t i = 0; i < w.numel; ++i)
+      finite = finite && std::isfinite(rig.store.grads()[w.offset + i]);
     EXPECT_EQ(finite, t != 1) << "step " << t;
     for (const CompressionState& s : rig.reducer->state())
       for (int64_t i = 0; i < s.rows * s.cols; ++i)
@@ -312,9 +311,8 @@ TEST(Compression, CompressingRunsResumeBitwise) {
       (std::filesystem::temp_directory_path() / "loom-test-compression-resume").string();
   if (world->rank() == 0) std::filesystem::remove_all(root);
   world->barrier()->wait();
-  const std::vector<std::string> powersgd = {"comm.compression.type=powersgd",
-                                             "comm.compression.rank=2",
-                                             "comm.compression.start_iter=2"};
+  const std::vector<std::string> powersgd = {
+      "comm.compression.type=powersgd", "comm.compression.rank=2", "comm.compression.start_iter=2"};
   const std::vector<std::string> onebit = {"optimizer.type=OneBitAdam",
                                            "optimizer.params.freeze_step=2"};
   auto with = [](std::vector<std::string> a, const std::vector<std::string>& b) {
@@ -387,8 +385,7 @@ TEST(Compression, OneBitAdamWarmsUpAsAdamWAndCompressesAfter) {
   const int n = world->size();
   auto run = [&](const std::vector<std::string>& o, std::shared_ptr<ProcessGroup> group,
                  std::vector<StepResult>* steps) {
-    std::vector<std::string> all = {"train.steps=8", "gradient_clipping=0",
-                                    "model.vocab_size=250"};
+    std::vector<std::string> all = {"train.steps=8", "gradient_clipping=0", "model.vocab_size=250"};
     all.insert(all.end(), o.begin(), o.end());
     const int size = group ? group->size() : 1;
     Config c = parse_config(test::kBase, "harness", all, size);
@@ -468,8 +465,8 @@ TEST(Compression, ZeroOneAdamTrainsLikeAdamWAndOneProcess) {
     return std::pair{t.run(), test::whole_params(t)};
   };
   const auto [ra, pa] = run({}, world);
-  const auto [rb, pb] = run({"optimizer.type=ZeroOneAdam", "optimizer.params.var_update_scaler=100"},
-                            world);
+  const auto [rb, pb] =
+      run({"optimizer.type=ZeroOneAdam", "optimizer.params.var_update_scaler=100"}, world);
   for (size_t k = 0; k < 10; ++k) {
     EXPECT_FALSE(rb[k].compressed);
     EXPECT_NEAR(rb[k].loss, ra[k].loss, 1e-5 * ra[k].loss) << "step " << k + 1;
@@ -529,13 +526,13 @@ TEST(Compression, OnlyTheDataParallelReductionIsCompressed) {
       unsetenv("LOOM_TEST_CODEC");
       const std::string what = compression[0] + " " + layout[0];
       for (size_t k = 0; k < one.losses.size(); ++k)
-        EXPECT_NEAR(r.losses[k], one.losses[k], 2e-5 * one.losses[k])
-            << what << " step " << k + 1;
+        EXPECT_NEAR(r.losses[k], one.losses[k], 2e-5 * one.losses[k]) << what << " step " << k + 1;
       if (powersgd) {
         for (const auto& [name, g] : one.grads_first) {
           const std::vector<float>& h = r.grads_first.at(name);
           double d = 0, n = 0;
-          for (size_t i = 0; i < g.size(); ++i) d += (h[i] - g[i]) * (h[i] - g[i]), n += g[i] * g[i];
+          for (size_t i = 0; i < g.size(); ++i)
+            d += (h[i] - g[i]) * (h[i] - g[i]), n += g[i] * g[i];
           EXPECT_LT(std::sqrt(d / std::max(n, 1e-30)), 1e-3) << what << " gradient of " << name;
         }
         continue;

@@ -202,9 +202,9 @@ TEST(Config, CompressionKeysAndTheirErrors) {
              "optimizer.type OneBitAdam needs zero_optimization.stage 0 (stage is 1)");
   EXPECT_HAS(error_of(kBase, {"optimizer.type=OneBitAdam", "comm.compression.type=bf16"}),
              "the optimizer compresses what it communicates itself");
-  EXPECT_HAS(error_of(kBase, {"optimizer.type=OneBitAdam",
-                              "optimizer.params.comm_backend_name=nccl"}),
-             "optimizer.params.comm_backend_name: unknown value \"nccl\"");
+  EXPECT_HAS(
+      error_of(kBase, {"optimizer.type=OneBitAdam", "optimizer.params.comm_backend_name=nccl"}),
+      "optimizer.params.comm_backend_name: unknown value \"nccl\"");
   EXPECT_HAS(error_of(kBase, {"optimizer.type=ZeroOneAdam", "optimizer.params.var_freeze_step=10",
                               "optimizer.params.local_step_scaler=20", "train.steps=40"}),
              "train.steps 40 reaches the local steps that begin local_step_scaler 20 steps after "

@@ -9,8 +9,8 @@
 
 #include <atomic>
 #include <cstdint>
-#include <exception>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <string>

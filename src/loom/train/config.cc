@@ -570,17 +570,19 @@ Config parse_config(const std::string& text, const std::string& source,
                         "not keep",
                         c.parallel.expert));
   if (cc.type == "powersgd" && c.precision == DType::kF16)
-    fail(source, "comm.compression.type powersgd with fp16.enabled: the dynamic loss scale "
-                 "changes the gradients' units between steps, which the carried error does not "
-                 "follow; train in bf16 or f32");
+    fail(source,
+         "comm.compression.type powersgd with fp16.enabled: the dynamic loss scale "
+         "changes the gradients' units between steps, which the carried error does not "
+         "follow; train in bf16 or f32");
   if ((cc.type == "fp16" || cc.type == "bf16") && z.stage <= 1 && c.comm.allreduce != "mpi" &&
       c.comm.allreduce != "auto")
     fail(source, format("comm.compression.type {} with comm.allreduce {}: that algorithm reduces "
                         "f32, so 16-bit gradients would cross the wire widened; use mpi or auto",
                         cc.type, c.comm.allreduce));
   if (cc.type == "powersgd" && c.checkpoint.format == "whole")
-    fail(source, "comm.compression.type powersgd with checkpoint.format whole: PowerSGD's error "
-                 "feedback is every rank's own, which only sharded checkpoints hold");
+    fail(source,
+         "comm.compression.type powersgd with checkpoint.format whole: PowerSGD's error "
+         "feedback is every rank's own, which only sharded checkpoints hold");
   // Checked here, before anything is allocated: the files are made later.
   if (z.offload_device == "nvme")
     check_writable_dir(z.nvme_path, source + ": zero_optimization.offload_optimizer.nvme_path");

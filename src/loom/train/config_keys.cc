@@ -303,7 +303,8 @@ std::vector<ConfigKey> run_keys() {
           .or_else(true)
           .lands(LOOM_FIELD(c.zero.compression.error_feedback, bool))
           .when([](const Config& c) { return c.zero.compression.type == "powersgd"; })
-          .doc("bool", "true", "`powersgd`: carry each matrix's approximation error to the next step"),
+          .doc("bool", "true",
+               "`powersgd`: carry each matrix's approximation error to the next step"),
       key("comm.compression.warm_start", KeyKind::kBool)
           .or_else(true)
           .lands(LOOM_FIELD(c.zero.compression.warm_start, bool))

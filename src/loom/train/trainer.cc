@@ -211,8 +211,8 @@ StepResult Trainer::train_step() {
   r.t_comm = s.comm.comm_s;
   r.t_comm_exposed = s.comm.exposed_s;
   r.t_all_to_all = s.t_all_to_all;
-  r.compression = config_.optimizer.one_bit() ? config_.optimizer.type
-                                              : config_.zero.compression.type;
+  r.compression =
+      config_.optimizer.one_bit() ? config_.optimizer.type : config_.zero.compression.type;
   r.compressed = s.compression.compressed;
   r.compressed_bytes = s.compression.sent_bytes;
   r.uncompressed_bytes = s.compression.plain_bytes;

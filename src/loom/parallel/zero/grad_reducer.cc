@@ -136,8 +136,7 @@ void BucketedAllReduce::launch(Bucket& b) {
                                  ReduceOp::kSum);
     return;
   }
-  b.work = g.group->all_reduce(at(b), at(b), static_cast<size_t>(n), config_.dtype,
-                               ReduceOp::kAvg);
+  b.work = g.group->all_reduce(at(b), at(b), static_cast<size_t>(n), config_.dtype, ReduceOp::kAvg);
 }
 
 void BucketedAllReduce::scale(const Bucket& b, float s) const {

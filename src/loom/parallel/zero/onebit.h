@@ -84,8 +84,7 @@ class OneBitAdam {
   // momentum of g averaged into m with the mask applied, segment by
   // segment; else (0/1 Adam's variance steps) m and v updated from the
   // reduced g. Then the parameters (indexed like m).
-  void unit_step(int u, const float* g, float* params, float* m, float* v, double lr,
-                 int64_t step);
+  void unit_step(int u, const float* g, float* params, float* m, float* v, double lr, int64_t step);
   void compress(Segment& s, const float* g, int64_t unit_begin, float* m, const float* v);
 
   const ShardLayout& shards_;

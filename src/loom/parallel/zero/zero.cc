@@ -366,8 +366,8 @@ void ZeroEngine::step(double lr, int64_t step) {
       onebit_->step_16(masters(), params16(), grads16(), config_.dtype, grad_factor_,
                        optimizer_->exp_avg(), optimizer_->exp_avg_sq(), lr, step);
     else
-      onebit_->step(store_.params(), held_grads(), optimizer_->exp_avg(),
-                    optimizer_->exp_avg_sq(), lr, step);
+      onebit_->step(store_.params(), held_grads(), optimizer_->exp_avg(), optimizer_->exp_avg_sq(),
+                    lr, step);
     return;
   }
   // 16-bit mode updates the masters and rounds them into the parameters.
