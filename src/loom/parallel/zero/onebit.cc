@@ -89,7 +89,7 @@ void OneBitAdam::compress(Segment& seg, const float* g, int64_t unit_begin, floa
     for (int64_t i = lo; i < hi; ++i, ++k) x[k] = v[i] == 0.0f ? 0.0f : b1 * m[i] + c * gs[i - lo];
   }
   CompressedAllReduce* ca = seg.ca.get();
-  if (ca) ca->run(x, x);
+  if (ca) comm_s_ += ca->run(x, x);
   // Back into m; masked elements carry no momentum and no error, nor does
   // the padding.
   k = 0;

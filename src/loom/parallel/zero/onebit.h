@@ -69,6 +69,13 @@ class OneBitAdam {
     stats_.sent_bytes = stats_.plain_bytes = 0;
     return s;
   }
+  // Seconds the step waited for its compressed all-reduces since the last
+  // call (they block the update: all of it exposed).
+  double take_comm_seconds() {
+    const double s = comm_s_;
+    comm_s_ = 0;
+    return s;
+  }
 
  private:
   // What one compressed all-reduce covers: a matrix, or a unit's other
@@ -94,6 +101,7 @@ class OneBitAdam {
   std::vector<Segment> segments_;
   std::vector<std::vector<size_t>> of_unit_;  // per unit: its segments
   CompressionStats stats_;
+  double comm_s_ = 0;
 };
 
 // 0/1 Adam's variance schedule: whether step t (1-based) updates the

@@ -429,6 +429,11 @@ CommStats ZeroEngine::take_stats() {
   const CommStats r = reducer_->take_stats();
   s.comm_s += r.comm_s;
   s.exposed_s += r.exposed_s;
+  if (onebit_) {
+    const double o = onebit_->take_comm_seconds();
+    s.comm_s += o;
+    s.exposed_s += o;
+  }
   stats_ = CommStats{};
   return s;
 }
