@@ -35,18 +35,7 @@ std::vector<float> widen(const void* x, DType t, size_t n) {
   return out;
 }
 
-// Sub-groups of every size 1..world: world ranks [0, k) and [k, world).
-std::vector<std::shared_ptr<MpiProcessGroup>> groups_of_every_size(const CommOptions& opt) {
-  auto world = runtime().world(opt);
-  std::vector<std::shared_ptr<MpiProcessGroup>> out{world};
-  for (int k = 1; k < world->size(); ++k) {
-    std::vector<int> a(static_cast<size_t>(k)), b(static_cast<size_t>(world->size() - k));
-    std::iota(a.begin(), a.end(), 0);
-    std::iota(b.begin(), b.end(), k);
-    out.push_back(world->split({a, b}, "split" + std::to_string(k)));
-  }
-  return out;
-}
+using test::groups_of_every_size;
 
 TEST(Collectives, AllReduceEveryAlgorithmMatchesMpiExactly) {
   CommOptions opt;

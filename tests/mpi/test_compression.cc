@@ -260,6 +260,21 @@ TEST(Compression, PowerSgdMatchesAReferenceOverEveryRanksGradients) {
   }
 }
 
+// A trainer of the harness's small GPT with `overrides`, over `group`
+// (null: one process) as pp stages x data-parallel ranks, resumed from
+// `resume` when given.
+std::unique_ptr<Trainer> trainer(const std::vector<std::string>& overrides,
+                                 std::shared_ptr<ProcessGroup> group,
+                                 const std::string& resume = "", int pp = 1) {
+  const int size = group ? group->size() : 1;
+  Config c = parse_config(test::kBase, "harness", overrides, size);
+  RunOptions opt;
+  opt.quiet = true;
+  opt.resume = resume;
+  opt.parallel = make_parallel_context(std::move(group), GridShape{size, 1, pp});
+  return std::make_unique<Trainer>(std::move(c), opt, ThreadConfig{});
+}
+
 // A non-finite gradient on one rank makes that step's reduced gradients
 // non-finite on every rank (so the step is skipped or fails everywhere) and
 // does not poison PowerSGD's state: the next steps are finite again.
@@ -332,13 +347,7 @@ TEST(Compression, CompressingRunsResumeBitwise) {
       std::vector<std::string> o = {"train.steps=" + std::to_string(steps), "checkpoint.every=3",
                                     "checkpoint.dir=" + root + "/" + dir};
       o.insert(o.end(), extra.begin(), extra.end());
-      const int size = group ? group->size() : 1;
-      Config c = parse_config(test::kBase, "harness", o, size);
-      RunOptions opt;
-      opt.quiet = true;
-      opt.resume = resume;
-      opt.parallel = make_parallel_context(std::move(group), GridShape{size, 1, 1});
-      return std::make_unique<Trainer>(std::move(c), opt, ThreadConfig{});
+      return trainer(o, std::move(group), resume);
     };
     auto f = make(6, "", "f", world);
     const std::vector<StepResult> rf = f->run();
@@ -387,12 +396,7 @@ TEST(Compression, OneBitAdamWarmsUpAsAdamWAndCompressesAfter) {
                  std::vector<StepResult>* steps) {
     std::vector<std::string> all = {"train.steps=8", "gradient_clipping=0", "model.vocab_size=250"};
     all.insert(all.end(), o.begin(), o.end());
-    const int size = group ? group->size() : 1;
-    Config c = parse_config(test::kBase, "harness", all, size);
-    RunOptions opt;
-    opt.quiet = true;
-    opt.parallel = make_parallel_context(std::move(group), GridShape{size, 1, 1});
-    auto t = std::make_unique<Trainer>(std::move(c), opt, ThreadConfig{});
+    auto t = trainer(all, std::move(group));
     *steps = t->run();
     return t;
   };
@@ -456,13 +460,9 @@ TEST(Compression, ZeroOneAdamTrainsLikeAdamWAndOneProcess) {
   auto run = [&](const std::vector<std::string>& o, std::shared_ptr<ProcessGroup> group) {
     std::vector<std::string> all = {"train.steps=10", "gradient_clipping=0"};
     all.insert(all.end(), o.begin(), o.end());
-    const int size = group ? group->size() : 1;
-    Config c = parse_config(test::kBase, "harness", all, size);
-    RunOptions opt;
-    opt.quiet = true;
-    opt.parallel = make_parallel_context(std::move(group), GridShape{size, 1, 1});
-    Trainer t(std::move(c), opt, ThreadConfig{});
-    return std::pair{t.run(), test::whole_params(t)};
+    auto t = trainer(all, std::move(group));
+    std::vector<StepResult> r = t->run();
+    return std::pair{std::move(r), test::whole_params(*t)};
   };
   const auto [ra, pa] = run({}, world);
   const auto [rb, pb] =
@@ -553,14 +553,10 @@ TEST(Compression, OnlyTheDataParallelReductionIsCompressed) {
 TEST(Compression, OneBitAdamKeepsAPipelinesTiedCopiesEqual) {
   auto world = runtime().world(CommOptions{});
   if (world->size() != 4) GTEST_SKIP() << "needs four ranks";
-  Config c = parse_config(test::kBase, "harness",
-                          {"parallel.pipeline=2", "gradient_accumulation_steps=2", "train.steps=6",
-                           "optimizer.type=OneBitAdam", "optimizer.params.freeze_step=2"},
-                          4);
-  RunOptions opt;
-  opt.quiet = true;
-  opt.parallel = make_parallel_context(world, GridShape{4, 1, 2});
-  Trainer t(std::move(c), opt, ThreadConfig{});
+  auto tr = trainer({"parallel.pipeline=2", "gradient_accumulation_steps=2", "train.steps=6",
+                     "optimizer.type=OneBitAdam", "optimizer.params.freeze_step=2"},
+                    world, "", 2);
+  Trainer& t = *tr;
   const std::vector<StepResult> r = t.run();
   ASSERT_TRUE(r.back().compressed);
   uint64_t mine[2] = {0, 0};  // holds wte, the hash of its bytes
