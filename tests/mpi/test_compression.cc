@@ -48,12 +48,13 @@ float grad(const Param& p, int r, int t, int64_t i) {
 }
 
 struct Rig {
+  ZeroConfig z;  // the reducer keeps a reference, as to its engine's
   ParamStore<float> store;
   std::unique_ptr<ShardLayout> shards;
   std::unique_ptr<GradReducer> reducer;
   Buffer shard_grads;  // stages 2-3: the target
 
-  Rig(const ZeroConfig& z, std::shared_ptr<ProcessGroup> dp) {
+  Rig(const ZeroConfig& config, std::shared_ptr<ProcessGroup> dp) : z(config) {
     const int W = dp->size();
     store.build(small_layout(ZeroEngine::storage(z, W).unit_multiple), ZeroEngine::storage(z, W));
     shards = std::make_unique<ShardLayout>(store.layout(), z.stage, dp, ExpertGroups{});
