@@ -45,7 +45,7 @@ struct StepResult {
   std::string compression;
   bool compressed = false;
   double compressed_bytes = 0, uncompressed_bytes = 0, error_norm = 0;
-  double t_all_to_all = 0;             // of it, the MoE layers' all-to-alls (expert parallelism)
+  double t_all_to_all = 0;  // of it, the MoE layers' all-to-alls (expert parallelism)
   // Pipelined: seconds the most idle stage waited in the schedule, that
   // stage's idle share, and seconds this rank blocked on pipeline messages.
   double t_bubble = 0, bubble_fraction = 0, t_p2p_wait = 0;
