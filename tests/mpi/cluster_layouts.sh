@@ -4,7 +4,8 @@
 # round-robin over the hosts (--map-by node) so that loom's placement must
 # move them to keep the tensor- and expert-parallel groups inside a host.
 # Data parallel, ZeRO-3, tp x dp, pp x dp, ep x dp and 16-bit layouts train
-# like one process, as on one host. (And the cluster's hosts have no
+# like one process, as on one host; so does compressed data parallelism.
+# (And the cluster's hosts have no
 # address outside its /24 and no route out.)
 set -euo pipefail
 LAYOUT_TESTS=${LAYOUT_TESTS:?path of loom_layout_tests}
@@ -23,4 +24,14 @@ timeout -k 5 400 "$CLUSTER" mpirun --host node0:2,node1:2 -np 4 --map-by node -x
 grep "layout \]" "$WORK/out.txt"
 n=$(grep -c "layout \]" "$WORK/out.txt")
 ((n >= 9)) || fail "only $n layouts ran: $(cat "$WORK/out.txt")"
+# Compressed data parallelism across the hosts: PowerSGD and the 1-bit
+# optimizers under tp 2 x dp 2 and pp 2 x dp 2 train like one process, and
+# the 1-bit phase keeps a pipeline's tied copies equal.
+timeout -k 5 400 "$CLUSTER" mpirun --host node0:2,node1:2 -np 4 --map-by node -x OMP_NUM_THREADS \
+  "$LAYOUT_TESTS" \
+  --gtest_filter=Compression.OnlyTheDataParallelReductionIsCompressed:Compression.OneBitAdamKeepsAPipelinesTiedCopiesEqual \
+  > "$WORK/out-compression.txt" 2>&1 ||
+  fail "compression across hosts failed: $(cat "$WORK/out-compression.txt")"
+grep -q "PASSED .*2 tests" "$WORK/out-compression.txt" ||
+  fail "the compression tests did not both run: $(cat "$WORK/out-compression.txt")"
 echo PASS
