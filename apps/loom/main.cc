@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   loom::app::add_checkpoint_command(app);
   loom::app::add_launch_command(app);
   loom::app::add_config_command(app);
+  loom::app::add_report_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -423,6 +423,14 @@ std::vector<ConfigKey> model_and_job_keys() {
                "trace JSON (a process per rank; rows for compute per unit, the pipeline's "
                "instructions when pipelined, and each communication group's operations with their "
                "bytes and element types), for Perfetto or chrome://tracing"),
+      key("log.report_every", KeyKind::kInt)
+          .range(0, kMaxInt)
+          .or_else(0)
+          .lands(LOOM_FIELD(c.log.report_every, int64_t))
+          .doc("int >= 0", "0 (never)",
+               "rewrite `report.html` in the run folder every N steps and at the end (what `loom "
+               "report RUN` makes, written atomically); while the run goes the page reloads "
+               "itself"),
       key("log.peak_gflops", KeyKind::kNumber)
           .range(0, 1e300)
           .or_else(0.0)

@@ -97,7 +97,8 @@ void MetricsLog::write(const StepResult& r) {
                      {"cv", l.cv},
                      {"dropped", l.dropped},
                      {"aux_loss", l.aux},
-                     {"z_loss", l.z}});
+                     {"z_loss", l.z},
+                     {"load", l.load}});
     j["moe"] = moe;
   }
   out_ << j.dump() << "\n";

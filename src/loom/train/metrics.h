@@ -16,11 +16,12 @@ namespace loom {
 // One mixture-of-experts layer over a step's global batch (every rank's
 // forwards; evaluation excluded).
 struct MoeLayerStats {
-  int layer = 0;          // the block's global index
-  double imbalance = 0;   // the busiest expert's assignments over the mean
-  double cv = 0;          // coefficient of variation of the experts' assignments
-  double dropped = 0;     // share of assignments dropped at capacity
-  double aux = 0, z = 0;  // the balancing losses, mean over micro-batches
+  int layer = 0;             // the block's global index
+  double imbalance = 0;      // the busiest expert's assignments over the mean
+  double cv = 0;             // coefficient of variation of the experts' assignments
+  double dropped = 0;        // share of assignments dropped at capacity
+  double aux = 0, z = 0;     // the balancing losses, mean over micro-batches
+  std::vector<double> load;  // each expert's share of the assignments
 };
 
 struct StepResult {

@@ -412,6 +412,7 @@ std::vector<MoeLayerStats> StepEngine::moe_stats(bool update) {
     s.dropped = row[E] > 0 ? row[E + 1] / row[E] : 0;
     s.aux = row[E + 4] > 0 ? row[E + 2] / row[E + 4] : 0;
     s.z = row[E + 4] > 0 ? row[E + 3] / row[E + 4] : 0;
+    for (size_t e = 0; e < E; ++e) s.load.push_back(mean > 0 ? row[e] / (mean * double(E)) : 0);
     out.push_back(s);
   }
   return out;

@@ -20,6 +20,7 @@
 #include "loom/io/fs.h"
 #include "loom/optim/lr_schedule.h"
 #include "loom/profile/gemm_peak.h"
+#include "loom/report/report.h"
 #include "loom/train/whole_model.h"
 
 namespace loom {
@@ -339,6 +340,22 @@ std::string Trainer::checkpoint_root() const {
                                   : (fs::path(options_.out_dir) / "checkpoints").string();
 }
 
+void Trainer::write_live_report(bool live, double step_seconds) {
+  ReportOptions o;
+  o.runs = {options_.out_dir};
+  o.out = (fs::path(options_.out_dir) / "report.html").string();
+  o.live = live;
+  // Reload about when the next rewrite lands, not more than once a second.
+  o.refresh_s = std::max(1.0, std::round(step_seconds * double(config_.log.report_every)));
+  try {
+    write_report(o);
+  } catch (const Error& e) {
+    // The page is a view of the run: a failure to write it stops nothing.
+    std::printf("loom: warning: report.html not written: %s\n", e.what());
+    std::fflush(stdout);
+  }
+}
+
 void Trainer::open_run_folder() {
   fs::create_directories(options_.out_dir);
   write_file_atomic((fs::path(options_.out_dir) / "config.resolved.json").string(),
@@ -509,6 +526,10 @@ std::vector<StepResult> Trainer::run() {
     r.mem = engine_->peak_memory_over_ranks();
     metrics_.write(r);
     results.push_back(r);
+    const int64_t report = config_.log.report_every;
+    if (writer_ && report > 0 && !options_.out_dir.empty() && r.step % report == 0 &&
+        r.step < total)
+      write_live_report(true, seconds_since(t0) / double(results.size()));
     progress_->show(r, seconds_since(t0), static_cast<int64_t>(results.size()));
     if (checkpointer_) checkpointer_->poll();
     if (checkpoints && (r.step % every == 0 || r.step == total)) save(r.lr);
@@ -518,6 +539,9 @@ std::vector<StepResult> Trainer::run() {
     trace_->write(
         options_.parallel, writer_,
         options_.out_dir.empty() ? "" : (fs::path(options_.out_dir) / "trace.json").string());
+  // The final page, with the timeline.
+  if (writer_ && config_.log.report_every > 0 && !options_.out_dir.empty() && !results.empty())
+    write_live_report(false, 0);
   // The closing sample decodes on rank 0 from full parameters; at stage 3
   // every rank takes part in gathering them.
   const TrainConfig& t = config_.train;

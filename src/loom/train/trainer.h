@@ -90,6 +90,8 @@ class Trainer {
   // tensor (WholeModel).
   std::string save_pipelined(double lr);
   void open_run_folder();
+  // log.report_every: report.html in the run folder (live: the run goes on).
+  void write_live_report(bool live, double step_seconds);
   std::string checkpoint_root() const;
   void describe_run() const;
   void describe_zero() const;

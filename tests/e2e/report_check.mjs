@@ -1,0 +1,67 @@
+// Opens a loom report in headless Chromium and checks, from the page itself,
+// what rendered against the run's metrics.jsonl: every panel with the
+// expected series and points, no network request, no error. Writes a
+// screenshot. Usage: node report_check.mjs REPORT.html RUN_DIR SCREENSHOT.png
+import { createRequire } from "module";
+import fs from "fs";
+import path from "path";
+import url from "url";
+
+const require = createRequire(process.env.LOOM_NPM_DIR + "/node_modules/");
+const { chromium } = require("playwright-core");
+const [report, runDir, shot] = process.argv.slice(2);
+
+const lines = fs.readFileSync(path.join(runDir, "metrics.jsonl"), "utf8").split("\n");
+const steps = [];
+for (const l of lines) {
+  try { steps.push(JSON.parse(l)); } catch (e) { /* a damaged line: the page notes it */ }
+}
+const evals = steps.filter((s) => "val_loss" in s).length;
+let skipped = 0, before = 0;
+for (const s of steps) { if (s.skipped_steps > before) skipped++; before = s.skipped_steps; }
+const moeLayers = steps.length && steps[0].moe ? steps[0].moe.length : 0;
+
+const browser = await chromium.launch({
+  executablePath: "/usr/bin/chromium",
+  args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+});
+const page = await browser.newPage({ viewport: { width: 1400, height: 1000 } });
+const pageUrl = url.pathToFileURL(path.resolve(report)).href;
+const requests = [], errors = [];
+page.on("request", (r) => { if (r.url() !== pageUrl) requests.push(r.url()); });
+page.on("console", (m) => { if (m.type() === "error") errors.push(m.text()); });
+page.on("pageerror", (e) => errors.push(String(e)));
+const t0 = Date.now();
+await page.goto(pageUrl, { waitUntil: "load" });
+await page.waitForFunction(() => window.loomReport && window.loomReport.done, null, { timeout: 10000 });
+const openMs = Date.now() - t0;
+const r = await page.evaluate(() => window.loomReport);
+await page.screenshot({ path: shot, fullPage: true });
+await browser.close();
+
+const fails = [];
+const expect = (cond, what) => { if (!cond) fails.push(what); };
+const P = r.panels;
+expect(requests.length === 0, "network requests: " + requests.join(", "));
+expect(errors.length === 0 && r.errors.length === 0, "errors: " + errors.concat(r.errors).join("; "));
+expect(P.loss && P.loss.series === (evals ? 2 : 1) && P.loss.points === steps.length + evals,
+       `loss: ${JSON.stringify(P.loss)}, want ${steps.length} + ${evals} points`);
+for (const id of ["lr", "grad_norm", "tokens_per_s", "mfu"])
+  expect(P[id] && P[id].series === 1 && P[id].points <= steps.length && P[id].points >= steps.length - skipped,
+         `${id}: ${JSON.stringify(P[id])}`);
+expect(P.loss_scale && P.loss_scale.series === (skipped ? 2 : 1) && P.loss_scale.points === steps.length + skipped,
+       `loss_scale: ${JSON.stringify(P.loss_scale)}, want ${skipped} skip markers`);
+expect(P.memory && P.memory.series === 6, `memory: ${JSON.stringify(P.memory)}`);
+expect(P["step_time-r0"] && P["step_time-r0"].series >= 4, `step time: ${JSON.stringify(P["step_time-r0"])}`);
+expect(P.layout && P.layout.rows >= 8, `layout: ${JSON.stringify(P.layout)}`);
+const heat = Object.keys(P).filter((k) => k.startsWith("moe_load-"));
+expect(heat.length === moeLayers, `MoE heatmaps: ${heat.length}, want ${moeLayers}`);
+for (const k of heat) expect(P[k].columns === steps.length, `${k}: ${JSON.stringify(P[k])}`);
+if (moeLayers) expect(P.moe_imbalance && P.moe_imbalance.series === moeLayers, "moe imbalance");
+if (fs.existsSync(path.join(runDir, "trace.json")))
+  expect(P["timeline-r0"] && P["timeline-r0"].rows >= 1 && P["timeline-r0"].slices > 0,
+         `timeline: ${JSON.stringify(P["timeline-r0"])}`);
+console.log(JSON.stringify({ open_ms: openMs, render_ms: Math.round(r.render_ms), panels: Object.keys(P).length }));
+if (fails.length) { console.error("FAIL: " + fails.join("\n")); process.exit(1); }
+console.log("ok: the report rendered every panel, made no request and logged no error");
