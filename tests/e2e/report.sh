@@ -31,6 +31,7 @@ mpirun --oversubscribe -np 2 "$LOOM" train --config "$WORK/cfg.json" --out "$WOR
   fail "training: $(tail -20 "$WORK/train.txt")"
 json_check "$WORK/run/metrics.jsonl" 'len(lines) == 16 and lines[-1]["skipped_steps"] > 0 and all(abs(sum(m["load"]) - 1) < 1e-9 for l in lines for m in l["moe"])'
 
+json_check "$WORK/run/run.json" 'd["world"] == 2 and d["partition"] == [1, 1] and d["cpu"] and d["loom_version"]'
 # log.report_every: the run's own page, final (not live) after the last step.
 [[ -s $WORK/run/report.html ]] || fail "log.report_every wrote no report.html"
 grep -q '"live":false' "$WORK/run/report.html" || fail "the last report.html is still live"

@@ -54,7 +54,7 @@ expect(P.loss_scale && P.loss_scale.series === (skipped ? 2 : 1) && P.loss_scale
        `loss_scale: ${JSON.stringify(P.loss_scale)}, want ${skipped} skip markers`);
 expect(P.memory && P.memory.series === 6, `memory: ${JSON.stringify(P.memory)}`);
 expect(P["step_time-r0"] && P["step_time-r0"].series >= 4, `step time: ${JSON.stringify(P["step_time-r0"])}`);
-expect(P.layout && P.layout.rows >= 8, `layout: ${JSON.stringify(P.layout)}`);
+expect(P.layout && P.layout.rows >= 12, `layout: ${JSON.stringify(P.layout)}`);
 const heat = Object.keys(P).filter((k) => k.startsWith("moe_load-"));
 expect(heat.length === moeLayers, `MoE heatmaps: ${heat.length}, want ${moeLayers}`);
 for (const k of heat) expect(P[k].columns === steps.length, `${k}: ${JSON.stringify(P[k])}`);

@@ -44,8 +44,6 @@ std::vector<GemmBenchResult> bench_gemm(cpu::GemmBackend backend, const std::vec
   return out;
 }
 
-namespace {
-
 std::string cpu_model() {
   std::ifstream in("/proc/cpuinfo");
   for (std::string line; std::getline(in, line);)
@@ -56,6 +54,21 @@ std::string cpu_model() {
     }
   return "unknown cpu";
 }
+
+std::string cpu_isa() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("flags", 0) == 0) {
+      std::string isa;
+      for (const char* f : {"avx2", "avx512f", "avx512_bf16", "amx_bf16"})
+        if ((line + " ").find(std::string(" ") + f + " ") != std::string::npos)
+          isa += (isa.empty() ? "" : " ") + std::string(f);
+      return isa.empty() ? "no AVX2" : isa;
+    }
+  return "unknown";
+}
+
+namespace {
 
 std::string cache_path() {
   const char* xdg = std::getenv("XDG_CACHE_HOME");

@@ -39,7 +39,11 @@ struct PeakGflops {
 // bf16 matmul (bf16 inputs where it runs), whose peak is its own: 4-7x the
 // sgemm's on CPUs with AMX, below it on AVX512-BF16 alone.
 enum class GemmPath { kF32Sgemm, kBf16Matmul };
-const char* gemm_path_name(GemmPath p);  // "f32 sgemm", "bf16 matmul"
+const char* gemm_path_name(GemmPath p);
+// /proc/cpuinfo's model name, and which of avx2, avx512f, avx512_bf16 and
+// amx_bf16 the CPU has.
+std::string cpu_model();
+std::string cpu_isa();  // "f32 sgemm", "bf16 matmul"
 // The path of a run whose GEMM inputs are `inputs` (kernels.gemm_inputs).
 GemmPath gemm_path_for(DType inputs);
 

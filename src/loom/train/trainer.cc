@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <iostream>
 #include <sstream>
@@ -360,6 +361,19 @@ void Trainer::open_run_folder() {
   fs::create_directories(options_.out_dir);
   write_file_atomic((fs::path(options_.out_dir) / "config.resolved.json").string(),
                     config_.resolved.dump(2) + "\n");
+  // run.json: what the config does not say (the report's layout panel).
+  nlohmann::json info = {{"loom_version", LOOM_VERSION},
+                         {"cpu", cpu_model()},
+                         {"isa", cpu_isa()},
+                         {"threads", threads_.threads},
+                         {"world", options_.parallel.world ? options_.parallel.world->size() : 1},
+                         {"partition", engine_->partition().counts}};
+  if (!options_.parallel.placement.empty()) info["hosts"] = options_.parallel.placement;
+  const std::time_t now = std::time(nullptr);
+  char started[32];
+  std::strftime(started, sizeof started, "%Y-%m-%d %H:%M:%S UTC", std::gmtime(&now));
+  info["started"] = started;
+  write_file_atomic((fs::path(options_.out_dir) / "run.json").string(), info.dump(2) + "\n");
   // A resumed run keeps the metrics of the steps its checkpoint covers and
   // drops any written after it by the interrupted run.
   metrics_.open((fs::path(options_.out_dir) / "metrics.jsonl").string(), step_);
