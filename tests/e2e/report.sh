@@ -5,7 +5,8 @@
 # (report_check.mjs: panels, series and points against metrics.jsonl, no
 # request, no error); a truncated metrics.jsonl still gives a page that
 # notes the damage; bad input gets one clear line; log.report_every writes
-# the page during the run.
+# the page during the run, and a page opened mid-run reloads itself until
+# the run's final page (report_live.mjs).
 source "$(dirname "$0")/lib.sh"
 export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 here=$(cd "$(dirname "$0")" && pwd)
@@ -79,4 +80,21 @@ cp "$WORK/run/config.resolved.json" "$WORK/empty/"
 : > "$WORK/empty/metrics.jsonl"
 expect_error "$WORK/empty has no steps yet: metrics.jsonl is empty" "$LOOM" report "$WORK/empty" --out "$WORK/x.html"
 [[ ! -e $WORK/x.html ]] || fail "a failed report wrote a page"
+
+# Live: the page opened while a run goes (every step slowed to 400 ms)
+# reloads itself, each time at a later step, until the final page.
+python3 - "$WORK/cfg.json" "$WORK/live.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+del c["parallel"], c["fp16"], c["model"]["moe"]
+c["train"] = {"steps": 24}
+c["log"] = {"every": 1, "report_every": 3}
+json.dump(c, open(sys.argv[2], "w"))
+PY
+LOOM_TEST_SLOW=0:400 "$LOOM" train --config "$WORK/live.json" --out "$WORK/live" > "$WORK/live.txt" 2>&1 &
+train_pid=$!
+for _ in $(seq 1 300); do [[ -s $WORK/live/report.html ]] && break; sleep 0.1; done
+[[ -s $WORK/live/report.html ]] || fail "no live report.html within 30 s: $(tail -5 "$WORK/live.txt")"
+node "$here/report_live.mjs" "$WORK/live/report.html" 24 || { kill $train_pid 2>/dev/null; fail "live page"; }
+wait $train_pid || fail "live training: $(tail -20 "$WORK/live.txt")"
 echo "report: ok"

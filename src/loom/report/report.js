@@ -3,7 +3,8 @@
 // page; it makes no request.
 //
 // window.loomReport tells a test what rendered: per panel its kind, series
-// and points (or rows and slices), the errors caught, and the time taken.
+// and points (or rows and slices), the errors caught, the time taken, and
+// for a live page the step it shows and the seconds until it reloads.
 "use strict";
 (function () {
   const t0 = performance.now();
@@ -12,6 +13,9 @@
   window.addEventListener("error", (e) => check.errors.push(String(e.message)));
 
   const data = JSON.parse(document.getElementById("loom-data").textContent);
+  check.live = !!data.live;
+  check.last_step = data.runs.length ? data.runs[0].last_step : 0;
+  check.reload_s = data.live ? data.refresh_s : 0;
   const app = document.getElementById("app");
   const colors = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b",
                   "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"];
