@@ -50,6 +50,56 @@ GptStage<T>::GptStage(const GptConfig& config, StageSpec spec, StoreOptions stor
   }
   store_.build(std::move(layout), storage, backend);
   plan_.blocks.assign(blocks_.size(), Recompute::kNone);
+  unit_piece_.assign(store_.layout().units().size(), 0);
+  if (embedding_) {
+    unit_piece_[static_cast<size_t>(emb_unit_)] = static_cast<int>(pieces_.size());
+    pieces_.push_back({"embeddings"});
+  }
+  for (const StageBlock& b : blocks_) {
+    unit_piece_[static_cast<size_t>(b.unit)] = static_cast<int>(pieces_.size());
+    pieces_.push_back({store_.layout().units()[static_cast<size_t>(b.unit)].name});
+  }
+  if (head_) {
+    unit_piece_[static_cast<size_t>(lnf_unit_)] = static_cast<int>(pieces_.size());
+    pieces_.push_back({"ln_f"});
+    if (!embedding_) unit_piece_[static_cast<size_t>(wte_unit_)] = static_cast<int>(pieces_.size());
+    pieces_.push_back({"lm_head"});
+  }
+  // A block's experts are part of its piece.
+  const std::vector<Unit>& units = store_.layout().units();
+  for (size_t u = 0; u < units.size(); ++u)
+    if (units[u].expert()) unit_piece_[u] = unit_piece_[static_cast<size_t>(units[u].host)];
+  for (size_t u = 0; u < units.size(); ++u)
+    pieces_[static_cast<size_t>(unit_piece_[u])].params += units[u].size();
+}
+
+template <typename T>
+size_t GptStage<T>::piece_of(const UnitStep& st) const {
+  switch (st.kind) {
+    case UnitStep::kEmbedding:
+      return 0;
+    case UnitStep::kBlock:
+    case UnitStep::kRecompute:
+      return (embedding_ ? 1 : 0) + st.block;
+    case UnitStep::kNorm:
+      return pieces_.size() - 2;
+    case UnitStep::kLogits:
+      break;
+  }
+  return pieces_.size() - 1;
+}
+
+template <typename T>
+void GptStage<T>::add_seconds(size_t piece, Pass pass, double s) {
+  PieceSeconds& p = pieces_[piece];
+  (pass == Pass::kForward ? p.forward : pass == Pass::kRecompute ? p.recompute : p.backward) += s;
+}
+
+template <typename T>
+std::vector<typename GptStage<T>::PieceSeconds> GptStage<T>::take_piece_seconds() {
+  std::vector<PieceSeconds> out = pieces_;
+  for (PieceSeconds& p : pieces_) p.forward = p.backward = p.recompute = 0;
+  return out;
 }
 
 template <typename T>
@@ -337,6 +387,7 @@ double GptStage<T>::forward(StageActivations<T>& a, const int32_t* tokens, const
   // publishes to the hooks.
   for (const UnitStep& st : forward_steps()) {
     store_.before(st.unit, st.pass);
+    const auto t0 = std::chrono::steady_clock::now();
     switch (st.kind) {
       case UnitStep::kEmbedding:
         embedding_->forward(store_, a.input, tokens, rw, drop);
@@ -353,18 +404,26 @@ double GptStage<T>::forward(StageActivations<T>& a, const int32_t* tokens, const
       case UnitStep::kRecompute:
         LOOM_FAIL(kInternal, "a recompute in forward");
     }
+    double s = seconds_since(t0);
     store_.after(st.unit, st.pass);
     if (st.kind == UnitStep::kBlock) {
       const size_t i = st.block;
-      if (packed(plan_, i))
+      if (packed(plan_, i)) {
+        const auto t1 = std::chrono::steady_clock::now();
         blocks_[i].layer->pack(store_.backend(), room, a.blocks[i], rw, mode(i), plan_.records);
+        s += seconds_since(t1);
+      }
       if (i == 0) fault_point("forward");
     }
+    add_seconds(piece_of(st), Pass::kForward, s);
   }
   if (!head_) return 0.0;
   a.logits = h.logits;
   if (targets == nullptr) return 0.0;
-  return head_->loss(store_, h, targets, rw) / static_cast<double>(BT);
+  const auto t0 = std::chrono::steady_clock::now();
+  const double loss = head_->loss(store_, h, targets, rw) / static_cast<double>(BT);
+  add_seconds(pieces_.size() - 1, Pass::kForward, seconds_since(t0));
+  return loss;
 }
 
 template <typename T>
@@ -438,24 +497,25 @@ void GptStage<T>::backward(StageActivations<T>& a, double loss_scale, const T* d
     if (st.kind == UnitStep::kLogits) be.fill(d_lnf, rw.count * C, T(0));
     if (st.kind == UnitStep::kNorm) be.fill(d_resid, rw.count * C, T(0));
     if (st.hooks) store_.before(st.unit, st.pass);
+    const auto t0 = std::chrono::steady_clock::now();
+    double recomputed = 0;
     switch (st.kind) {
       case UnitStep::kLogits:
         if (plan_.head_logits) {
-          const auto t0 = std::chrono::steady_clock::now();
           head_->logits_forward(store_, h, rw);  // the same GEMM as forward: the same logits
-          recompute_s_ += seconds_since(t0);
+          recomputed = seconds_since(t0);
+          recompute_s_ += recomputed;
         }
         head_->logits_backward(store_, h, a.targets, dloss.data(), d_lnf, rw);
         break;
       case UnitStep::kNorm:
         head_->norm_backward(store_, h, d_resid, d_lnf, a.output, rw);
         break;
-      case UnitStep::kRecompute: {
-        const auto t0 = std::chrono::steady_clock::now();
+      case UnitStep::kRecompute:
         block_recompute(a, st.block, drop);
-        recompute_s_ += seconds_since(t0);
+        recomputed = seconds_since(t0);
+        recompute_s_ += recomputed;
         break;
-      }
       case UnitStep::kBlock:
         block_backward(a, st.block, d_resid, rest, drop);
         break;
@@ -463,6 +523,9 @@ void GptStage<T>::backward(StageActivations<T>& a, double loss_scale, const T* d
         embedding_->backward(store_, d_resid, a.tokens, rw, drop);
         break;
     }
+    const double s = seconds_since(t0);
+    add_seconds(piece_of(st), Pass::kRecompute, recomputed);
+    add_seconds(piece_of(st), Pass::kBackward, s - recomputed);
     if (st.hooks) store_.after(st.unit, st.pass);
     if (st.kind == UnitStep::kBlock && st.block + 1 == blocks_.size()) fault_point("backward");
   }
@@ -481,7 +544,10 @@ void GptStage<T>::apply_deferred(DeferredGrads<T>& d) {
   const std::vector<int> units = d.units();
   for (size_t k = 0; k < units.size(); ++k) {
     store_.before(units[k], Pass::kBackwardGradsOnly);
+    const auto t0 = std::chrono::steady_clock::now();
     d.run(k, store_);
+    add_seconds(static_cast<size_t>(unit_piece_[static_cast<size_t>(units[k])]), Pass::kBackward,
+                seconds_since(t0));
     store_.after(units[k], Pass::kBackwardGradsOnly);
   }
   d.clear();

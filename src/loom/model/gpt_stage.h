@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "loom/core/memory.h"
@@ -147,6 +148,21 @@ class GptStage {
   void apply_deferred(DeferredGrads<T>& d);
   // Seconds spent recomputing forwards in backward since the last call.
   double take_recompute_seconds();
+  // Seconds each piece of the stage computed since the last call, by pass:
+  // the embeddings, each block ("h.3"), "ln_f" and "lm_head" (the logits
+  // and the loss), in forward order. Its unit's hooks (a ZeRO-3 gather, a
+  // reduction) are not counted; a block's 16-bit record packing is; a
+  // deferred parameter-gradient pass (zero-bubble's W) counts as backward
+  // of its unit's piece (a tied wte's as the embeddings').
+  // params: the elements of its units this rank holds (its tensor-parallel
+  // slice, a block's experts included, alignment padding included; 0 for a
+  // tied lm_head).
+  struct PieceSeconds {
+    std::string name;
+    int64_t params = 0;
+    double forward = 0, backward = 0, recompute = 0;
+  };
+  std::vector<PieceSeconds> take_piece_seconds();
 
   // Incremental decoding (a stage with the embedding and the head): feeds
   // `token` at position cache.len (< seq_len) and returns the logits
@@ -221,6 +237,11 @@ class GptStage {
   bool serial_layers_ = true;
   std::pair<int, int> split_{0, 1};  // the layers' sequence split (piece, pieces)
   int emb_unit_ = -1, lnf_unit_ = -1, wte_unit_ = -1;
+  // take_piece_seconds's pieces, and per unit its piece.
+  std::vector<PieceSeconds> pieces_;
+  std::vector<int> unit_piece_;
+  size_t piece_of(const UnitStep& st) const;
+  void add_seconds(size_t piece, Pass pass, double s);
   RecomputePlan plan_;
   uint64_t plan_id_ = 1;
   // Backward's gradient scratch (workspace) and the shared recompute room

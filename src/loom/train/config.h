@@ -62,6 +62,7 @@ struct KernelsConfig {
 struct LogConfig {
   int64_t every = 1;
   bool trace = false;        // write trace.json: the first steps' timeline (train/trace.h)
+  bool profile = false;      // per-layer profile and imbalance report (train/profile.h)
   double peak_gflops = 0;    // the MFU denominator; 0: measured at start
   int64_t report_every = 0;  // rewrite report.html every N steps (0: never)
 };

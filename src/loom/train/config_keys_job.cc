@@ -423,6 +423,15 @@ std::vector<ConfigKey> model_and_job_keys() {
                "trace JSON (a process per rank; rows for compute per unit, the pipeline's "
                "instructions when pipelined, and each communication group's operations with their "
                "bytes and element types), for Perfetto or chrome://tracing"),
+      key("log.profile", KeyKind::kBool)
+          .or_else(false)
+          .lands(LOOM_FIELD(c.log.profile, bool))
+          .doc("bool", "false",
+               "profile the run ([profile.md](profile.md)): per layer and rank the forward, "
+               "backward and recompute time, parameters and FLOPs, per group and kind the "
+               "collectives' bytes and time; at the end a table (`profile.txt`), `profile.json` "
+               "and the load-imbalance report (compute, memory, communication, with the rank "
+               "named and a suggestion); each metrics line gains `imbalance`"),
       key("log.report_every", KeyKind::kInt)
           .range(0, kMaxInt)
           .or_else(0)

@@ -1,5 +1,7 @@
 #include "loom/train/metrics.h"
 
+#include "loom/train/profile.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -84,6 +86,7 @@ void MetricsLog::write(const StepResult& r) {
   }
   if (!r.rank_compute.empty())
     j["ranks"] = {{"compute", r.rank_compute}, {"wait", r.rank_wait}, {"score", r.rank_score}};
+  if (!r.rank_mem.empty()) j["imbalance"] = step_imbalance(r.rank_compute, r.rank_mem, r.rank_sent);
   if (r.restart > 0)
     j["restart"] = {{"count", r.restart}, {"cause", r.restart_cause}, {"world", r.world}};
   j["gemm_backend"] = r.gemm_backend;

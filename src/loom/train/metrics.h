@@ -59,6 +59,9 @@ struct StepResult {
   // less the time waiting on communication) and waiting, and the straggler
   // score (straggler.h).
   std::vector<double> rank_compute, rank_wait, rank_score;
+  // log.profile: per rank its peak memory (all categories) and bytes sent
+  // in the step; metrics.jsonl then has the step's `imbalance`.
+  std::vector<double> rank_mem, rank_sent;
   // The first step after `loom launch` restarted the job: which restart,
   // why, and on how many ranks it runs now.
   int restart = 0;

@@ -92,6 +92,8 @@ Trainer::Trainer(Config config, RunOptions options, ThreadConfig threads)
     for (int c = 0; c < engine_->num_chunks(); ++c) trace_->observe(engine_->stage(c));
   }
   load_initial_state(seed);
+  if (config_.log.profile)
+    profiler_ = std::make_unique<RunProfiler>(config_, config_.train.steps - step_);
   // Per rank, of the path the GEMMs take (bf16 inputs through oneDNN's
   // bf16 matmul have its peak, not the sgemm's); MFU divides the job's
   // FLOP/s by it times the ranks. Under mpirun rank 0 measures while the
@@ -187,7 +189,9 @@ StepResult Trainer::train_step() {
   CommRecord* record = options_.parallel.world ? options_.parallel.world->record() : nullptr;
   if (record) record->take();
   if (trace_) trace_->begin_step(r.step);
+  if (profiler_) profiler_->skip(*engine_);  // evaluation's forwards are not the step's
   const StepStats s = engine_->step(*train_data_, step_, r.lr);
+  const MemStats mem_mine = memory_tracker().stats();
   if (config_.comm.debug) engine_->check_replicas();
   r.loss = s.loss;
   r.grad_norm = s.grad_norm;
@@ -267,6 +271,22 @@ StepResult Trainer::train_step() {
   if (trace_) {
     trace_->add_schedule(engine_->trace());
     trace_->begin_step(0);  // evaluation and checkpoints between steps are not traced
+  }
+  if (profiler_) {
+    profiler_->add(*engine_, r, mem_mine);
+    // After the step's record was taken: the step's own bytes, complete.
+    if (options_.parallel.world) {
+      const int n = options_.parallel.world->size();
+      double total = 0;
+      for (size_t b : mem_mine.peak) total += double(b);
+      const double mine[2] = {total, r.comm_bytes};
+      std::vector<double> all(2 * static_cast<size_t>(n));
+      options_.parallel.world->all_gather(mine, all.data(), 2, DType::kF64)->wait();
+      for (int g = 0; g < n; ++g) {
+        r.rank_mem.push_back(all[2 * static_cast<size_t>(g)]);
+        r.rank_sent.push_back(all[2 * static_cast<size_t>(g) + 1]);
+      }
+    }
   }
   ++step_;
   return r;
@@ -553,6 +573,7 @@ std::vector<StepResult> Trainer::run() {
     trace_->write(
         options_.parallel, writer_,
         options_.out_dir.empty() ? "" : (fs::path(options_.out_dir) / "trace.json").string());
+  if (profiler_) write_profile();
   // The final page, with the timeline.
   if (writer_ && config_.log.report_every > 0 && !options_.out_dir.empty() && !results.empty())
     write_live_report(false, 0);
@@ -579,6 +600,29 @@ std::vector<StepResult> Trainer::run() {
   }
   if (sampling) engine_->zero().release_full_params(false);
   return results;
+}
+
+void Trainer::write_profile() {
+  const JobProfile p = profiler_->gather(options_.parallel, writer_);
+  if (!writer_) return;
+  const std::vector<Finding> findings = imbalance_report(p);
+  if (!options_.out_dir.empty()) {
+    nlohmann::json j = to_json(p);
+    j["imbalance"] = to_json(findings);
+    write_file_atomic((fs::path(options_.out_dir) / "profile.json").string(), j.dump(1) + "\n");
+    write_file_atomic((fs::path(options_.out_dir) / "profile.txt").string(),
+                      profile_text(p, findings));
+  }
+  if (options_.quiet) return;
+  if (progress_->tty()) std::printf("\r\033[K");
+  std::printf(
+      "loom: profile (log.profile)%s:\n%s%s",
+      options_.out_dir.empty()
+          ? ""
+          : (" in " + (fs::path(options_.out_dir) / "profile.txt").string() + " and profile.json")
+                .c_str(),
+      profile_table(p).c_str(), imbalance_text(p, findings).c_str());
+  std::fflush(stdout);
 }
 
 void Trainer::describe_run() const {

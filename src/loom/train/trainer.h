@@ -19,6 +19,7 @@
 #include "loom/train/config.h"
 #include "loom/train/gemm_choice.h"
 #include "loom/train/metrics.h"
+#include "loom/train/profile.h"
 #include "loom/train/step_engine.h"
 #include "loom/train/straggler.h"
 #include "loom/train/trace.h"
@@ -82,6 +83,9 @@ class Trainer {
   // over the world), its straggler scores, and a warning when a rank turns
   // (or stops being) persistently slow.
   void gather_rank_times(StepResult& r);
+  // log.profile: gathers every rank's profile, writes profile.json and
+  // profile.txt and prints the table and the imbalance report (collective).
+  void write_profile();
   // What a checkpoint of the current step records besides the tensors.
   TrainerState trainer_state(double lr) const;
   // checkpoint.format whole; return the folder (on the writer).
@@ -119,6 +123,7 @@ class Trainer {
   bool mfu_warned_ = false;
   bool compression_logged_ = false;  // the first compressed step is logged
   double job_peak_gflops_ = 0;
+  std::unique_ptr<RunProfiler> profiler_;  // log.profile
   std::unique_ptr<StragglerDetector> stragglers_;
   std::vector<int> slow_ranks_;  // those last warned about
   int64_t step_ = 0;
