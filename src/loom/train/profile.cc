@@ -290,7 +290,7 @@ Finding memory_finding(const JobProfile& p) {
     --cut[static_cast<size_t>(stage)];
     ++cut[static_cast<size_t>(to)];
     f.suggestion =
-        printf_string("parallel.partition %s (%s): the %s of a block leave %s", list(cut).c_str(),
+        printf_string("parallel.partition %s (%s) moves a block's %s off %s", list(cut).c_str(),
                       moves(s, s.partition, cut).c_str(), name.c_str(), where(p, top).c_str());
   } else if ((c == MemCategory::kParams || c == MemCategory::kGrads ||
               c == MemCategory::kOptimizer) &&
