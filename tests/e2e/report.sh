@@ -26,7 +26,7 @@ cat > "$WORK/cfg.json" <<JSON
  "parallel": {"pipeline": 2},
  "data": {"train": "$WORK/data/train.bin", "val": "$WORK/data/val.bin"},
  "train": {"steps": 16, "eval_every": 4, "eval_steps": 2},
- "log": {"every": 4, "trace": true, "report_every": 5}}
+ "log": {"every": 4, "trace": true, "report_every": 5, "profile": true}}
 JSON
 mpirun --oversubscribe -np 2 "$LOOM" train --config "$WORK/cfg.json" --out "$WORK/run" > "$WORK/train.txt" 2>&1 ||
   fail "training: $(tail -20 "$WORK/train.txt")"

@@ -62,6 +62,19 @@ if (moeLayers) expect(P.moe_imbalance && P.moe_imbalance.series === moeLayers, "
 if (fs.existsSync(path.join(runDir, "trace.json")))
   expect(P["timeline-r0"] && P["timeline-r0"].rows >= 1 && P["timeline-r0"].slices > 0,
          `timeline: ${JSON.stringify(P["timeline-r0"])}`);
+if (fs.existsSync(path.join(runDir, "profile.json"))) {
+  const prof = JSON.parse(fs.readFileSync(path.join(runDir, "profile.json"), "utf8"));
+  const seen = new Set();
+  let layers = 0;
+  for (const rk of prof.ranks) {
+    if (seen.has(rk.coord.pp)) continue;
+    seen.add(rk.coord.pp);
+    for (const c of rk.chunks) layers += c.pieces.length;
+  }
+  const pp = P["profile-r0"];
+  expect(pp && pp.rows === layers && pp.ranks === prof.ranks.length && pp.findings === 3,
+         `profile: ${JSON.stringify(pp)}, want ${layers} layer rows, ${prof.ranks.length} ranks, 3 findings`);
+}
 console.log(JSON.stringify({ open_ms: openMs, render_ms: Math.round(r.render_ms), panels: Object.keys(P).length }));
 if (fails.length) { console.error("FAIL: " + fails.join("\n")); process.exit(1); }
 console.log("ok: the report rendered every panel, made no request and logged no error");

@@ -258,6 +258,41 @@ json moe_load(const RunRecord& r, size_t columns) {
   return out;
 }
 
+// profile.json (log.profile) as the page shows it: the per-layer table of
+// each stage's first rank (stage, piece, parameters, GFLOP, forward,
+// backward and recompute ms, share of the step, GFLOP/s), a row per rank
+// (rank, host, stage, step, compute and exposed communication ms, MB sent,
+// peak MB) and the imbalance findings; null without a profile.
+json profile_rows(const json& p) {
+  if (!p.is_object()) return nullptr;
+  json layers = json::array(), ranks = json::array();
+  std::set<int> stages;
+  for (const json& r : p.value("ranks", json::array())) {
+    const int stage = r["coord"].value("pp", 0);
+    const double step = r.value("step_s", 0.0);
+    double peak = 0;
+    const json mem = r.value("mem_peak_bytes", json::object());
+    for (const auto& [k, v] : mem.items())
+      if (v.is_number()) peak += v.get<double>();
+    ranks.push_back({r.value("rank", 0), r.value("host", ""), stage, 1e3 * step,
+                     1e3 * r.value("compute_s", 0.0), 1e3 * r.value("exposed_s", 0.0),
+                     r.value("comm_bytes", 0.0) / 1e6, peak / 1e6});
+    if (!stages.insert(stage).second) continue;  // the stage's first rank stands for it
+    for (const json& c : r.value("chunks", json::array()))
+      for (const json& q : c.value("pieces", json::array())) {
+        const double f = q.value("forward_s", 0.0), b = q.value("backward_s", 0.0),
+                     rc = q.value("recompute_s", 0.0), flops = q.value("flops", 0.0);
+        layers.push_back({stage, q.value("name", ""), q.value("params", 0), flops / 1e9, 1e3 * f,
+                          1e3 * b, 1e3 * rc, step > 0 ? (f + b + rc) / step : 0.0,
+                          f + b + rc > 0 ? flops / (f + b + rc) / 1e9 : 0.0});
+      }
+  }
+  return {{"layers", layers},
+          {"ranks", ranks},
+          {"steps", p["shape"].value("steps", 0)},
+          {"imbalance", p.value("imbalance", json::array())}};
+}
+
 // The timeline of trace.json, a row per rank: the pipeline's instructions
 // where the run was pipelined, its compute otherwise; [step, start ms,
 // duration ms, name, category] per slice.
@@ -377,6 +412,13 @@ RunRecord read_run(const std::string& dir) {
       r.damage.push_back("trace.json is not JSON: no timeline");
     }
   }
+  if (fs::exists(root / "profile.json", ec)) {
+    r.profile = json::parse(read_file((root / "profile.json").string()), nullptr, false);
+    if (!r.profile.is_object() || !r.profile.contains("ranks") || !r.profile.contains("shape")) {
+      r.profile = nullptr;
+      r.damage.push_back("profile.json is not a profile: no profile panels");
+    }
+  }
   return r;
 }
 
@@ -416,6 +458,7 @@ json report_data(const std::vector<RunRecord>& runs, const ReportOptions& o) {
     j["skips"] = skipped_steps(r, o.buckets);
     j["moe_load"] = moe_load(r, std::min<size_t>(o.buckets, 400));
     j["trace"] = trace_rows(r.trace);
+    j["profile"] = profile_rows(r.profile);
     out.push_back(std::move(j));
     for (const std::string& d : r.damage) notes.push_back(format("{}: {}", r.name, d));
   }

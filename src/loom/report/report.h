@@ -35,12 +35,13 @@ struct RunRecord {
   std::vector<nlohmann::json> steps;  // metrics.jsonl, one object per step
   std::vector<std::string> damage;    // lines of metrics.jsonl that could not be read
   nlohmann::json trace;               // trace.json (null when absent)
+  nlohmann::json profile;             // profile.json, log.profile (null when absent)
 };
 
 // Reads a run folder. Error(kData) when the folder does not exist, is not a
 // run (no metrics.jsonl or no config.resolved.json) or has no steps yet; a
 // truncated or malformed line of metrics.jsonl is skipped and noted in
-// `damage`, as is an unreadable trace.json.
+// `damage`, as is an unreadable trace.json or profile.json.
 RunRecord read_run(const std::string& dir);
 
 struct ReportOptions {

@@ -414,6 +414,37 @@
     draw();
   }
 
+  // log.profile: the per-layer table, the ranks and the imbalance report.
+  function profilePanels(parent, id, r) {
+    const p = r.profile;
+    const box = el("div", { class: "panel wide", id: id });
+    box.append(el("h3", {}, r.name + ": per layer (each stage's first rank; per step, mean of " +
+                  p.steps + " profiled steps)"));
+    const fmt = (v, d) => (typeof v === "number" ? v.toFixed(d) : String(v));
+    const table = (cls, heads, rows, digits) => {
+      const t = el("table", { class: "layout " + cls });
+      t.append(el("tr", {}, ...heads.map((h) => el("th", {}, h))));
+      for (const row of rows)
+        t.append(el("tr", {}, ...row.map((v, k) => el("td", {}, k < digits.length ? fmt(v, digits[k]) : String(v)))));
+      return t;
+    };
+    const layers = p.layers.map((l) => [l[0], l[1], l[2], l[3], l[4], l[5], l[6], 100 * l[7], l[8]]);
+    box.append(table("profile", ["stage", "piece", "params", "GFLOP", "fwd ms", "bwd ms", "recompute ms",
+                                 "step %", "GFLOP/s"], layers, [0, 0, 0, 3, 2, 2, 2, 1, 1]));
+    box.append(el("h3", {}, "per rank"));
+    box.append(table("profile", ["rank", "host", "stage", "step ms", "compute ms", "waiting ms", "sent MB",
+                                 "peak MB"], p.ranks, [0, 0, 0, 1, 1, 1, 3, 1]));
+    box.append(el("h3", {}, "load imbalance (the largest rank over the mean)"));
+    const list = el("ul", { class: "notes imbalance" });
+    for (const f of p.imbalance)
+      list.append(el("li", {}, el("b", {}, f.kind + " " + (100 * f.imbalance).toFixed(1) + "%"), ": " + f.detail,
+                     f.suggestion ? el("div", { class: "suggestion" }, "\u2192 " + f.suggestion) : null));
+    box.append(list);
+    parent.append(box);
+    check.panels[id] = { kind: "table", rows: p.layers.length, ranks: p.ranks.length,
+                         findings: p.imbalance.length };
+  }
+
   function section(title, id) {
     app.append(el("h2", { id: id }, title));
     const g = el("div", { class: "grid" });
@@ -440,6 +471,12 @@
     if (data.runs.some((r) => Object.keys(r.series).some((k) => k.startsWith("moe.")))) {
       const moe = section("Mixture of experts", "s-moe");
       guarded("moe", moe, () => moePanels(moe));
+    }
+    if (data.runs.some((r) => r.profile)) {
+      const pr = section("Profile (log.profile)", "s-profile");
+      data.runs.forEach((r, i) => {
+        if (r.profile) guarded("profile-r" + i, pr, () => profilePanels(pr, "profile-r" + i, r));
+      });
     }
     if (data.runs.some((r) => r.trace)) {
       const tl = section("Timeline (trace.json)", "s-timeline");
