@@ -44,7 +44,7 @@ node "$here/report_check.mjs" "$WORK/report.html" "$WORK/run" "$artifacts/report
 echo "screenshot: $artifacts/report.png"
 
 # A killed run's last line is cut short: the page is made, the damage noted.
-cp -r "$WORK/run" "$WORK/cut"
+cp -rp "$WORK/run" "$WORK/cut"
 rm -f "$WORK/cut/trace.json"
 python3 - "$WORK/cut/metrics.jsonl" <<'PY'
 import sys
@@ -53,10 +53,10 @@ text = open(p).read()
 open(p, "w").write(text[: len(text) - 40])
 PY
 "$LOOM" report "$WORK/cut" --out "$WORK/cut.html" > "$WORK/cut.txt"
-grep -q "loom: report: cut: metrics.jsonl line 16 is truncated (the run stopped while writing it): skipped" "$WORK/cut.txt" ||
+grep -q "loom: report: cut: metrics.jsonl line 16 is incomplete (being written, or the run stopped while writing it): skipped" "$WORK/cut.txt" ||
   fail "truncation not noted: $(cat "$WORK/cut.txt")"
 grep -q "15 steps" "$WORK/cut.txt" || fail "the truncated run's 15 whole steps: $(cat "$WORK/cut.txt")"
-node "$here/report_check.mjs" "$WORK/cut.html" "$WORK/cut" "$WORK/cut.png"
+node "$here/report_check.mjs" "$WORK/cut.html" "$WORK/cut" "$WORK/cut.png" "metrics.jsonl line 16 is incomplete"
 
 # Two runs of different models overlaid: allowed, labelled.
 mkdir -p "$WORK/small"
@@ -71,6 +71,7 @@ PY
 grep -q "loom: report: the runs train different models: run: .*n_embd 32.*; small: .*n_embd 16" "$WORK/two.txt" ||
   fail "different models not labelled: $(cat "$WORK/two.txt")"
 grep -q '"name":"small"' "$WORK/two.html" || fail "second run missing"
+node "$here/report_two.mjs" "$WORK/two.html" || fail "two runs overlaid"
 
 # Bad input: one line naming the folder and the reason.
 expect_error "$WORK/nothing does not exist" "$LOOM" report "$WORK/nothing" --out "$WORK/x.html"
@@ -97,4 +98,17 @@ for _ in $(seq 1 300); do [[ -s $WORK/live/report.html ]] && break; sleep 0.1; d
 [[ -s $WORK/live/report.html ]] || fail "no live report.html within 30 s: $(tail -5 "$WORK/live.txt")"
 node "$here/report_live.mjs" "$WORK/live/report.html" 24 || { kill $train_pid 2>/dev/null; fail "live page"; }
 wait $train_pid || fail "live training: $(tail -20 "$WORK/live.txt")"
+
+# A live page its run stopped rewriting (killed with no last page) says it
+# is stale and stops reloading.
+sed 's/"generated_epoch":[0-9]*/"generated_epoch":1000/; s/"live":false/"live":true/' \
+  "$WORK/live/report.html" > "$WORK/stale.html"
+node "$here/report_live.mjs" "$WORK/stale.html" stale || fail "stale page"
+
+# A run that fails: its last page says how it ended and is not live.
+LOOM_TEST_THROW=forward:0:7 "$LOOM" train --config "$WORK/live.json" --out "$WORK/failed" \
+  > "$WORK/failed.txt" 2>&1 && fail "the failing run succeeded"
+grep -q '"live":false' "$WORK/failed/report.html" || fail "the failed run's page is still live"
+grep -q '"stopped":"the run stopped at step 7 of 24: test fault: forward at step 7' "$WORK/failed/report.html" ||
+  fail "the failed run's page does not say why: $(grep -o '"stopped":"[^"]*"' "$WORK/failed/report.html")"
 echo "report: ok"

@@ -1,7 +1,9 @@
 // Opens a loom report in headless Chromium and checks, from the page itself,
 // what rendered against the run's metrics.jsonl: every panel with the
 // expected series and points, no network request, no error. Writes a
-// screenshot. Usage: node report_check.mjs REPORT.html RUN_DIR SCREENSHOT.png
+// screenshot; it also switches the x axis to tokens and hides a series from
+// the legend. Usage: node report_check.mjs REPORT.html RUN_DIR SCREENSHOT.png
+// [NOTE] (NOTE: text the page's notes must show, as damage).
 import { createRequire } from "module";
 import fs from "fs";
 import path from "path";
@@ -9,7 +11,7 @@ import url from "url";
 
 const require = createRequire(process.env.LOOM_NPM_DIR + "/node_modules/");
 const { chromium } = require("playwright-core");
-const [report, runDir, shot] = process.argv.slice(2);
+const [report, runDir, shot, note] = process.argv.slice(2);
 
 const lines = fs.readFileSync(path.join(runDir, "metrics.jsonl"), "utf8").split("\n");
 const steps = [];
@@ -38,18 +40,39 @@ await page.waitForFunction(() => window.loomReport && window.loomReport.done, nu
 const openMs = Date.now() - t0;
 const r = await page.evaluate(() => window.loomReport);
 await page.screenshot({ path: shot, fullPage: true });
+const damage = await page.evaluate(() =>
+  Array.from(document.querySelectorAll("#notes li.damage")).map((e) => e.textContent));
+// Interaction: the tokens axis redraws every chart; a legend click hides a series.
+await page.click("#x-tokens");
+const tokens = await page.evaluate(() => ({
+  loss: window.loomReport.panels.loss,
+  axis: document.querySelector("#loss .u-axis") ? document.querySelector("#loss").textContent : "",
+}));
+const legend = await page.$("#loss .u-legend .u-series:nth-child(2)");
+if (legend) await legend.click();
+const hidden = await page.evaluate(() =>
+  document.querySelector("#loss .u-legend .u-series:nth-child(2)")?.classList.contains("u-off"));
 await browser.close();
 
 const fails = [];
 const expect = (cond, what) => { if (!cond) fails.push(what); };
 const P = r.panels;
+expect(openMs < 2000, `the page took ${openMs} ms to open and draw`);
+if (note) expect(damage.some((d) => d.includes(note)), `damage on the page: ${JSON.stringify(damage)}`);
+expect(tokens.loss && tokens.loss.points === P.loss.points && tokens.axis.includes("tokens"),
+       `tokens axis: ${JSON.stringify(tokens)}`);
+expect(hidden === true, "a legend click did not hide the series");
 expect(requests.length === 0, "network requests: " + requests.join(", "));
 expect(errors.length === 0 && r.errors.length === 0, "errors: " + errors.concat(r.errors).join("; "));
 expect(P.loss && P.loss.series === (evals ? 2 : 1) && P.loss.points === steps.length + evals,
        `loss: ${JSON.stringify(P.loss)}, want ${steps.length} + ${evals} points`);
-for (const id of ["lr", "grad_norm", "tokens_per_s", "mfu"])
-  expect(P[id] && P[id].series === 1 && P[id].points <= steps.length && P[id].points >= steps.length - skipped,
-         `${id}: ${JSON.stringify(P[id])}`);
+for (const id of ["lr", "tokens_per_s", "mfu"])
+  expect(P[id] && P[id].series === 1 && P[id].points === steps.length, `${id}: ${JSON.stringify(P[id])}`);
+// A skipped fp16 step's norm is not finite: a marker of its own series.
+const badNorms = steps.filter((s) => s.grad_norm == null).length;
+expect(P.grad_norm && P.grad_norm.series === (badNorms ? 2 : 1) && P.grad_norm.points === steps.length &&
+       (!badNorms || P.grad_norm.labels.includes("grad_norm not finite")),
+       `grad_norm: ${JSON.stringify(P.grad_norm)}, want ${badNorms} not-finite markers`);
 expect(P.loss_scale && P.loss_scale.series === (skipped ? 2 : 1) && P.loss_scale.points === steps.length + skipped,
        `loss_scale: ${JSON.stringify(P.loss_scale)}, want ${skipped} skip markers`);
 expect(P.memory && P.memory.series === 6, `memory: ${JSON.stringify(P.memory)}`);

@@ -3,6 +3,8 @@
 // (the page is rewritten atomically, so no reload may find half a page),
 // until the run ends and its final page (live: false) stops reloading.
 // Usage: node report_live.mjs RUN_DIR/report.html TOTAL_STEPS
+//        node report_live.mjs PAGE.html stale   (a live page nobody rewrote for
+//        long: it says so and does not reload)
 import { createRequire } from "module";
 import path from "path";
 import url from "url";
@@ -40,6 +42,18 @@ async function state() {
 const fails = [];
 const expect = (cond, what) => { if (!cond) fails.push(what); };
 await page.goto(pageUrl, { waitUntil: "load" });
+if (totalArg === "stale") {
+  const st = await state();
+  const stale = await page.evaluate(() => window.loomReport.stale);
+  await page.waitForTimeout(3000);
+  expect(stale && !st.live && st.banner && st.banner.startsWith("stale: this page was written"),
+         "stale page: " + JSON.stringify(st));
+  expect(loads === 1, "a stale page reloaded");
+  await browser.close();
+  if (fails.length) { console.error("FAIL: " + fails.join("\n")); process.exit(1); }
+  console.log("ok: a stale live page says so and does not reload");
+  process.exit(0);
+}
 const seen = [await state()];
 expect(seen[0].live, "the first page opened is not live: " + JSON.stringify(seen[0]));
 expect(seen[0].banner && seen[0].banner.includes("of " + total), "live banner: " + seen[0].banner);

@@ -29,8 +29,10 @@ TEST(Report, DownsampleKeepsSpikesAndBounds) {
   y[31337] = 50.0;  // a loss spike
   y[77777] = -3.0;  // a dip
   y[90001] = NAN;   // a non-finite step
+  y[50010] = 40.0;  // a spike beside a NaN in its bucket
+  y[50011] = NAN;
   const Series s = downsample_minmax(x, y, 1000);
-  EXPECT_LE(s.x.size(), 2001u);
+  EXPECT_LE(s.x.size(), 3001u);
   EXPECT_GE(s.x.size(), 1000u);
   for (size_t i = 1; i < s.x.size(); ++i) ASSERT_LT(s.x[i - 1], s.x[i]);
   EXPECT_EQ(s.x.back(), double(n));
@@ -40,6 +42,27 @@ TEST(Report, DownsampleKeepsSpikesAndBounds) {
   EXPECT_TRUE(has(90002));
   EXPECT_NE(std::find(s.y.begin(), s.y.end(), 50.0), s.y.end());
   EXPECT_NE(std::find(s.y.begin(), s.y.end(), -3.0), s.y.end());
+  EXPECT_TRUE(has(50011) && has(50012));
+  // Against a brute-force pass: every bucket's finite least and greatest
+  // value, and its first non-finite step, are kept.
+  for (size_t b = 0; b < 1000; ++b) {
+    const size_t begin = b * n / 1000, end = (b + 1) * n / 1000;
+    double lo = HUGE_VAL, hi = -HUGE_VAL;
+    size_t bad = n;
+    for (size_t i = begin; i < end; ++i)
+      if (std::isfinite(y[i]))
+        lo = std::min(lo, y[i]), hi = std::max(hi, y[i]);
+      else if (bad == n)
+        bad = i;
+    std::vector<double> kept;
+    for (size_t k = 0; k < s.x.size(); ++k)
+      if (s.x[k] >= x[begin] && s.x[k] <= x[end - 1]) kept.push_back(s.y[k]);
+    ASSERT_NE(std::find(kept.begin(), kept.end(), lo), kept.end()) << "bucket " << b;
+    ASSERT_NE(std::find(kept.begin(), kept.end(), hi), kept.end()) << "bucket " << b;
+    if (bad != n) {
+      ASSERT_TRUE(has(x[bad])) << "bucket " << b;
+    }
+  }
 }
 
 fs::path make_run(const std::string& name, const std::string& metrics) {
@@ -62,7 +85,8 @@ TEST(Report, ReadRunNotesDamageAndKeepsWholeSteps) {
   ASSERT_EQ(r.damage.size(), 2u);
   EXPECT_EQ(r.damage[0], "metrics.jsonl line 2 is not a step record: skipped");
   EXPECT_EQ(r.damage[1],
-            "metrics.jsonl line 4 is truncated (the run stopped while writing it): skipped");
+            "metrics.jsonl line 4 is incomplete (being written, or the run stopped while writing "
+            "it): skipped");
   fs::remove_all(dir);
 }
 

@@ -23,23 +23,28 @@ Series downsample_minmax(const std::vector<double>& x, const std::vector<double>
   const size_t n = x.size();
   if (buckets == 0 || n <= 2 * buckets) return {x, y};
   Series out;
-  // A NaN or an infinity is the most extreme value a bucket can hold.
-  auto key = [](double v) { return std::isfinite(v) ? v : HUGE_VAL; };
   size_t last_kept = n;
   auto keep = [&](size_t i) {
-    if (i == last_kept) return;
+    if (i == n || i == last_kept) return;
     out.x.push_back(x[i]), out.y.push_back(y[i]);
     last_kept = i;
   };
+  // Per bucket its least and greatest finite values and its first value
+  // that is not finite (a NaN loss is a spike too), in step order.
   for (size_t b = 0; b < buckets; ++b) {
     const size_t begin = b * n / buckets, end = (b + 1) * n / buckets;
-    size_t lo = begin, hi = begin;
+    size_t lo = n, hi = n, bad = n;
     for (size_t i = begin; i < end; ++i) {
-      if (key(y[i]) < key(y[lo]) && std::isfinite(y[i])) lo = i;
-      if (key(y[i]) > key(y[hi])) hi = i;
+      if (!std::isfinite(y[i])) {
+        if (bad == n) bad = i;
+        continue;
+      }
+      if (lo == n || y[i] < y[lo]) lo = i;
+      if (hi == n || y[i] > y[hi]) hi = i;
     }
-    keep(std::min(lo, hi));
-    keep(std::max(lo, hi));
+    size_t k[3] = {lo, hi, bad};
+    std::sort(k, k + 3);
+    for (size_t i : k) keep(i);
   }
   keep(n - 1);
   return out;
@@ -165,18 +170,23 @@ json step_series(const RunRecord& r, size_t buckets) {
   std::vector<double> steps(n);
   for (size_t i = 0; i < n; ++i) steps[i] = r.steps[i]["step"].get<double>();
   std::map<std::string, std::vector<double>> ys;
+  std::map<std::string, std::vector<bool>> present;  // the step has the field
   auto put = [&](const std::string& name, size_t i, double v) {
     std::vector<double>& y = ys[name];
-    if (y.empty()) y.assign(n, NAN);
+    if (y.empty()) y.assign(n, NAN), present[name].assign(n, false);
     y[i] = v;
+    present[name][i] = true;
   };
   const char* scalars[] = {"loss",         "lr",  "grad_norm",  "loss_scale",
                            "tokens_per_s", "mfu", "comm_bytes", "bubble_fraction"};
   std::set<int> moe_layers;
   for (size_t i = 0; i < n; ++i) {
     const json& s = r.steps[i];
+    // A value written as null was not finite (a NaN loss, an overflowed
+    // norm): a point the page marks.
     for (const char* k : scalars)
-      if (s.contains(k) && s[k].is_number()) put(k, i, s[k].get<double>());
+      if (s.contains(k) && (s[k].is_number() || s[k].is_null()))
+        put(k, i, s[k].is_number() ? s[k].get<double>() : NAN);
     if (s.contains("time") && s["time"].is_object()) {
       const json& t = s["time"];
       for (const char* k : {"step", "forward", "backward", "recompute", "optimizer", "comm_exposed",
@@ -201,10 +211,12 @@ json step_series(const RunRecord& r, size_t buckets) {
   for (const auto& [name, y] : ys) {
     // A field a step lacks is a gap, not a point.
     std::vector<double> xs, vs;
+    const std::vector<bool>& has = present[name];
     for (size_t i = 0; i < n; ++i)
-      if (!std::isnan(y[i]) || (name == "loss" && r.steps[i].contains("loss")))
-        xs.push_back(steps[i]), vs.push_back(y[i]);
-    out[name] = series_json(downsample_minmax(xs, vs, buckets));
+      if (has[i]) xs.push_back(steps[i]), vs.push_back(y[i]);
+    const Series kept = downsample_minmax(xs, vs, buckets);
+    out[name] = series_json(kept);
+    out[name]["points"] = xs.size();  // before downsampling
   }
   return out;
 }
@@ -346,7 +358,7 @@ std::string utc_now() {
 
 }  // namespace
 
-RunRecord read_run(const std::string& dir) {
+RunRecord read_run(const std::string& dir, uint64_t metrics_bytes) {
   std::error_code ec;
   LOOM_CHECK_KIND(kData, fs::exists(dir, ec), "{} does not exist", dir);
   LOOM_CHECK_KIND(kData, fs::is_directory(dir, ec),
@@ -371,7 +383,16 @@ RunRecord read_run(const std::string& dir) {
     else
       r.damage.push_back("run.json is not JSON: the layout panel lacks the CPU and loom version");
   }
-  const std::string text = read_file((root / "metrics.jsonl").string());
+  std::string text = read_file((root / "metrics.jsonl").string());
+  if (metrics_bytes > 0 && metrics_bytes < text.size()) text.resize(metrics_bytes);
+  // An output older than run.json (rewritten at every start) is left from
+  // an earlier run in the folder.
+  auto stale = [&](const char* f) {
+    if (!fs::exists(root / "run.json", ec)) return false;
+    const auto t = fs::last_write_time(root / f, ec);
+    const auto start = fs::last_write_time(root / "run.json", ec);
+    return !ec && t < start;
+  };
   size_t line_no = 0, pos = 0;
   int64_t last_step = 0;
   while (pos < text.size()) {
@@ -386,8 +407,8 @@ RunRecord read_run(const std::string& dir) {
     const bool record = j.is_object() && j.contains("step") && j["step"].is_number_integer();
     if (!record) {
       r.damage.push_back(
-          unterminated ? format("metrics.jsonl line {} is truncated (the run stopped while "
-                                "writing it): skipped",
+          unterminated ? format("metrics.jsonl line {} is incomplete (being written, or the run "
+                                "stopped while writing it): skipped",
                                 line_no)
                        : format("metrics.jsonl line {} is not a step record: skipped", line_no));
       continue;
@@ -405,14 +426,18 @@ RunRecord read_run(const std::string& dir) {
                   r.damage.empty()
                       ? "metrics.jsonl is empty"
                       : "no line of metrics.jsonl is a step record (" + r.damage.front() + ")");
-  if (fs::exists(root / "trace.json", ec)) {
+  if (fs::exists(root / "trace.json", ec) && stale("trace.json")) {
+    r.damage.push_back("trace.json is older than run.json (an earlier run's): no timeline");
+  } else if (fs::exists(root / "trace.json", ec)) {
     r.trace = json::parse(read_file((root / "trace.json").string()), nullptr, false);
     if (r.trace.is_discarded()) {
       r.trace = nullptr;
       r.damage.push_back("trace.json is not JSON: no timeline");
     }
   }
-  if (fs::exists(root / "profile.json", ec)) {
+  if (fs::exists(root / "profile.json", ec) && stale("profile.json")) {
+    r.damage.push_back("profile.json is older than run.json (an earlier run's): no profile");
+  } else if (fs::exists(root / "profile.json", ec)) {
     r.profile = json::parse(read_file((root / "profile.json").string()), nullptr, false);
     if (!r.profile.is_object() || !r.profile.contains("ranks") || !r.profile.contains("shape")) {
       r.profile = nullptr;
@@ -462,15 +487,18 @@ json report_data(const std::vector<RunRecord>& runs, const ReportOptions& o) {
     out.push_back(std::move(j));
     for (const std::string& d : r.damage) notes.push_back(format("{}: {}", r.name, d));
   }
-  return {{"generated", utc_now()}, {"live", o.live}, {"refresh_s", o.refresh_s},
-          {"buckets", o.buckets},   {"notes", notes}, {"runs", out}};
+  return {{"generated", utc_now()}, {"generated_epoch", static_cast<int64_t>(std::time(nullptr))},
+          {"live", o.live},         {"refresh_s", o.refresh_s},
+          {"stopped", o.stopped},   {"buckets", o.buckets},
+          {"notes", notes},         {"runs", out}};
 }
 
 std::string report_html(const json& data) {
   // Inside <script>, "</script" or "<!--" in a string would end or derail
   // the element: every '<' of the data goes as its JSON escape.
   std::string payload;
-  for (char ch : data.dump()) {
+  // (Text that is not UTF-8, a folder's name, is replaced, not an error.)
+  for (char ch : data.dump(-1, ' ', false, json::error_handler_t::replace)) {
     if (ch == '<')
       payload += "\\u003c";
     else
@@ -501,7 +529,7 @@ ReportSummary write_report(const ReportOptions& o) {
   LOOM_CHECK_KIND(kConfig, !o.runs.empty(), "loom report: no run folder given");
   LOOM_CHECK_KIND(kConfig, !o.out.empty(), "loom report: no output file (--out)");
   std::vector<RunRecord> runs;
-  for (const std::string& dir : o.runs) runs.push_back(read_run(dir));
+  for (const std::string& dir : o.runs) runs.push_back(read_run(dir, o.metrics_bytes));
   const json data = report_data(runs, o);
   const std::string html = report_html(data);
   const fs::path out(o.out);

@@ -20,9 +20,9 @@ struct Series {
 };
 
 // Cuts the points into `buckets` runs of equal count and keeps, of each, the
-// point with the least y and the one with the greatest (in x order; one
-// point when they are the same), plus the last point. Non-finite y values
-// are kept as they are: a NaN loss is a spike too. At most 2 x buckets + 1
+// point with the least finite y, the one with the greatest, and the first
+// whose y is not finite (a NaN loss is a spike too; the page marks it), in
+// x order and each once, plus the last point. At most 3 x buckets + 1
 // points; every point when there are no more than 2 x buckets.
 Series downsample_minmax(const std::vector<double>& x, const std::vector<double>& y,
                          size_t buckets);
@@ -42,14 +42,21 @@ struct RunRecord {
 // run (no metrics.jsonl or no config.resolved.json) or has no steps yet; a
 // truncated or malformed line of metrics.jsonl is skipped and noted in
 // `damage`, as is an unreadable trace.json or profile.json.
-RunRecord read_run(const std::string& dir);
+// metrics_bytes > 0 reads only that much of metrics.jsonl (a live page
+// reads what the trainer had flushed when it asked for the page). A
+// trace.json or profile.json older than the folder's run.json is an earlier
+// run's: left out, and noted.
+RunRecord read_run(const std::string& dir, uint64_t metrics_bytes = 0);
 
 struct ReportOptions {
   std::vector<std::string> runs;  // run folders, overlaid in this order
   std::string out;                // the page to write (atomically)
-  size_t buckets = 1000;          // points kept per series: at most 2 x buckets + 1
+  size_t buckets = 1000;          // points kept per series: at most 3 x buckets + 1
   bool live = false;              // the run is going: the page reloads itself
   double refresh_s = 5;           // live: seconds between reloads
+  // Set when the run stopped with an error: the final page says so.
+  std::string stopped;
+  uint64_t metrics_bytes = 0;  // read_run's, for every run
 };
 
 struct ReportSummary {

@@ -13,9 +13,15 @@
   window.addEventListener("error", (e) => check.errors.push(String(e.message)));
 
   const data = JSON.parse(document.getElementById("loom-data").textContent);
-  check.live = !!data.live;
+  // A live page the run stopped rewriting (killed without a last page):
+  // older than twenty reload periods, and at least five minutes.
+  const age = Date.now() / 1000 - (data.generated_epoch || 0);
+  const stale = !!data.live && age > Math.max(300, 20 * data.refresh_s);
+  check.live = !!data.live && !stale;
+  check.stale = stale;
+  check.stopped = data.stopped || "";
   check.last_step = data.runs.length ? data.runs[0].last_step : 0;
-  check.reload_s = data.live ? data.refresh_s : 0;
+  check.reload_s = check.live ? data.refresh_s : 0;
   const app = document.getElementById("app");
   const colors = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b",
                   "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"];
@@ -76,6 +82,19 @@
       p.remove();
       return;
     }
+    // A value that is not finite (null in the data: a NaN loss, an
+    // overflowed norm) is a red marker at the top of the chart.
+    let top = -Infinity;
+    for (const l of lines) for (const v of l.y) if (v != null && v > top) top = v;
+    const marks = [];
+    for (const l of lines) {
+      if (l.markers) continue;
+      const xs = l.x.filter((_, k) => l.y[k] == null);
+      if (xs.length)
+        marks.push({ label: l.label + " not finite", run: l.run, x: xs,
+                     y: xs.map(() => (isFinite(top) ? top : 0)), color: "#d62728", markers: true });
+    }
+    lines = lines.concat(marks);
     const scale = (l) => (xMode === "tokens" ? data.runs[l.run].tokens_per_step : 1);
     const tables = lines.map((l) => [l.x.map((x) => x * scale(l)), l.y]);
     const joined = uPlot.join(tables);
@@ -145,8 +164,8 @@
     const notes = [];
     data.runs.forEach((r) => {
       const s = r.series[name];
-      if (s && s.x.length < r.records)
-        notes.push(r.name + ": " + r.records + " steps shown as the least and greatest value of " +
+      if (s && s.x.length < s.points)
+        notes.push(r.name + ": " + s.points + " steps shown as the least and greatest value of " +
                    data.buckets + " buckets");
     });
     return notes.length ? notes.join("; ") : null;
@@ -156,12 +175,18 @@
     app.append(el("h1", {}, "loom report"));
     app.append(el("p", { class: "sub" }, "made " + data.generated + " from " +
                   data.runs.map((r) => r.dir).join(", ")));
-    if (data.live) {
+    if (data.live && stale) {
+      app.append(el("p", { class: "stopped", id: "live" },
+                    "stale: this page was written " + data.generated + " (" +
+                    Math.round(age / 60) + " min ago) at step " + data.runs[0].last_step +
+                    " and the run has not rewritten it since; it no longer reloads"));
+    } else if (data.live) {
       const r = data.runs[0];
       app.append(el("p", { class: "live", id: "live" },
                     "live: the run is at step " + r.last_step + " of " + r.total_steps +
                     "; this page reloads every " + data.refresh_s + " s"));
     }
+    if (data.stopped) app.append(el("p", { class: "stopped", id: "stopped" }, data.stopped));
     const runs = el("ul", { class: "notes", id: "runs" });
     data.runs.forEach((r, i) => {
       runs.append(el("li", {}, el("b", { style: "color:" + colors[i % colors.length] }, r.name),
@@ -172,7 +197,7 @@
     if (data.notes.length) {
       const notes = el("ul", { class: "notes", id: "notes" });
       for (const n of data.notes)
-        notes.append(el("li", { class: /truncated|not a step|not JSON|after step/.test(n) ?
+        notes.append(el("li", { class: /incomplete|not a step|not JSON|after step|older than|not a profile/.test(n) ?
                                         "damage" : "" }, n));
       app.append(notes);
     }
@@ -222,18 +247,20 @@
     lineChart(parent, "lr", "learning rate", seriesOf("lr"));
     lineChart(parent, "grad_norm", "gradient norm (before clipping)", seriesOf("grad_norm"));
     const scale = seriesOf("loss_scale", "loss scale");
-    let skipped = 0;
+    let skipped = 0, shown = 0;
     data.runs.forEach((r, i) => {
       if (r.skips.x.length) {
         skipped += r.skips.total;
+        shown += r.skips.x.length;
         scale.push({ label: (runLabel(r, i) ? r.name + " " : "") + "skipped step", run: i,
                      x: r.skips.x, y: r.skips.y, color: "#d62728", markers: true });
       }
     });
     lineChart(parent, "loss_scale", "loss scale", scale, {
       log: true,
-      caption: skipped ? skipped + " skipped step" + (skipped > 1 ? "s" : "") +
-                         " marked (a gradient held inf or NaN)" : "no step skipped",
+      caption: !skipped ? "no step skipped"
+             : (shown < skipped ? "the first " + shown + " of " : "") + skipped + " skipped step" +
+               (skipped > 1 ? "s" : "") + " marked (a gradient held inf or NaN)",
     });
   }
 
@@ -489,5 +516,5 @@
   render();
   check.render_ms = performance.now() - t0;
   check.done = true;
-  if (data.live) setTimeout(() => location.reload(), 1000 * data.refresh_s);
+  if (data.live && !stale) setTimeout(() => location.reload(), 1000 * data.refresh_s);
 })();

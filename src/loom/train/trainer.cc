@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
+#include <future>
 #include <iostream>
 #include <sstream>
 #include <tuple>
@@ -361,20 +362,55 @@ std::string Trainer::checkpoint_root() const {
                                   : (fs::path(options_.out_dir) / "checkpoints").string();
 }
 
-void Trainer::write_live_report(bool live, double step_seconds) {
+ReportOptions Trainer::report_options(bool live, double step_seconds) const {
   ReportOptions o;
   o.runs = {options_.out_dir};
   o.out = (fs::path(options_.out_dir) / "report.html").string();
   o.live = live;
   // Reload about when the next rewrite lands, not more than once a second.
   o.refresh_s = std::max(1.0, std::round(step_seconds * double(config_.log.report_every)));
+  return o;
+}
+
+namespace {
+// The page is a view of the run: a failure to write it stops nothing.
+void write_report_or_warn(const ReportOptions& o) {
   try {
     write_report(o);
-  } catch (const Error& e) {
-    // The page is a view of the run: a failure to write it stops nothing.
+  } catch (const std::exception& e) {
     std::printf("loom: warning: report.html not written: %s\n", e.what());
     std::fflush(stdout);
   }
+}
+}  // namespace
+
+void Trainer::write_live_report(double step_seconds) {
+  // One rewrite at a time, beside training, and at most a tenth of the time
+  // goes to them: the next starts 9 x the last one's duration after it.
+  if (report_job_.valid()) {
+    if (report_job_.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return;
+    report_job_.get();
+  }
+  const auto now = std::chrono::steady_clock::now();
+  if (now < report_next_) return;
+  ReportOptions o = report_options(true, step_seconds);
+  // What the metrics log has flushed: the page never sees half a line.
+  std::error_code ec;
+  o.metrics_bytes = fs::file_size(fs::path(options_.out_dir) / "metrics.jsonl", ec);
+  if (ec || o.metrics_bytes == 0) return;
+  report_job_ = std::async(std::launch::async, [this, o] {
+    const auto t0 = std::chrono::steady_clock::now();
+    write_report_or_warn(o);
+    const auto t1 = std::chrono::steady_clock::now();
+    report_next_ = t1 + 9 * (t1 - t0);
+  });
+}
+
+void Trainer::write_final_report(const std::string& stopped) {
+  if (report_job_.valid()) report_job_.get();
+  ReportOptions o = report_options(false, 0);
+  o.stopped = stopped;
+  write_report_or_warn(o);
 }
 
 void Trainer::open_run_folder() {
@@ -534,6 +570,19 @@ std::string Trainer::save_pipelined(double lr) {
 }
 
 std::vector<StepResult> Trainer::run() {
+  const bool page = writer_ && config_.log.report_every > 0 && !options_.out_dir.empty();
+  try {
+    return run_steps();
+  } catch (const std::exception& e) {
+    // The last page says how the run ended, and stops reloading.
+    if (page && fs::exists(fs::path(options_.out_dir) / "metrics.jsonl"))
+      write_final_report(
+          format("the run stopped at step {} of {}: {}", step_ + 1, config_.train.steps, e.what()));
+    throw;
+  }
+}
+
+std::vector<StepResult> Trainer::run_steps() {
   if (writer_ && !options_.out_dir.empty()) open_run_folder();
   if (!options_.quiet) describe_run();
   std::vector<StepResult> results;
@@ -563,7 +612,7 @@ std::vector<StepResult> Trainer::run() {
     const int64_t report = config_.log.report_every;
     if (writer_ && report > 0 && !options_.out_dir.empty() && r.step % report == 0 &&
         r.step < total)
-      write_live_report(true, seconds_since(t0) / double(results.size()));
+      write_live_report(seconds_since(t0) / double(results.size()));
     progress_->show(r, seconds_since(t0), static_cast<int64_t>(results.size()));
     if (checkpointer_) checkpointer_->poll();
     if (checkpoints && (r.step % every == 0 || r.step == total)) save(r.lr);
@@ -576,7 +625,7 @@ std::vector<StepResult> Trainer::run() {
   if (profiler_) write_profile();
   // The final page, with the timeline.
   if (writer_ && config_.log.report_every > 0 && !options_.out_dir.empty() && !results.empty())
-    write_live_report(false, 0);
+    write_final_report("");
   // The closing sample decodes on rank 0 from full parameters; at stage 3
   // every rank takes part in gathering them.
   const TrainConfig& t = config_.train;

@@ -3,7 +3,9 @@
 // the closing summary and sample; every optimizer step is the engine's.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <future>
 #include <memory>
 #include <optional>
 #include <string>
@@ -15,6 +17,7 @@
 #include "loom/data/tokenizer.h"
 #include "loom/kernels/cpu/cpu_backend.h"
 #include "loom/profile/gemm_peak.h"
+#include "loom/report/report.h"
 #include "loom/train/checkpointer.h"
 #include "loom/train/config.h"
 #include "loom/train/gemm_choice.h"
@@ -94,8 +97,13 @@ class Trainer {
   // tensor (WholeModel).
   std::string save_pipelined(double lr);
   void open_run_folder();
-  // log.report_every: report.html in the run folder (live: the run goes on).
-  void write_live_report(bool live, double step_seconds);
+  // log.report_every: report.html during the run (in the background, one
+  // at a time, at most a tenth of the time), and the final page (`stopped`:
+  // the error the run ended with).
+  ReportOptions report_options(bool live, double step_seconds) const;
+  void write_live_report(double step_seconds);
+  void write_final_report(const std::string& stopped);
+  std::vector<StepResult> run_steps();
   std::string checkpoint_root() const;
   void describe_run() const;
   void describe_zero() const;
@@ -124,6 +132,10 @@ class Trainer {
   bool compression_logged_ = false;  // the first compressed step is logged
   double job_peak_gflops_ = 0;
   std::unique_ptr<RunProfiler> profiler_;  // log.profile
+  // The live page being written, and when the next may start (set by the
+  // job, read after its get(); declared first, so the job ends before it goes).
+  std::chrono::steady_clock::time_point report_next_{};
+  std::future<void> report_job_;
   std::unique_ptr<StragglerDetector> stragglers_;
   std::vector<int> slow_ranks_;  // those last warned about
   int64_t step_ = 0;
