@@ -358,6 +358,67 @@ std::string utc_now() {
 
 }  // namespace
 
+namespace {
+
+// metrics.jsonl's step records into r.steps; what cannot be read, noted.
+void read_metrics(const std::string& text, RunRecord& r) {
+  size_t line_no = 0, pos = 0;
+  int64_t last_step = 0;
+  while (pos < text.size()) {
+    size_t end = text.find('\n', pos);
+    const bool unterminated = end == std::string::npos;
+    if (unterminated) end = text.size();
+    const std::string line = text.substr(pos, end - pos);
+    pos = end + 1;
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    json j = json::parse(line, nullptr, false);
+    const bool record = j.is_object() && j.contains("step") && j["step"].is_number_integer();
+    if (!record) {
+      r.damage.push_back(
+          unterminated ? format("metrics.jsonl line {} is incomplete (being written, or the run "
+                                "stopped while writing it): skipped",
+                                line_no)
+                       : format("metrics.jsonl line {} is not a step record: skipped", line_no));
+      continue;
+    }
+    const int64_t step = j["step"].get<int64_t>();
+    if (step <= last_step) {
+      r.damage.push_back(format("metrics.jsonl line {} holds step {} after step {}: skipped",
+                                line_no, step, last_step));
+      continue;
+    }
+    last_step = step;
+    r.steps.push_back(std::move(j));
+  }
+}
+
+// trace.json and profile.json, when present and of this run.
+template <typename Stale>
+void read_optional(const fs::path& root, const Stale& stale, RunRecord& r) {
+  std::error_code ec;
+  if (fs::exists(root / "trace.json", ec) && stale("trace.json")) {
+    r.damage.push_back("trace.json is older than run.json (an earlier run's): no timeline");
+  } else if (fs::exists(root / "trace.json", ec)) {
+    r.trace = json::parse(read_file((root / "trace.json").string()), nullptr, false);
+    if (r.trace.is_discarded()) {
+      r.trace = nullptr;
+      r.damage.push_back("trace.json is not JSON: no timeline");
+    }
+  }
+  if (fs::exists(root / "profile.json", ec) && stale("profile.json")) {
+    r.damage.push_back("profile.json is older than run.json (an earlier run's): no profile");
+  } else if (fs::exists(root / "profile.json", ec)) {
+    r.profile = json::parse(read_file((root / "profile.json").string()), nullptr, false);
+    if (!r.profile.is_object() || !r.profile.contains("ranks") || !r.profile.contains("shape")) {
+      r.profile = nullptr;
+      r.damage.push_back("profile.json is not a profile: no profile panels");
+    }
+  }
+}
+
+}  // namespace
+
 RunRecord read_run(const std::string& dir, uint64_t metrics_bytes) {
   std::error_code ec;
   LOOM_CHECK_KIND(kData, fs::exists(dir, ec), "{} does not exist", dir);
@@ -393,57 +454,12 @@ RunRecord read_run(const std::string& dir, uint64_t metrics_bytes) {
     const auto start = fs::last_write_time(root / "run.json", ec);
     return !ec && t < start;
   };
-  size_t line_no = 0, pos = 0;
-  int64_t last_step = 0;
-  while (pos < text.size()) {
-    size_t end = text.find('\n', pos);
-    const bool unterminated = end == std::string::npos;
-    if (unterminated) end = text.size();
-    const std::string line = text.substr(pos, end - pos);
-    pos = end + 1;
-    ++line_no;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    json j = json::parse(line, nullptr, false);
-    const bool record = j.is_object() && j.contains("step") && j["step"].is_number_integer();
-    if (!record) {
-      r.damage.push_back(
-          unterminated ? format("metrics.jsonl line {} is incomplete (being written, or the run "
-                                "stopped while writing it): skipped",
-                                line_no)
-                       : format("metrics.jsonl line {} is not a step record: skipped", line_no));
-      continue;
-    }
-    const int64_t step = j["step"].get<int64_t>();
-    if (step <= last_step) {
-      r.damage.push_back(format("metrics.jsonl line {} holds step {} after step {}: skipped",
-                                line_no, step, last_step));
-      continue;
-    }
-    last_step = step;
-    r.steps.push_back(std::move(j));
-  }
+  read_metrics(text, r);
   LOOM_CHECK_KIND(kData, !r.steps.empty(), "{} has no steps yet: {}", dir,
                   r.damage.empty()
                       ? "metrics.jsonl is empty"
                       : "no line of metrics.jsonl is a step record (" + r.damage.front() + ")");
-  if (fs::exists(root / "trace.json", ec) && stale("trace.json")) {
-    r.damage.push_back("trace.json is older than run.json (an earlier run's): no timeline");
-  } else if (fs::exists(root / "trace.json", ec)) {
-    r.trace = json::parse(read_file((root / "trace.json").string()), nullptr, false);
-    if (r.trace.is_discarded()) {
-      r.trace = nullptr;
-      r.damage.push_back("trace.json is not JSON: no timeline");
-    }
-  }
-  if (fs::exists(root / "profile.json", ec) && stale("profile.json")) {
-    r.damage.push_back("profile.json is older than run.json (an earlier run's): no profile");
-  } else if (fs::exists(root / "profile.json", ec)) {
-    r.profile = json::parse(read_file((root / "profile.json").string()), nullptr, false);
-    if (!r.profile.is_object() || !r.profile.contains("ranks") || !r.profile.contains("shape")) {
-      r.profile = nullptr;
-      r.damage.push_back("profile.json is not a profile: no profile panels");
-    }
-  }
+  read_optional(root, stale, r);
   return r;
 }
 
