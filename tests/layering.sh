@@ -18,7 +18,8 @@ declare -A allowed=(
   [infer]="core kernels nn model infer"
   [profile]="core kernels io profile"
   [report]="core io report"
-  [train]="core kernels comm nn model optim parallel io data checkpoint infer profile report train"
+  [plan]="core io plan"
+  [train]="core kernels comm nn model optim parallel io data checkpoint infer profile report plan train"
 )
 bad=0
 for dir in */; do

@@ -1,0 +1,471 @@
+#include "loom/plan/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "loom/core/error.h"
+
+namespace loom::plan {
+
+using json = nlohmann::json;
+
+namespace {
+
+int64_t g_considered = 0;
+
+bool divides(int64_t a, int64_t b) {
+  return a > 0 && b % a == 0;
+}
+
+std::vector<int> powers_of_two_upto(int n) {
+  std::vector<int> v;
+  for (int k = 1; k <= n; k *= 2) v.push_back(k);
+  return v;
+}
+
+std::vector<int> divisors(int64_t n, int64_t upto) {
+  std::vector<int> v;
+  for (int64_t k = 1; k <= std::min(n, upto); ++k)
+    if (n % k == 0) v.push_back(int(k));
+  return v;
+}
+
+int64_t integer(const json& j, const char* key, const std::string& source, int64_t fallback = -1) {
+  if (!j.contains(key)) {
+    LOOM_CHECK_KIND(kConfig, fallback >= 0, "{}: model.{} is missing", source, key);
+    return fallback;
+  }
+  LOOM_CHECK_KIND(kConfig, j[key].is_number_integer() && j[key].get<int64_t>() > 0,
+                  "{}: model.{} must be a whole number > 0, not {}", source, key, j[key].dump());
+  return j[key].get<int64_t>();
+}
+
+// Bytes a value of the activations, parameters and gradients takes.
+double bytes_of(const std::string& precision) {
+  return precision == "f32" ? 4 : 2;
+}
+
+bool moe_layer(const ModelShape& m, int64_t layer) {
+  return m.experts > 0 && (layer + 1) % m.moe_every == 0;
+}
+
+// A ring all-reduce of `bytes` over n devices on `link` (2 (n-1)/n of the
+// data each way, 2 (n-1) steps of latency); a reduce-scatter or an
+// all-gather is half of it.
+double allreduce_s(double bytes, int n, const Link& link) {
+  if (n <= 1) return 0;
+  return 2.0 * (n - 1) / n * bytes / link.bandwidth + 2.0 * (n - 1) * link.latency;
+}
+
+// Ranks in Megatron's order: tensor fastest, then context, data, pipeline.
+// A group of `size` whose members are `stride` apart stays inside a node
+// when it spans no more than one.
+const Link& link_for(const ClusterSpec& c, int64_t stride, int64_t size) {
+  return stride * size <= c.gpus_per_node ? c.node : c.cluster;
+}
+
+}  // namespace
+
+double ModelShape::params() const {
+  const double h = double(hidden);
+  double p = double(vocab) * h + double(seq) * h + 2 * h;  // embeddings, ln_f
+  for (int64_t l = 0; l < n_layer; ++l) {
+    p += 4 * h * h + 4 * h + 4 * h;  // attention, its biases, two LayerNorms
+    p += moe_layer(*this, l) ? double(experts) * (8 * h * h + 5 * h) + h * double(experts)
+                             : 8 * h * h + 5 * h;
+  }
+  return p;
+}
+
+ModelShape parse_model(const json& j, const std::string& source) {
+  LOOM_CHECK_KIND(kConfig, j.is_object(), "{}: a model is a JSON object", source);
+  const json& m = j.contains("model") ? j["model"] : j;
+  ModelShape s;
+  s.n_layer = integer(m, "n_layer", source);
+  s.hidden = integer(m, "n_embd", source);
+  s.heads = integer(m, "n_head", source);
+  s.vocab = integer(m, "vocab_size", source);
+  s.seq = integer(m, "seq_len", source);
+  LOOM_CHECK_KIND(kConfig, s.hidden % s.heads == 0,
+                  "{}: model.n_embd {} is not divisible by model.n_head {}", source, s.hidden,
+                  s.heads);
+  if (m.contains("moe")) {
+    s.experts = integer(m["moe"], "num_experts", source);
+    s.top_k = integer(m["moe"], "top_k", source, 2);
+    s.moe_every = integer(m["moe"], "every_n_layers", source, 1);
+  }
+  return s;
+}
+
+std::string Layout::describe() const {
+  return format(
+      "tp={},pp={},dp={},cp={},ep={},v={},micro={},zero={},recompute={},sp={},precision={},"
+      "schedule={}",
+      tp, pp, dp, cp, ep, v, micro, zero, recompute, sp ? "true" : "false", precision, schedule);
+}
+
+bool LayoutConstraint::has(const std::string& key) const {
+  return std::find(fixed.begin(), fixed.end(), key) != fixed.end();
+}
+
+LayoutConstraint parse_layout(const std::string& text) {
+  LayoutConstraint c;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find(',', pos);
+    if (end == std::string::npos) end = text.size();
+    const std::string item = text.substr(pos, end - pos);
+    pos = end + 1;
+    if (item.empty()) continue;
+    const size_t eq = item.find('=');
+    LOOM_CHECK_KIND(kConfig, eq != std::string::npos, "--layout: '{}' is not key=value", item);
+    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    auto number = [&]() {
+      LOOM_CHECK_KIND(kConfig,
+                      !value.empty() &&
+                          value.find_first_not_of("0123456789") == std::string::npos &&
+                          std::stoll(value) > 0,
+                      "--layout: {} must be a whole number > 0, not '{}'", key, value);
+      return std::stoll(value);
+    };
+    auto one_of = [&](std::initializer_list<const char*> choices) {
+      std::string list;
+      for (const char* ch : choices) {
+        if (value == ch) return value;
+        list += (list.empty() ? "" : ", ") + std::string(ch);
+      }
+      LOOM_FAIL(kConfig, "--layout: {} must be one of {}, not '{}'", key, list, value);
+    };
+    Layout& l = c.values;
+    if (key == "tp")
+      l.tp = int(number());
+    else if (key == "pp")
+      l.pp = int(number());
+    else if (key == "dp")
+      l.dp = int(number());
+    else if (key == "cp")
+      l.cp = int(number());
+    else if (key == "ep")
+      l.ep = int(number());
+    else if (key == "v")
+      l.v = int(number());
+    else if (key == "micro")
+      l.micro = number();
+    else if (key == "zero") {
+      LOOM_CHECK_KIND(kConfig, value.size() == 1 && value[0] >= '0' && value[0] <= '3',
+                      "--layout: zero must be 0, 1, 2 or 3, not '{}'", value);
+      l.zero = value[0] - '0';
+    } else if (key == "recompute")
+      l.recompute = one_of({"none", "selective", "full"});
+    else if (key == "sp")
+      l.sp = one_of({"true", "false"}) == "true";
+    else if (key == "precision")
+      l.precision = one_of({"bf16", "fp16", "f32"});
+    else if (key == "schedule")
+      l.schedule = one_of({"1f1b", "gpipe", "interleaved", "zero_bubble"});
+    else
+      LOOM_FAIL(kConfig,
+                "--layout: unknown key '{}' (tp, pp, dp, cp, ep, v, micro, zero, recompute, sp, "
+                "precision, schedule)",
+                key);
+    LOOM_CHECK_KIND(kConfig, !c.has(key), "--layout: {} given twice", key);
+    c.fixed.push_back(key);
+  }
+  return c;
+}
+
+MemoryBytes model_states(double psi, const std::string& precision, int zero, int dp) {
+  MemoryBytes m;
+  const double b = bytes_of(precision), k = precision == "f32" ? 8 : 12, d = dp;
+  m.params = psi * b / (zero >= 3 ? d : 1);
+  m.grads = psi * b / (zero >= 2 ? d : 1);
+  m.optimizer = psi * k / (zero >= 1 ? d : 1);
+  return m;
+}
+
+double step_flops(const ModelShape& m, int64_t batch, bool with_recompute) {
+  const double B = double(batch), s = double(m.seq), h = double(m.hidden), V = double(m.vocab);
+  double layers = 0;  // forward FLOPs of the blocks, per sequence
+  for (int64_t l = 0; l < m.n_layer; ++l) {
+    const double mlp = moe_layer(m, l) ? double(m.top_k) * 16 * s * h * h : 16 * s * h * h;
+    layers += 8 * s * h * h + 4 * s * s * h + mlp;
+  }
+  const double head = 2 * s * h * V;
+  return B * ((with_recompute ? 4 : 3) * layers + 3 * head);
+}
+
+Estimate estimate(const ModelShape& m, const ClusterSpec& c, int64_t batch, const Layout& l) {
+  const std::string what = l.describe();
+  LOOM_CHECK_KIND(kConfig, divides(l.tp, m.heads), "{}: tp {} does not divide {} heads", what, l.tp,
+                  m.heads);
+  LOOM_CHECK_KIND(kConfig, divides(l.pp * l.v, m.n_layer),
+                  "{}: pp x v = {} does not divide {} layers", what, l.pp * l.v, m.n_layer);
+  LOOM_CHECK_KIND(kConfig, divides(l.cp, m.seq), "{}: cp {} does not divide seq_len {}", what, l.cp,
+                  m.seq);
+  LOOM_CHECK_KIND(kConfig, divides(int64_t(l.dp) * l.micro, batch),
+                  "{}: dp x micro = {} does not divide the batch {}", what, int64_t(l.dp) * l.micro,
+                  batch);
+  LOOM_CHECK_KIND(
+      kConfig, l.ep == 1 || (m.experts > 0 && divides(l.ep, m.experts) && divides(l.ep, l.dp)),
+      "{}: ep {} must divide the experts ({}) and dp ({})", what, l.ep, m.experts, l.dp);
+  LOOM_CHECK_KIND(kConfig, !l.sp || l.tp > 1, "{}: sequence parallelism needs tp > 1", what);
+  const int64_t micro_batches = batch / (int64_t(l.dp) * l.micro);
+  LOOM_CHECK_KIND(kConfig, (l.v > 1) == (l.schedule == "interleaved"),
+                  "{}: v > 1 is the interleaved schedule's, and it needs v > 1", what);
+  LOOM_CHECK_KIND(kConfig, l.schedule != "interleaved" || micro_batches % l.pp == 0,
+                  "{}: interleaving needs the micro-batches ({}) a multiple of pp", what,
+                  micro_batches);
+  LOOM_CHECK_KIND(kConfig, l.pp > 1 || l.schedule == "1f1b", "{}: a schedule needs pp > 1", what);
+
+  Estimate e;
+  e.layout = l;
+  const double b = double(l.micro), s = double(m.seq) / l.cp, S = double(m.seq),
+               h = double(m.hidden), a = double(m.heads), V = double(m.vocab), t = double(l.tp);
+  const double act = bytes_of(l.precision);
+  const double peak = l.precision == "f32" ? c.peak_flops_32 : c.peak_flops_16;
+  const int64_t layers = m.n_layer / l.pp;  // per stage
+  auto eff = [&](double flops) { return c.gemm_max * flops / (flops + c.gemm_half_flops); };
+  auto gemm_s = [&](double flops, double size) { return flops / (peak * eff(size)); };
+
+  // Parameters of the most loaded stage, this device's slice: its blocks,
+  // and the embeddings (first stage) or the head's copy and ln_f (last).
+  double psi_blocks = 0, moe_layers = 0;
+  for (int64_t k = 0; k < layers; ++k) {
+    const bool moe = moe_layer(m, k);
+    moe_layers += moe;
+    psi_blocks += (4 * h * h) / t + 8 * h;
+    psi_blocks += moe ? double(m.experts) / l.ep * (8 * h * h / t + 5 * h) + h * double(m.experts)
+                      : 8 * h * h / t + 5 * h;
+  }
+  const double psi_first = psi_blocks + V * h / t + S * h;
+  const double psi_last = psi_blocks + (l.pp > 1 ? V * h / t : 0) + 2 * h;
+  const double psi = std::max(psi_first, psi_last);
+
+  // Model states (the ZeRO paper's formulas over the data-parallel ranks).
+  const double d = l.dp;
+  const double p_bytes = act, g_bytes = act;
+  e.mem = model_states(psi, l.precision, l.zero, l.dp);
+  if (l.zero >= 2) e.mem.comm = 2 * 1e6 * 4;  // the reduce-scatter buckets (1e6 elements)
+  if (l.zero >= 3) e.mem.comm += 2 * 1e6 * act + 2 * (psi_blocks / double(layers)) * act;
+
+  // Activations per layer and micro-batch (Korthikanti et al., 16-bit).
+  const double sbh = s * b * h;
+  const double attn_core = 5 * a * s * b * S / t;  // the score matrices
+  const double kept_none = l.sp ? 34 * sbh / t + attn_core : sbh * (10 + 24 / t) + attn_core;
+  double per_layer = l.recompute == "none"        ? kept_none
+                     : l.recompute == "selective" ? kept_none - attn_core
+                                                  : 2 * sbh / (l.sp ? t : 1);
+  per_layer *= act / 2;
+  const double moe_share = layers > 0 ? moe_layers / double(layers) : 0;
+  per_layer *= 1 + moe_share * 0.5 * double(std::max<int64_t>(0, m.top_k - 1));
+  // Micro-batches the first stage holds at its peak.
+  const double m_b = double(micro_batches), p = l.pp;
+  double in_flight = l.schedule == "gpipe" ? m_b : std::min(p, m_b);
+  if (l.schedule == "interleaved") in_flight = std::min(m_b, p * (1 + (p - 1) / (p * l.v)));
+  e.mem.activations = per_layer * double(layers) * in_flight;
+  if (l.recompute == "full") e.mem.activations += kept_none * act / 2;  // the layer rebuilt
+  // The logits in f32 and their gradient, one micro-batch at a time.
+  e.mem.workspace = 2 * 4 * b * s * V / t;
+  e.fits = e.mem.total() <= c.memory_bytes - c.reserved_bytes;
+
+  // Time of one micro-batch through one stage.
+  const double dense = 16 * b * s * h * h / t, attn_proj = 8 * b * s * h * h / t;
+  const double attn = 4 * b * s * S * h / t;
+  const double gemm_size = 2 * b * s * h * (4 * h / t);
+  double f_layer = 0;
+  for (int64_t k = 0; k < layers; ++k)
+    f_layer += gemm_s(attn_proj + (moe_layer(m, k) ? double(m.top_k) : 1.0) * dense, gemm_size) +
+               gemm_s(attn, 2 * b * s * S * h / t);
+  f_layer /= double(std::max<int64_t>(1, layers));
+  const double elem = 2 * kept_none * (act / 2) / c.memory_bandwidth;  // read and write once
+  const double fwd = f_layer + elem, bwd = 2 * f_layer + 2 * elem;
+  const double rec =
+      l.recompute == "full" ? fwd
+      : l.recompute == "selective"
+          ? gemm_s(attn, 2 * b * s * S * h / t) + 2 * attn_core * (act / 2) / c.memory_bandwidth
+          : 0;
+  // Tensor parallelism: two all-reduces (or all-gather + reduce-scatter)
+  // of the layer's activations forward, two backward, two more to recompute.
+  const Link& tp_link = link_for(c, 1, l.tp);
+  const double tp_one = allreduce_s(b * s * h * act, l.tp, tp_link);
+  const double tp_layer = tp_one * (4 + (l.recompute == "full" ? 2 : 0));
+  // Context parallelism: K and V passed around the ring beside attention.
+  const Link& cp_link = link_for(c, l.tp, l.cp);
+  const double kv =
+      l.cp > 1 ? (l.cp - 1) * (2 * b * s * h / t * act / cp_link.bandwidth + cp_link.latency) : 0;
+  const double cp_exposed = 3 * std::max(0.0, kv - gemm_s(attn, 2 * b * s * S * h / t));
+  // Expert parallelism: dispatch and combine forward, and backward.
+  const Link& ep_link = link_for(c, int64_t(l.tp) * l.cp, l.ep);
+  const double a2a =
+      l.ep > 1 ? 4 * (b * s * h * double(m.top_k) * act * (l.ep - 1) / l.ep / ep_link.bandwidth +
+                      (l.ep - 1) * ep_link.latency)
+               : 0;
+  const double layer_s = fwd + bwd + rec;
+  const double comm_layer = tp_layer + cp_exposed + moe_share * a2a;
+  const double head = gemm_s(2 * b * s * h * V / t, 2 * b * s * h * V / t) * 3 +
+                      3 * 4 * b * s * V / t / c.memory_bandwidth;
+  const double stage_mb = double(layers) * (layer_s + comm_layer) + head;
+  e.tp_comm_s = m_b * double(layers) * comm_layer;
+  e.compute_s = m_b * stage_mb;
+  const double bubble_parts = l.schedule == "zero_bubble" ? (p - 1) / 3 : (p - 1) / l.v;
+  e.bubble_s = bubble_parts * stage_mb;
+  // Point to point: each micro-batch's activation and gradient on every
+  // boundary of the critical path (scattered over the tensor ranks).
+  if (l.pp > 1) {
+    const Link& pp_link = link_for(c, int64_t(l.tp) * l.cp * l.dp, 2);
+    const double msg = b * s * h * act / t / pp_link.bandwidth + pp_link.latency;
+    e.p2p_s = 2 * msg * (m_b + (p - 1)) * (l.schedule == "interleaved" ? l.v : 1);
+  }
+  // Data parallelism: the gradients reduced (reduce-scattered from stage 2)
+  // beside the last micro-batch's backward; stage 3 gathers parameters
+  // ahead of each use, hidden behind the compute it precedes.
+  const Link& dp_link = link_for(c, int64_t(l.tp) * l.cp, l.dp);
+  const double grads = psi * g_bytes;
+  const double dp_s =
+      l.zero >= 2 ? allreduce_s(grads, l.dp, dp_link) / 2 : allreduce_s(grads, l.dp, dp_link);
+  e.dp_exposed_s = std::max(0.0, dp_s - double(layers) * bwd);
+  if (l.zero >= 3) {
+    const double gather = allreduce_s(psi * p_bytes, l.dp, dp_link) / 2;
+    e.dp_exposed_s += m_b * 2 * std::max(0.0, gather - stage_mb / 2);
+  }
+  // The optimizer reads and writes its share of 16 bytes a parameter.
+  e.optimizer_s = 2 * 16 * psi / (l.zero >= 1 ? d : 1) / c.memory_bandwidth;
+  e.step_s = e.compute_s + e.bubble_s + e.p2p_s + e.dp_exposed_s + e.optimizer_s;
+  e.tokens_per_s = double(batch) * double(m.seq) / e.step_s;
+  const double n = l.gpus();
+  e.tflops_per_gpu = step_flops(m, batch, false) / e.step_s / n / 1e12;
+  e.hw_tflops_per_gpu = step_flops(m, batch, l.recompute == "full") / e.step_s / n / 1e12;
+  return e;
+}
+
+std::vector<Estimate> search(const ModelShape& m, const ClusterSpec& c, const PlanOptions& o) {
+  LOOM_CHECK_KIND(kConfig, o.gpus > 0, "--gpus must be > 0");
+  LOOM_CHECK_KIND(kConfig, o.batch > 0, "--global-batch must be > 0");
+  const LayoutConstraint& k = o.constraint;
+  const Layout& f = k.values;
+  auto pick = [&](const char* key, std::vector<int> all, int fixed) {
+    return k.has(key) ? std::vector<int>{fixed} : all;
+  };
+  auto pick_s = [&](const char* key, std::vector<std::string> all, const std::string& fixed) {
+    return k.has(key) ? std::vector<std::string>{fixed} : all;
+  };
+  const std::vector<int> tps = pick("tp", powers_of_two_upto(c.gpus_per_node), f.tp);
+  const std::vector<int> pps = pick("pp", divisors(m.n_layer, o.gpus), f.pp);
+  const std::vector<int> cps =
+      pick("cp", m.seq >= 16384 ? std::vector<int>{1, 2, 4, 8} : std::vector<int>{1}, f.cp);
+  const std::vector<int> eps =
+      pick("ep", m.experts > 0 ? powers_of_two_upto(int(m.experts)) : std::vector<int>{1}, f.ep);
+  const std::vector<int> vs = pick("v", {1, 2, 3, 4, 6, 8}, f.v);
+  const std::vector<int> micros = pick("micro", {1, 2, 4, 8, 16}, int(f.micro));
+  const std::vector<int> zeros = pick("zero", {0, 1, 2, 3}, f.zero);
+  const auto recs = pick_s("recompute", {"none", "selective", "full"}, f.recompute);
+  const auto precs = pick_s("precision", {"bf16"}, f.precision);
+  const std::vector<int> sps =
+      k.has("sp") ? std::vector<int>{f.sp ? 1 : 0} : std::vector<int>{0, 1};
+  const auto scheds = pick_s("schedule", {"1f1b", "interleaved", "zero_bubble"}, f.schedule);
+
+  std::vector<Estimate> fit, over;
+  int divisible = 0;
+  g_considered = 0;
+  for (int tp : tps)
+    for (int pp : pps)
+      for (int cp : cps) {
+        if (o.gpus % (int64_t(tp) * pp * cp) != 0) continue;
+        const int dp = o.gpus / (tp * pp * cp);
+        if (k.has("dp") && dp != f.dp) continue;
+        ++divisible;
+        for (int ep : eps)
+          for (int v : vs)
+            for (int micro : micros)
+              for (int zero : zeros)
+                for (const std::string& rec : recs)
+                  for (const std::string& prec : precs)
+                    for (int sp : sps)
+                      for (const std::string& sched : scheds) {
+                        Layout l{tp, pp, dp, cp, ep, v, micro, zero, rec, sp != 0, prec, sched};
+                        if (pp == 1 && sched != "1f1b") continue;
+                        if ((v > 1) != (sched == "interleaved")) continue;
+                        if (sp && tp == 1) continue;
+                        if (!divides(tp, m.heads) || !divides(pp * v, m.n_layer) ||
+                            !divides(int64_t(dp) * micro, o.batch) ||
+                            (ep > 1 && (!divides(ep, m.experts) || !divides(ep, dp))))
+                          continue;
+                        const int64_t mb = o.batch / (int64_t(dp) * micro);
+                        if (sched == "interleaved" && mb % pp != 0) continue;
+                        ++g_considered;
+                        Estimate e = estimate(m, c, o.batch, l);
+                        (e.fits ? fit : over).push_back(std::move(e));
+                      }
+      }
+  LOOM_CHECK_KIND(kConfig, divisible > 0,
+                  "no layout of {} GPUs: tp x pp x cp must divide it (tp a power of two up to "
+                  "{} per node, pp a divisor of the {} layers){}",
+                  o.gpus, c.gpus_per_node, m.n_layer,
+                  k.fixed.empty() ? "" : ", with --layout's sizes");
+  if (fit.empty()) {
+    LOOM_CHECK_KIND(kConfig, !over.empty(),
+                    "no layout of {} GPUs divides the model ({} layers, {} heads) and the batch {}"
+                    "{}",
+                    o.gpus, m.n_layer, m.heads, o.batch,
+                    k.fixed.empty() ? "" : " with --layout's sizes");
+    const auto best = std::min_element(
+        over.begin(), over.end(),
+        [](const Estimate& x, const Estimate& y) { return x.mem.total() < y.mem.total(); });
+    LOOM_FAIL(kConfig,
+              "the model fits on no layout of {} x {}: the smallest ({}) needs {} GB a device, "
+              "{} GB more than the {} GB there is",
+              o.gpus, c.device.empty() ? c.name : c.device, best->layout.describe(),
+              std::round(best->mem.total() / 1e8) / 10,
+              std::round((best->mem.total() - (c.memory_bytes - c.reserved_bytes)) / 1e8) / 10,
+              std::round((c.memory_bytes - c.reserved_bytes) / 1e8) / 10);
+  }
+  std::sort(fit.begin(), fit.end(),
+            [](const Estimate& x, const Estimate& y) { return x.tokens_per_s > y.tokens_per_s; });
+  if (o.top > 0 && static_cast<int>(fit.size()) > o.top) fit.resize(static_cast<size_t>(o.top));
+  return fit;
+}
+
+int64_t layouts_considered() {
+  return g_considered;
+}
+
+json to_json(const Estimate& e) {
+  const Layout& l = e.layout;
+  return {{"layout",
+           {{"tp", l.tp},
+            {"pp", l.pp},
+            {"dp", l.dp},
+            {"cp", l.cp},
+            {"ep", l.ep},
+            {"v", l.v},
+            {"micro", l.micro},
+            {"zero", l.zero},
+            {"recompute", l.recompute},
+            {"sp", l.sp},
+            {"precision", l.precision},
+            {"schedule", l.schedule}}},
+          {"step_time_s", e.step_s},
+          {"tokens_per_s", e.tokens_per_s},
+          {"tflops_per_gpu", e.tflops_per_gpu},
+          {"hw_tflops_per_gpu", e.hw_tflops_per_gpu},
+          {"fits", e.fits},
+          {"mem_bytes",
+           {{"params", e.mem.params},
+            {"grads", e.mem.grads},
+            {"optimizer", e.mem.optimizer},
+            {"activations", e.mem.activations},
+            {"comm", e.mem.comm},
+            {"workspace", e.mem.workspace},
+            {"total", e.mem.total()}}},
+          {"time_s",
+           {{"compute", e.compute_s},
+            {"tp_cp_ep_comm", e.tp_comm_s},
+            {"bubble", e.bubble_s},
+            {"p2p", e.p2p_s},
+            {"dp_exposed", e.dp_exposed_s},
+            {"optimizer", e.optimizer_s}}}};
+}
+
+}  // namespace loom::plan

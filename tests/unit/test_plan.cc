@@ -1,0 +1,177 @@
+// loom plan: the memory model against the ZeRO paper's table, the FLOP
+// count against Narayanan et al.'s, the cluster and layout parsers' errors,
+// and the search's pruning and its errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "loom/plan/planner.h"
+#include "test_util.h"
+
+namespace loom::plan {
+namespace {
+
+using nlohmann::json;
+
+json selene() {
+  return json::parse(R"({"name": "selene-a100", "gpus_per_node": 8,
+    "gpu": {"name": "A100", "memory_bytes": 85899345920, "reserved_bytes": 3e9,
+            "peak_tflops_16bit": 312, "peak_tflops_32bit": 156, "memory_bandwidth_GBps": 2039,
+            "gemm_efficiency": {"max": 0.8, "half_at_gflop": 2}},
+    "links": {"node": {"bandwidth_GBps": 300, "latency_us": 5},
+              "cluster": {"bandwidth_GBps": 25, "latency_us": 5}}})");
+}
+
+ModelShape gpt(int64_t layers, int64_t hidden, int64_t heads) {
+  return parse_model(json{{"model",
+                           {{"n_layer", layers},
+                            {"n_embd", hidden},
+                            {"n_head", heads},
+                            {"vocab_size", 51200},
+                            {"seq_len", 2048}}}},
+                     "test");
+}
+
+// Rajbhandari et al. 2020, Table 1: per-device memory (GB) of the model
+// states for 7.5B, 128B and 1T parameters over 1 to 1024 data-parallel
+// devices, K = 12: stages 1, 2 and 3 (P_os, P_os+g, P_os+g+p), as printed.
+TEST(Plan, ModelStatesAreTheZeroPapersTable) {
+  struct Row {
+    int dp;
+    double gb[3][3];  // per model size: stage 1, 2, 3
+  };
+  const double psi[3] = {7.5e9, 128e9, 1e12};
+  const Row rows[] = {
+      {1, {{120, 120, 120}, {2048, 2048, 2048}, {16000, 16000, 16000}}},
+      {4, {{52.5, 41.3, 30}, {896, 704, 512}, {7000, 5500, 4000}}},
+      {16, {{35.6, 21.6, 7.5}, {608, 368, 128}, {4750, 2875, 1000}}},
+      {64, {{31.4, 16.6, 1.88}, {536, 284, 32}, {4187, 2218, 250}}},
+      {256, {{30.4, 15.4, 0.47}, {518, 263, 8}, {4046, 2054, 62.5}}},
+      {1024, {{30.1, 15.1, 0.12}, {513, 257, 2}, {4011, 2013, 15.6}}},
+  };
+  for (const Row& r : rows)
+    for (int s = 0; s < 3; ++s) {
+      EXPECT_DOUBLE_EQ(model_states(psi[s], "bf16", 0, r.dp).total(), 16 * psi[s]);
+      for (int stage = 1; stage <= 3; ++stage) {
+        const double gb = model_states(psi[s], "bf16", stage, r.dp).total() / 1e9;
+        const double printed = r.gb[s][stage - 1];
+        // The table prints three significant figures, two decimals below 1 (rounded, or cut).
+        const double unit = std::max(0.01, std::pow(10.0, std::floor(std::log10(printed)) - 2));
+        EXPECT_NEAR(gb, printed, unit)
+            << psi[s] << " parameters, dp " << r.dp << ", stage " << stage;
+      }
+    }
+  // f32: 4 + 4 + 8 bytes.
+  EXPECT_DOUBLE_EQ(model_states(1e9, "f32", 0, 1).total(), 16e9);
+  EXPECT_DOUBLE_EQ(model_states(1e9, "f32", 1, 4).optimizer, 2e9);
+}
+
+// Narayanan et al. 2021: 96 B s l h^2 (1 + s/6h + V/16lh) FLOPs a step with
+// full recomputation; 72 B s l h^2 (1 + s/6h + V/12lh) without.
+TEST(Plan, StepFlopsAreMegatronsCount) {
+  const ModelShape m = gpt(128, 25600, 160);
+  EXPECT_NEAR(m.params() / 1e9, 1008, 1);  // the table's 1008B
+  const double B = 3072, s = 2048, l = 128, h = 25600, V = 51200;
+  EXPECT_NEAR(
+      step_flops(m, 3072, true) / (96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))),
+      1, 1e-12);
+  EXPECT_NEAR(
+      step_flops(m, 3072, false) / (72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h))),
+      1, 1e-12);
+}
+
+TEST(Plan, ActivationsAreKorthikantisCounts) {
+  const ClusterSpec c = parse_cluster(selene(), "selene");
+  const ModelShape m = gpt(24, 2304, 24);
+  Layout l;
+  l.tp = 8, l.dp = 4, l.micro = 1, l.zero = 0;
+  const double s = 2048, b = 1, h = 2304, a = 24, t = 8;
+  // No recomputation, no sequence parallelism: sbh(10 + 24/t + 5as/ht) a layer.
+  EXPECT_NEAR(estimate(m, c, 4, l).mem.activations,
+              24 * s * b * h * (10 + 24 / t + 5 * a * s / (h * t)), 1);
+  l.sp = true;  // 34/t + 5as/ht
+  EXPECT_NEAR(estimate(m, c, 4, l).mem.activations, 24 * s * b * h * (34 / t + 5 * a * s / (h * t)),
+              1);
+  l.recompute = "selective";  // 34/t
+  EXPECT_NEAR(estimate(m, c, 4, l).mem.activations, 24 * s * b * h * 34 / t, 1);
+  // A 1F1B pipeline's first stage holds p micro-batches of its layers: all of them.
+  l.pp = 4, l.dp = 1;
+  EXPECT_NEAR(estimate(m, c, 8, l).mem.activations, 24 * s * b * h * 34 / t, 1);
+}
+
+TEST(Plan, ClusterFilesAreChecked) {
+  EXPECT_EQ(parse_cluster(selene(), "selene").node.bandwidth, 300e9);
+  json j = selene();
+  j["gpu"].erase("memory_bytes");
+  EXPECT_EQ(test::error_of([&] { parse_cluster(j, "c.json"); }),
+            "c.json: gpu.memory_bytes is missing");
+  j = selene();
+  j["links"]["cluster"]["bandwidth_GBps"] = -25;
+  EXPECT_EQ(test::error_of([&] { parse_cluster(j, "c.json"); }),
+            "c.json: links.cluster.bandwidth_GBps must be > 0, not -25");
+  j = selene();
+  j["gpu"]["peak_tflops_16bit"] = "fast";
+  EXPECT_EQ(test::error_of([&] { parse_cluster(j, "c.json"); }),
+            "c.json: gpu.peak_tflops_16bit must be a number, not \"fast\"");
+  j = selene();
+  j["gpu"]["gemm_efficiency"]["max"] = 1.5;
+  EXPECT_NE(test::error_of([&] { parse_cluster(j, "c.json"); }).find("must be <= 1"),
+            std::string::npos);
+}
+
+TEST(Plan, LayoutsAreParsedAndChecked) {
+  const LayoutConstraint k =
+      parse_layout("tp=8,pp=35,v=3,recompute=selective,sp=true,schedule=interleaved");
+  EXPECT_EQ(k.values.tp, 8);
+  EXPECT_EQ(k.values.pp, 35);
+  EXPECT_TRUE(k.has("recompute") && !k.has("dp"));
+  EXPECT_EQ(
+      test::error_of([] { parse_layout("tp=8,tq=2"); }).rfind("--layout: unknown key 'tq'", 0), 0u);
+  EXPECT_EQ(test::error_of([] { parse_layout("zero=4"); }),
+            "--layout: zero must be 0, 1, 2 or 3, not '4'");
+  EXPECT_EQ(test::error_of([] { parse_layout("tp=0"); }),
+            "--layout: tp must be a whole number > 0, not '0'");
+  EXPECT_EQ(test::error_of([] { parse_layout("tp=2,tp=4"); }), "--layout: tp given twice");
+}
+
+TEST(Plan, SearchPrunesWhatDoesNotFitAndRanksByThroughput) {
+  const ClusterSpec c = parse_cluster(selene(), "selene");
+  PlanOptions o;
+  o.gpus = 64, o.batch = 512, o.top = 0;
+  const std::vector<Estimate> all = search(gpt(30, 3072, 32), c, o);
+  ASSERT_FALSE(all.empty());
+  for (size_t i = 0; i < all.size(); ++i) {
+    EXPECT_TRUE(all[i].fits);
+    EXPECT_LE(all[i].mem.total(), c.memory_bytes - c.reserved_bytes);
+    EXPECT_EQ(all[i].layout.gpus(), 64);
+    if (i) {
+      EXPECT_GE(all[i - 1].tokens_per_s, all[i].tokens_per_s);
+    }
+  }
+  EXPECT_GT(layouts_considered(), int64_t(all.size()));  // some did not fit
+  // --layout fixes what it names.
+  o.constraint = parse_layout("tp=2,recompute=full");
+  for (const Estimate& e : search(gpt(30, 3072, 32), c, o)) {
+    EXPECT_EQ(e.layout.tp, 2);
+    EXPECT_EQ(e.layout.recompute, "full");
+  }
+}
+
+TEST(Plan, SearchSaysWhyNothingFits) {
+  const ClusterSpec c = parse_cluster(selene(), "selene");
+  PlanOptions o;
+  o.gpus = 8, o.batch = 8;
+  const std::string msg = test::error_of([&] { search(gpt(128, 25600, 160), c, o); });
+  EXPECT_EQ(msg.rfind("the model fits on no layout of 8 x A100: the smallest (", 0), 0u) << msg;
+  EXPECT_NE(msg.find(" GB more than the 82.9 GB there is"), std::string::npos) << msg;
+  o.gpus = 7;  // 7 x 1 x 1 only, and 7 divides neither 128 layers nor 160 heads' powers of two
+  o.constraint = parse_layout("dp=1");
+  EXPECT_EQ(test::error_of([&] {
+              search(gpt(128, 25600, 160), c, o);
+            }).rfind("no layout of 7 GPUs: tp x pp x cp must divide it", 0),
+            0u);
+}
+
+}  // namespace
+}  // namespace loom::plan
