@@ -89,4 +89,6 @@ PY
   fail "training one: $(tail -20 "$WORK/one.txt")"
 grep -q "load imbalance over 1 rank " "$WORK/one.txt" || fail "one rank: $(cat "$WORK/one.txt")"
 json_check "$WORK/one/metrics.jsonl" 'all("imbalance" not in l for l in lines)'
+# One process computes most of its step: the pieces' times are the step's.
+json_check "$WORK/one/profile.json" 'd["shape"]["steps"] == 2 and 0.6 < d["ranks"][0]["compute_s"] / d["ranks"][0]["step_s"] < 1'
 echo "profile: ok"

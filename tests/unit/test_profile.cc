@@ -151,8 +151,25 @@ TEST(Profile, ALargeBubbleGetsMoreMicroBatchesOfTheSameBatch) {
                               "global batch)"),
             std::string::npos)
       << f.suggestion;
+  // Micro-batches of one: only a larger global batch gets there.
+  p.shape.micro_batch = 1;
+  const std::string grow = imbalance_report(p)[0].suggestion;
+  EXPECT_NE(grow.find("gradient_accumulation_steps 27 (theory 43% -> 10%; the global batch grows "
+                      "6.8x), or parallel.schedule zero_bubble"),
+            std::string::npos)
+      << grow;
   p.shape.schedule = "zero_bubble";
   EXPECT_EQ(imbalance_report(p)[0].suggestion.find("bubble"), std::string::npos);
+}
+
+TEST(Profile, LongSuggestionsAreWhole) {
+  // 32 parts, each boundary moved: a suggestion far past any fixed buffer.
+  std::vector<int> counts(32, 1);
+  counts[31] = 33;
+  const JobProfile p = pipeline(counts, 10);
+  const std::string s = imbalance_report(p)[0].suggestion;
+  EXPECT_NE(s.find("predicted from the measured layer times"), std::string::npos) << s;
+  EXPECT_GT(s.size(), 600u);
 }
 
 TEST(Profile, ASlowPeerIsNamedWithItsHost) {

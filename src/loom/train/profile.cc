@@ -22,12 +22,16 @@ namespace {
 constexpr int kProfileTag = 7103;  // rank profiles to the writer
 
 std::string printf_string(const char* fmt, ...) {
-  char buf[512];
-  va_list ap;
+  va_list ap, again;
   va_start(ap, fmt);
-  std::vsnprintf(buf, sizeof buf, fmt, ap);
+  va_copy(again, ap);
+  const int n = std::vsnprintf(nullptr, 0, fmt, ap);
   va_end(ap);
-  return buf;
+  std::string out(static_cast<size_t>(std::max(0, n)) + 1, '\0');
+  std::vsnprintf(out.data(), out.size(), fmt, again);
+  va_end(again);
+  out.resize(static_cast<size_t>(std::max(0, n)));
+  return out;
 }
 
 double mean(const std::vector<double>& v) {
@@ -163,15 +167,18 @@ std::string bubble_suggestion(const JobProfile& p, double bubble) {
       k = d;
       break;
     }
+  // Past what the micro-batch size can give, the global batch grows.
+  const bool grows = m * k < need;
+  const int64_t micro_batches = grows ? need : m * k;
   std::string text =
       printf_string("the bubble is %.0f%% of the step: gradient_accumulation_steps %ld",
-                    100 * bubble, long(m * k));
+                    100 * bubble, long(micro_batches));
   if (k > 1) text += printf_string(" with train_micro_batch_size_per_gpu %ld", long(b / k));
-  text += printf_string(" (theory %.0f%% -> %.0f%%", 100 * theory(m), 100 * theory(m * k));
-  text += k == b && m * k < need ? "; the global batch must grow to go further)"
-                                 : ", the same global batch)";
-  text += ", or parallel.schedule zero_bubble";
-  return k > 1 ? text : "";
+  text += printf_string(" (theory %.0f%% -> %.0f%%", 100 * theory(m), 100 * theory(micro_batches));
+  text += grows ? printf_string("; the global batch grows %.1fx)",
+                                double(micro_batches * (b / k)) / double(m * b))
+                : ", the same global batch)";
+  return text + ", or parallel.schedule zero_bubble";
 }
 
 Finding compute_finding(const JobProfile& p) {
@@ -272,7 +279,7 @@ Finding memory_finding(const JobProfile& p) {
     f.suggestion = printf_string(
         "activation_checkpointing {\"policy\": \"budget\", \"budget_bytes\": %.0f}: the ranks "
         "above the mean's activations recompute, the others keep everything",
-        std::floor(cat_mean / 1e6) * 1e6);
+        cat_mean >= 1e6 ? std::floor(cat_mean / 1e6) * 1e6 : std::max(1.0, std::round(cat_mean)));
   } else if ((c == MemCategory::kParams || c == MemCategory::kGrads ||
               c == MemCategory::kOptimizer) &&
              s.pp > 1 && s.virtual_stages == 1 && static_cast<int>(s.partition.size()) == s.pp &&
@@ -396,6 +403,8 @@ double piece_forward_flops(const GptConfig& m, const std::string& name) {
   if (name == "embeddings" || name == "ln_f") return 0;
   if (name == "lm_head") return 2.0 * C * m.vocab_size;
   LOOM_CHECK(name.rfind("h.", 0) == 0, "piece '{}' is not a model piece", name);
+  LOOM_CHECK(name.size() > 2 && name.find_first_not_of("0123456789", 2) == std::string::npos,
+             "piece '{}' is not a model piece", name);
   const int layer = std::stoi(name.substr(2));
   const double attention = 2.0 * 4 * C * C + 4.0 * T * C;
   if (!m.moe_layer(layer)) return attention + 2.0 * 8 * C * C;
@@ -638,15 +647,14 @@ void RunProfiler::add(StepEngine& engine, const StepResult& r, const MemStats& m
     skip(engine);
     return;
   }
-  if (mine_.chunks.empty())
-    for (int c = 0; c < engine.num_chunks(); ++c) {
-      GptStage<float>& st = engine.stage(c);
+  for (int c = 0; c < engine.num_chunks(); ++c) {
+    GptStage<float>& st = engine.stage(c);
+    const auto pieces = st.take_piece_seconds();
+    if (mine_.chunks.size() <= static_cast<size_t>(c)) {
       ChunkProfile cp{st.first(), st.last(), {}};
-      for (const auto& q : st.take_piece_seconds()) cp.pieces.push_back({q.name, q.params});
+      for (const auto& q : pieces) cp.pieces.push_back({q.name, q.params});
       mine_.chunks.push_back(std::move(cp));
     }
-  for (int c = 0; c < engine.num_chunks(); ++c) {
-    const auto pieces = engine.stage(c).take_piece_seconds();
     auto& mine = mine_.chunks[static_cast<size_t>(c)].pieces;
     LOOM_CHECK(pieces.size() == mine.size(), "chunk {}: {} pieces, {} profiled", c, pieces.size(),
                mine.size());

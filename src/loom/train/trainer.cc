@@ -654,6 +654,11 @@ std::vector<StepResult> Trainer::run_steps() {
 void Trainer::write_profile() {
   const JobProfile p = profiler_->gather(options_.parallel, writer_);
   if (!writer_) return;
+  if (p.shape.steps == 0) {
+    if (!options_.quiet)
+      std::printf("loom: profile (log.profile): no step after the first to profile\n");
+    return;
+  }
   const std::vector<Finding> findings = imbalance_report(p);
   if (!options_.out_dir.empty()) {
     nlohmann::json j = to_json(p);
