@@ -17,7 +17,7 @@ namespace loom::app {
 namespace {
 
 struct PlanArgs {
-  std::string model, cluster, layout;
+  std::string model, cluster, layout, engine = "loom";
   int gpus = 0, top = 10;
   int64_t batch = 0;
   bool json = false;
@@ -56,6 +56,9 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--layout", a->layout,
                   "Keys to fix, the rest searched: tp=8,pp=35,dp=1,cp=1,ep=1,v=3,micro=1,zero=1,"
                   "recompute=selective,sp=true,precision=bf16,schedule=interleaved");
+  cmd->add_option("--engine", a->engine,
+                  "What runs the layouts: loom (default), or megatron-2021 (the engine of "
+                  "Megatron-LM's published 2021 runs, for comparing with them)");
   cmd->add_flag("--json", a->json, "One JSON object per layout, a line each");
   cmd->callback([a] {
     const nlohmann::json mj = nlohmann::json::parse(read_file(a->model), nullptr, false);
@@ -67,6 +70,7 @@ void add_plan_command(CLI::App& app) {
     o.batch = a->batch;
     o.top = a->top;
     o.constraint = plan::parse_layout(a->layout);
+    o.engine = plan::engine_named(a->engine);
     const auto t0 = std::chrono::steady_clock::now();
     const std::vector<plan::Estimate> best = plan::search(m, c, o);
     const double seconds =

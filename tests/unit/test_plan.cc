@@ -6,6 +6,7 @@
 #include <cmath>
 #include <string>
 
+#include "loom/core/error.h"
 #include "loom/plan/planner.h"
 #include "test_util.h"
 
@@ -98,6 +99,44 @@ TEST(Plan, ActivationsAreKorthikantisCounts) {
   // A 1F1B pipeline's first stage holds p micro-batches of its layers: all of them.
   l.pp = 4, l.dp = 1;
   EXPECT_NEAR(estimate(m, c, 8, l).mem.activations, 24 * s * b * h * 34 / t, 1);
+}
+
+// Narayanan et al. 2021, Table 1, against configs/clusters/selene-a100.json
+// (its three free constants chosen on rows 1, 3, 5, 7 and 9; the others
+// held out): the published layout's predicted TFLOP/s per GPU within 10% of
+// the published figure, and that layout first or within 5% of the best
+// the search finds; except the 39.1B row, where a tp 2 x pp 8 layout is
+// predicted 6.4% faster (docs/plan.md).
+TEST(Plan, MegatronWeakScalingTable) {
+  const ClusterSpec c =
+      read_cluster(std::string(LOOM_SOURCE_DIR) + "/configs/clusters/selene-a100.json");
+  struct Row {
+    int64_t heads, hidden, layers;
+    int tp, pp, dp, gpus;
+    int64_t batch;
+    double tflops;
+  };
+  const Row rows[] = {
+      {24, 2304, 24, 1, 1, 32, 32, 512, 137},       {32, 3072, 30, 2, 1, 32, 64, 512, 138},
+      {32, 4096, 36, 4, 1, 32, 128, 512, 142},      {48, 6144, 40, 8, 1, 32, 256, 1024, 135},
+      {64, 8192, 48, 8, 2, 32, 512, 1536, 138},     {80, 10240, 60, 8, 4, 32, 1024, 1792, 140},
+      {96, 12288, 80, 8, 8, 24, 1536, 2304, 148},   {128, 16384, 96, 8, 16, 15, 1920, 2160, 155},
+      {128, 20480, 105, 8, 35, 9, 2520, 2520, 163}, {160, 25600, 128, 8, 64, 6, 3072, 3072, 163},
+  };
+  for (const Row& r : rows) {
+    const ModelShape m = gpt(r.layers, r.hidden, r.heads);
+    PlanOptions o;
+    o.gpus = r.gpus, o.batch = r.batch, o.top = 0;
+    o.engine = engine_named("megatron-2021");
+    o.constraint = parse_layout("recompute=full,zero=0,precision=fp16");
+    const std::vector<Estimate> all = search(m, c, o);
+    o.constraint = parse_layout(
+        format("tp={},pp={},dp={},recompute=full,zero=0,precision=fp16", r.tp, r.pp, r.dp));
+    const Estimate published = search(m, c, o).at(0);
+    EXPECT_NEAR(published.hw_tflops_per_gpu / r.tflops, 1, 0.10) << r.hidden;
+    const double gap = all.at(0).tokens_per_s / published.tokens_per_s - 1;
+    EXPECT_LE(gap, r.hidden == 8192 ? 0.10 : 0.05) << r.hidden;
+  }
 }
 
 TEST(Plan, ClusterFilesAreChecked) {

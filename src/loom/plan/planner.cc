@@ -176,6 +176,20 @@ LayoutConstraint parse_layout(const std::string& text) {
   return c;
 }
 
+Engine engine_named(const std::string& name) {
+  Engine e;
+  e.name = name;
+  if (name == "loom") return e;
+  LOOM_CHECK_KIND(kConfig, name == "megatron-2021",
+                  "--engine: '{}' is not an engine the planner models (loom, megatron-2021)", name);
+  e.state_bytes_16 = 18;
+  e.grad_wire_bytes = 4;
+  e.dp_overlap = false;
+  e.zero_bubble = false;
+  e.sequence_parallel = false;
+  return e;
+}
+
 MemoryBytes model_states(double psi, const std::string& precision, int zero, int dp) {
   MemoryBytes m;
   const double b = bytes_of(precision), k = precision == "f32" ? 8 : 12, d = dp;
@@ -196,8 +210,13 @@ double step_flops(const ModelShape& m, int64_t batch, bool with_recompute) {
   return B * ((with_recompute ? 4 : 3) * layers + 3 * head);
 }
 
-Estimate estimate(const ModelShape& m, const ClusterSpec& c, int64_t batch, const Layout& l) {
+Estimate estimate(const ModelShape& m, const ClusterSpec& c, int64_t batch, const Layout& l,
+                  const Engine& engine) {
   const std::string what = l.describe();
+  LOOM_CHECK_KIND(kConfig, engine.zero_bubble || l.schedule != "zero_bubble",
+                  "{}: the {} engine has no zero-bubble schedule", what, engine.name);
+  LOOM_CHECK_KIND(kConfig, engine.sequence_parallel || !l.sp,
+                  "{}: the {} engine has no sequence parallelism", what, engine.name);
   LOOM_CHECK_KIND(kConfig, divides(l.tp, m.heads), "{}: tp {} does not divide {} heads", what, l.tp,
                   m.heads);
   LOOM_CHECK_KIND(kConfig, divides(l.pp * l.v, m.n_layer),
@@ -247,6 +266,12 @@ Estimate estimate(const ModelShape& m, const ClusterSpec& c, int64_t batch, cons
   const double d = l.dp;
   const double p_bytes = act, g_bytes = act;
   e.mem = model_states(psi, l.precision, l.zero, l.dp);
+  if (l.precision != "f32" && engine.state_bytes_16 != 16) {
+    // The engine keeps more state a parameter: fp32 gradients (4) and
+    // the masters and moments (12) beside the fp16 parameters (2).
+    const double extra = engine.state_bytes_16 - 16;
+    e.mem.grads += psi * extra / (l.zero >= 2 ? d : 1);
+  }
   if (l.zero >= 2) e.mem.comm = 2 * 1e6 * 4;  // the reduce-scatter buckets (1e6 elements)
   if (l.zero >= 3) e.mem.comm += 2 * 1e6 * act + 2 * (psi_blocks / double(layers)) * act;
 
@@ -322,10 +347,10 @@ Estimate estimate(const ModelShape& m, const ClusterSpec& c, int64_t batch, cons
   // beside the last micro-batch's backward; stage 3 gathers parameters
   // ahead of each use, hidden behind the compute it precedes.
   const Link& dp_link = link_for(c, int64_t(l.tp) * l.cp, l.dp);
-  const double grads = psi * g_bytes;
+  const double grads = psi * (engine.grad_wire_bytes > 0 ? engine.grad_wire_bytes : g_bytes);
   const double dp_s =
       l.zero >= 2 ? allreduce_s(grads, l.dp, dp_link) / 2 : allreduce_s(grads, l.dp, dp_link);
-  e.dp_exposed_s = std::max(0.0, dp_s - double(layers) * bwd);
+  e.dp_exposed_s = engine.dp_overlap ? std::max(0.0, dp_s - double(layers) * bwd) : dp_s;
   if (l.zero >= 3) {
     const double gather = allreduce_s(psi * p_bytes, l.dp, dp_link) / 2;
     e.dp_exposed_s += m_b * 2 * std::max(0.0, gather - stage_mb / 2);
@@ -395,7 +420,9 @@ std::vector<Estimate> search(const ModelShape& m, const ClusterSpec& c, const Pl
                         const int64_t mb = o.batch / (int64_t(dp) * micro);
                         if (sched == "interleaved" && mb % pp != 0) continue;
                         ++g_considered;
-                        Estimate e = estimate(m, c, o.batch, l);
+                        if (!o.engine.zero_bubble && sched == "zero_bubble") continue;
+                        if (!o.engine.sequence_parallel && sp) continue;
+                        Estimate e = estimate(m, c, o.batch, l, o.engine);
                         (e.fits ? fit : over).push_back(std::move(e));
                       }
       }

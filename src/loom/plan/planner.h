@@ -78,6 +78,22 @@ struct Estimate {
   double hw_tflops_per_gpu = 0;  // counting the recomputed forward too
 };
 
+// What runs the layout, as far as the model needs to know. `loom`: model
+// states as model_states() counts them, gradients reduced in the run's
+// precision beside the last micro-batch's backward, every schedule.
+// `megatron-2021` (the engine of Megatron-LM's published 2021 runs): fp16
+// parameters with fp32 gradients, masters and moments (18 bytes a
+// parameter), fp32 gradients all-reduced after the backward, the 1F1B and
+// interleaved schedules, no sequence parallelism.
+struct Engine {
+  std::string name = "loom";
+  double state_bytes_16 = 16;  // bytes of model state a parameter, 16-bit runs
+  double grad_wire_bytes = 0;  // bytes a gradient crosses the wire as (0: the run's precision)
+  bool dp_overlap = true;
+  bool zero_bubble = true, sequence_parallel = true;
+};
+Engine engine_named(const std::string& name);  // Error(kConfig) naming the choices
+
 // The model states of Ψ parameters on a device (the ZeRO paper, Rajbhandari
 // et al. 2020): 16-bit parameters and gradients (2 + 2 bytes) and K = 12
 // bytes of Adam state (f32 masters, both moments); in f32 4 + 4 + 8.
@@ -92,13 +108,15 @@ double step_flops(const ModelShape& m, int64_t batch, bool with_recompute);
 
 // One layout's memory and time; Error(kConfig) when the layout is not valid
 // for the model (a size that does not divide), naming it.
-Estimate estimate(const ModelShape& m, const ClusterSpec& c, int64_t batch, const Layout& l);
+Estimate estimate(const ModelShape& m, const ClusterSpec& c, int64_t batch, const Layout& l,
+                  const Engine& engine = {});
 
 struct PlanOptions {
   int gpus = 0;
   int64_t batch = 0;  // global batch, sequences
   LayoutConstraint constraint;
   int top = 10;
+  Engine engine;
 };
 
 // Every valid layout that fits, best tokens/s first (at most `top`).
