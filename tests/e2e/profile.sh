@@ -41,6 +41,7 @@ for r in p["ranks"]:
         for q in c["pieces"]:
             assert q["forward_s"] > 0 and q["backward_s"] > 0, q
             assert (q["flops"] > 0) == (q["name"].startswith("h.") or q["name"] == "lm_head"), q
+            assert q["bytes"] > 0 and (q["record_bytes"] > 0 or q["name"] == "ln_f"), q
     # The pieces are the compute: inside the step.
     assert 0 < r["compute_s"] < r["step_s"], r
     assert r["mem_peak_bytes"]["activations"] > 0 and r["comm_bytes"] > 0, r

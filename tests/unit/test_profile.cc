@@ -56,6 +56,18 @@ TEST(Profile, StageTimesEveryPieceInEveryPass) {
   }
   EXPECT_EQ(pieces[5].params, 0);  // the tied head holds nothing of its own
   EXPECT_EQ(params, s.num_params());
+  // What each piece keeps adds up to the stage's store, here and on a
+  // later stage (no embeddings, an untied copy of the head's matrix).
+  size_t kept = 0;
+  for (size_t b : s.piece_record_bytes(B, T)) kept += b;
+  EXPECT_EQ(kept, s.store_bytes(B, T));
+  GptStage<float> last(c, StageSpec{1, 3});
+  const auto later = last.piece_record_bytes(B, T);
+  ASSERT_EQ(later.size(), 4u);  // h.1, h.2, ln_f, lm_head
+  kept = 0;
+  for (size_t b : later) kept += b;
+  EXPECT_EQ(kept, last.store_bytes(B, T));
+  EXPECT_GT(last.take_piece_seconds()[3].params, 0);  // the head's own copy of wte
   // Taken: the next take starts from zero.
   for (const auto& p : s.take_piece_seconds())
     EXPECT_EQ(p.forward + p.backward + p.recompute, 0) << p.name;

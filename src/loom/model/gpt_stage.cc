@@ -273,6 +273,27 @@ size_t GptStage<T>::store_bytes(int64_t B, int64_t Tn, const RecomputePlan& plan
 }
 
 template <typename T>
+std::vector<size_t> GptStage<T>::piece_record_bytes(int64_t B, int64_t Tn) const {
+  const Rows rw = rows(B, Tn);
+  std::vector<size_t> out;
+  // The stage's input slot: the embeddings' output on the first stage (a
+  // later stage's is the message it received, counted with its first block).
+  const int64_t input = rw.count * config_.n_embd;
+  if (embedding_) out.push_back(static_cast<size_t>(input) * sizeof(T));
+  for (size_t i = 0; i < blocks_.size(); ++i)
+    out.push_back(
+        static_cast<size_t>(slot_elems(i, rw, plan_) + (i == 0 && !embedding_ ? input : 0)) *
+        sizeof(T));
+  if (head_) {
+    Arena<T> rec, room;
+    head_->bind(rec, room, rw, plan_.head_logits);
+    out.push_back(0);  // ln_f: its statistics are in the head's record
+    out.push_back(static_cast<size_t>(rec.used()) * sizeof(T));
+  }
+  return out;
+}
+
+template <typename T>
 size_t GptStage<T>::room_bytes(int64_t B, int64_t Tn, const RecomputePlan& plan) const {
   const Rows rw = rows(B, Tn);
   int64_t n = 0;

@@ -163,6 +163,12 @@ class GptStage {
     double forward = 0, backward = 0, recompute = 0;
   };
   std::vector<PieceSeconds> take_piece_seconds();
+  // What each piece keeps from forward to backward for one (B, T)
+  // micro-batch under the current plan, in bytes, in take_piece_seconds's
+  // order (the embeddings their output; a block its record, packed or not;
+  // lm_head the head's record, ln_f's included): they add up to
+  // store_bytes(B, T).
+  std::vector<size_t> piece_record_bytes(int64_t B, int64_t Tn) const;
 
   // Incremental decoding (a stage with the embedding and the head): feeds
   // `token` at position cache.len (< seq_len) and returns the logits

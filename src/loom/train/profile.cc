@@ -454,7 +454,9 @@ json to_json(const JobProfile& p) {
                           {"flops", q.flops},
                           {"forward_s", q.forward},
                           {"backward_s", q.backward},
-                          {"recompute_s", q.recompute}});
+                          {"recompute_s", q.recompute},
+                          {"record_bytes", q.record_bytes},
+                          {"bytes", q.bytes}});
       chunks.push_back({{"first", c.first}, {"last", c.last}, {"pieces", pieces}});
     }
     json comm = json::array();
@@ -516,7 +518,8 @@ JobProfile job_profile_from_json(const json& j) {
       ChunkProfile cp{ch.at("first"), ch.at("last"), {}};
       for (const json& q : ch.at("pieces"))
         cp.pieces.push_back({q.at("name"), q.at("params"), q.at("flops"), q.at("forward_s"),
-                             q.at("backward_s"), q.at("recompute_s")});
+                             q.at("backward_s"), q.at("recompute_s"), q.value("record_bytes", 0.0),
+                             q.value("bytes", 0.0)});
       k.chunks.push_back(std::move(cp));
     }
     for (const json& q : r.at("comm"))
@@ -539,9 +542,9 @@ JobProfile job_profile_from_json(const json& j) {
 }
 
 std::string profile_table(const JobProfile& p) {
-  std::string out =
-      printf_string("%-6s %-14s %10s %12s %10s %10s %10s %6s %9s\n", "stage", "module", "params",
-                    "GFLOP", "fwd ms", "bwd ms", "recomp ms", "step%", "GFLOP/s");
+  std::string out = printf_string("%-6s %-14s %10s %12s %10s %10s %10s %6s %9s %9s %7s\n", "stage",
+                                  "module", "params", "GFLOP", "fwd ms", "bwd ms", "recomp ms",
+                                  "step%", "GFLOP/s", "act MB", "GB/s");
   for (int st = 0; st < p.shape.pp; ++st) {
     // The first rank of the stage stands for it.
     const RankProfile* r = nullptr;
@@ -555,14 +558,16 @@ std::string profile_table(const JobProfile& p) {
     auto row = [&](const PieceProfile& q) {
       const double t = q.seconds();
       out += printf_string(
-          "%-6d %-14s %10ld %12.3f %10.2f %10.2f %10.2f %5.1f%% %9.1f\n", st, q.name.c_str(),
-          long(q.params), q.flops / 1e9, ms(q.forward), ms(q.backward), ms(q.recompute),
-          r->step_s > 0 ? 100 * t / r->step_s : 0.0, t > 0 ? q.flops / t / 1e9 : 0.0);
+          "%-6d %-14s %10ld %12.3f %10.2f %10.2f %10.2f %5.1f%% %9.1f %9.2f %7.1f\n", st,
+          q.name.c_str(), long(q.params), q.flops / 1e9, ms(q.forward), ms(q.backward),
+          ms(q.recompute), r->step_s > 0 ? 100 * t / r->step_s : 0.0,
+          t > 0 ? q.flops / t / 1e9 : 0.0, mb(q.record_bytes), t > 0 ? q.bytes / t / 1e9 : 0.0);
     };
     for (const ChunkProfile& c : r->chunks)
       for (const PieceProfile& q : c.pieces) {
         row(q);
         total.params += q.params, total.flops += q.flops;
+        total.record_bytes += q.record_bytes, total.bytes += q.bytes;
         total.forward += q.forward, total.backward += q.backward, total.recompute += q.recompute;
       }
     row(total);
@@ -570,7 +575,10 @@ std::string profile_table(const JobProfile& p) {
   out += printf_string(
       "per step, mean over %ld profiled steps, on each stage's first rank; GFLOP: model FLOPs of "
       "forward and backward on that rank; GFLOP/s: those over forward + backward + recompute "
-      "time; step%%: of the step's wall time\n",
+      "time; step%%: of the step's wall time; act MB: what it keeps from forward to backward a "
+      "micro-batch; GB/s: a model of its traffic (that record written and read, the f32 "
+      "parameters read twice, their gradients read and written, each micro-batch) over its "
+      "time\n",
       long(p.shape.steps));
   return out;
 }
@@ -652,7 +660,13 @@ void RunProfiler::add(StepEngine& engine, const StepResult& r, const MemStats& m
     const auto pieces = st.take_piece_seconds();
     if (mine_.chunks.size() <= static_cast<size_t>(c)) {
       ChunkProfile cp{st.first(), st.last(), {}};
-      for (const auto& q : pieces) cp.pieces.push_back({q.name, q.params});
+      const std::vector<size_t> kept =
+          st.piece_record_bytes(config_.micro_batch, config_.model.seq_len);
+      for (size_t k = 0; k < pieces.size(); ++k) {
+        PieceProfile q{pieces[k].name, pieces[k].params};
+        q.record_bytes = k < kept.size() ? double(kept[k]) : 0;
+        cp.pieces.push_back(q);
+      }
       mine_.chunks.push_back(std::move(cp));
     }
     auto& mine = mine_.chunks[static_cast<size_t>(c)].pieces;
@@ -695,6 +709,7 @@ JobProfile RunProfiler::gather(const ParallelContext& ctx, bool writer) const {
     for (PieceProfile& q : ch.pieces) {
       q.forward /= n, q.backward /= n, q.recompute /= n;
       q.flops = 3.0 * piece_forward_flops(c.model, q.name) * tokens / tp;
+      q.bytes = double(c.grad_accum) * (2 * q.record_bytes + 4.0 * 4 * double(q.params));
     }
   for (CommProfile& q : r.comm) q.ops /= n, q.bytes /= n, q.seconds /= n;
   for (double* x : {&r.step_s, &r.optimizer_s, &r.comm_s, &r.exposed_s, &r.bubble_s,

@@ -39,6 +39,11 @@ struct PieceProfile {
   int64_t params = 0;  // elements this rank holds (GptStage::PieceSeconds)
   double flops = 0;    // model FLOPs of its forward and backward on this rank
   double forward = 0, backward = 0, recompute = 0;  // seconds
+  // What it keeps from forward to backward for one micro-batch
+  // (GptStage::piece_record_bytes), and the bytes it moves a step by a
+  // model of the traffic: each micro-batch writes and reads that record and
+  // reads the f32 parameters twice and reads and writes their gradients.
+  double record_bytes = 0, bytes = 0;
   double seconds() const { return forward + backward + recompute; }
 };
 
