@@ -1,23 +1,30 @@
 // loom plan: the layouts of a model on a cluster, predicted memory and step
 // time, best tokens/s first.
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "loom/comm/mpi/mpi_process_group.h"
 #include "loom/core/error.h"
+#include "loom/core/threads.h"
 #include "loom/io/fs.h"
 #include "loom/plan/planner.h"
+#include "loom/profile/calibrate.h"
+#include "loom/profile/gemm_peak.h"
 
 namespace loom::app {
 
 namespace {
 
 struct PlanArgs {
-  std::string model, cluster, layout, engine = "loom";
+  std::string model, cluster, layout, engine = "loom", calibrate;
   int gpus = 0, top = 10;
   int64_t batch = 0;
   bool json = false;
@@ -38,6 +45,112 @@ void print_table(const std::vector<plan::Estimate>& best) {
   }
 }
 
+constexpr int kPingTag = 7201;
+
+// Rank 0 and `peer` pass messages of `bytes` back and forth: seconds one
+// way, the median of five rounds of `iters` (every rank calls; only the two
+// take part).
+double one_way_s(ProcessGroup& world, int peer, size_t bytes, int iters) {
+  if (peer < 0) return 0;
+  const int me = world.rank();
+  std::vector<uint8_t> buf(bytes);
+  std::vector<double> rounds;
+  for (int round = 0; round < 6; ++round) {
+    world.barrier()->wait();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters && (me == 0 || me == peer); ++i) {
+      if (me == 0) {
+        world.send(buf.data(), bytes, DType::kU8, peer, kPingTag)->wait();
+        world.recv(buf.data(), bytes, DType::kU8, peer, kPingTag)->wait();
+      } else {
+        world.recv(buf.data(), bytes, DType::kU8, 0, kPingTag)->wait();
+        world.send(buf.data(), bytes, DType::kU8, 0, kPingTag)->wait();
+      }
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (round > 0) rounds.push_back(s / (2.0 * iters));  // the first warms up
+  }
+  std::sort(rounds.begin(), rounds.end());
+  return rounds[rounds.size() / 2];
+}
+
+// A link between rank 0 and `peer`: latency from 8-byte messages,
+// bandwidth from 16 MB ones (less their latency).
+nlohmann::json measure_link(ProcessGroup& world, int peer) {
+  const double lat = one_way_s(world, peer, 8, 200);
+  const size_t big = size_t{16} << 20;
+  const double t = one_way_s(world, peer, big, 8);
+  if (peer < 0) return nullptr;
+  return {{"bandwidth_GBps", double(big) / std::max(1e-9, t - lat) / 1e9},
+          {"latency_us", lat * 1e6}};
+}
+
+void calibrate(const PlanArgs& a) {
+  MpiRuntime rt(nullptr, nullptr);
+  auto world = rt.world(CommOptions{});
+  const ThreadConfig threads = configure_threads(rt.node_size());
+  int64_t seq = 0, hidden = 0, vocab = 0;
+  if (!a.model.empty()) {
+    const nlohmann::json mj = nlohmann::json::parse(read_file(a.model), nullptr, false);
+    LOOM_CHECK_KIND(kConfig, !mj.is_discarded(), "{}: not JSON", a.model);
+    const plan::ModelShape m = plan::parse_model(mj, a.model);
+    seq = m.seq, hidden = m.hidden, vocab = m.vocab;
+  }
+  // Rank 0 measures the host while the others wait (they would share its cores).
+  HostCalibration h;
+  world->barrier()->wait();
+  if (world->rank() == 0)
+    h = calibrate_host(threads.threads, rt.node_size(), calibration_shapes(seq, hidden, vocab));
+  world->barrier()->wait();
+  const Topology& topo = rt.topology();
+  int same = -1, other = -1;
+  for (int r = 1; r < world->size(); ++r) {
+    const bool here = topo.host_of[static_cast<size_t>(r)] == topo.host_of[0];
+    if (here && same < 0) same = r;
+    if (!here && other < 0) other = r;
+  }
+  nlohmann::json node = measure_link(*world, same), cluster = measure_link(*world, other);
+  if (world->rank() != 0) return;
+  nlohmann::json measured = {{"node_link", !node.is_null()}, {"cluster_link", !cluster.is_null()}};
+  // Without a second rank on the host, the link is a copy through memory;
+  // without a second host, the cluster link is the host's.
+  if (node.is_null()) node = {{"bandwidth_GBps", h.memory_bandwidth_gbps / 2}, {"latency_us", 1}};
+  if (cluster.is_null()) cluster = node;
+  nlohmann::json points = nlohmann::json::array();
+  for (const GemmPoint& p : h.points)
+    points.push_back({{"m", p.m}, {"n", p.n}, {"k", p.k}, {"gflops", p.gflops}});
+  measured["threads"] = threads.threads;
+  measured["sgemm"] = points;
+  const nlohmann::json out = {
+      {"name", "calibrated"},
+      {"description",
+       format("measured by loom plan --calibrate: {} ({}), a device is one rank of {} threads, {} "
+              "ranks on a host, {} hosts",
+              cpu_model(), cpu_isa(), threads.threads, rt.node_size(), topo.hosts())},
+      {"gpus_per_node", rt.node_size()},
+      {"gpu",
+       {{"name", cpu_model()},
+        {"memory_bytes", h.memory_bytes},
+        {"reserved_bytes", 0.1 * h.memory_bytes},
+        {"peak_tflops_16bit", h.peak_gflops_16 / 1e3},
+        {"peak_tflops_32bit", h.peak_gflops_32 / 1e3},
+        {"memory_bandwidth_GBps", h.memory_bandwidth_gbps},
+        {"gemm_efficiency", {{"max", h.gemm_max}, {"half_at_gflop", h.gemm_half_gflop}}}}},
+      {"links", {{"node", node}, {"cluster", cluster}}},
+      {"measured", measured}};
+  plan::parse_cluster(out, a.calibrate);  // what it wrote, the planner reads
+  write_file_atomic(a.calibrate, out.dump(2) + "\n");
+  std::printf(
+      "loom: plan --calibrate %s: %s; sgemm peak %.0f GFLOP/s (16-bit %.0f), efficiency "
+      "%.2f x F / (F + %.3g GFLOP), memory %.1f GB/s; node link %.2f GB/s, %.1f us%s; "
+      "cluster link %.2f GB/s, %.1f us%s\n",
+      a.calibrate.c_str(), cpu_model().c_str(), h.peak_gflops_32, h.peak_gflops_16, h.gemm_max,
+      h.gemm_half_gflop, h.memory_bandwidth_gbps, node["bandwidth_GBps"].get<double>(),
+      node["latency_us"].get<double>(), measured["node_link"] ? "" : " (one rank: not measured)",
+      cluster["bandwidth_GBps"].get<double>(), cluster["latency_us"].get<double>(),
+      measured["cluster_link"] ? "" : " (one host: the node link's)");
+}
+
 }  // namespace
 
 void add_plan_command(CLI::App& app) {
@@ -46,12 +159,14 @@ void add_plan_command(CLI::App& app) {
       "plan",
       "Predict memory per device and step time of every layout of a model on a cluster, and "
       "rank those that fit by tokens/s (docs/plan.md)");
-  cmd->add_option("--model", a->model, "A loom config, or its model section alone")->required();
-  cmd->add_option("--cluster", a->cluster, "A cluster file (configs/clusters/)")->required();
-  cmd->add_option("--gpus", a->gpus, "Devices in the job")->required()->check(CLI::PositiveNumber);
+  cmd->add_option("--model", a->model, "A loom config, or its model section alone");
+  cmd->add_option("--cluster", a->cluster, "A cluster file (configs/clusters/)");
+  cmd->add_option("--gpus", a->gpus, "Devices in the job")->check(CLI::PositiveNumber);
   cmd->add_option("--global-batch", a->batch, "Sequences per optimizer step")
-      ->required()
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--calibrate", a->calibrate,
+                  "Measure this host (and, under mpirun, the links between its ranks and hosts) "
+                  "and write a cluster file here; --model adds its GEMM shapes");
   cmd->add_option("--top", a->top, "Layouts shown (default 10)")->check(CLI::PositiveNumber);
   cmd->add_option("--layout", a->layout,
                   "Keys to fix, the rest searched: tp=8,pp=35,dp=1,cp=1,ep=1,v=3,micro=1,zero=1,"
@@ -61,6 +176,14 @@ void add_plan_command(CLI::App& app) {
                   "Megatron-LM's published 2021 runs, for comparing with them)");
   cmd->add_flag("--json", a->json, "One JSON object per layout, a line each");
   cmd->callback([a] {
+    if (!a->calibrate.empty()) {
+      calibrate(*a);
+      return;
+    }
+    for (auto [value, flag] :
+         {std::pair{!a->model.empty(), "--model"}, std::pair{!a->cluster.empty(), "--cluster"},
+          std::pair{a->gpus > 0, "--gpus"}, std::pair{a->batch > 0, "--global-batch"}})
+      LOOM_CHECK_KIND(kConfig, value, "loom plan: {} is required (or --calibrate FILE)", flag);
     const nlohmann::json mj = nlohmann::json::parse(read_file(a->model), nullptr, false);
     LOOM_CHECK_KIND(kConfig, !mj.is_discarded(), "{}: not JSON", a->model);
     const plan::ModelShape m = plan::parse_model(mj, a->model);

@@ -41,4 +41,18 @@ expect_error "the model fits on no layout of 8 x A100-SXM4-80GB" "$LOOM" plan \
   --model "$root/configs/models/megatron-1t.json" --cluster "$root/configs/clusters/selene-a100.json" --gpus 8 --global-batch 8
 expect_error "--layout: unknown key 'tq'" "$LOOM" plan --model "$root/configs/models/megatron-1t.json" \
   --cluster "$root/configs/clusters/selene-a100.json" --gpus 8 --global-batch 8 --layout tq=2
+
+# --calibrate: this host as a cluster file the planner reads; under mpirun
+# the link between two ranks of the host is measured.
+export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+"$LOOM" plan --calibrate "$WORK/one.json" --model "$root/configs/bench/gpt-s.json" > "$WORK/cal1.txt" ||
+  fail "calibrate: $(cat "$WORK/cal1.txt")"
+grep -q "(one rank: not measured)" "$WORK/cal1.txt" || fail "one rank: $(cat "$WORK/cal1.txt")"
+mpirun --oversubscribe -np 2 "$LOOM" plan --calibrate "$WORK/two.json" --model "$root/configs/bench/gpt-s.json" \
+  > "$WORK/cal2.txt" 2>&1 || fail "calibrate under mpirun: $(cat "$WORK/cal2.txt")"
+json_check "$WORK/two.json" 'd["measured"]["node_link"] and d["gpus_per_node"] == 2 and d["links"]["node"]["latency_us"] > 0 and len(d["measured"]["sgemm"]) >= 9 and 0 < d["gpu"]["gemm_efficiency"]["max"] <= 1'
+"$LOOM" plan --model "$root/configs/bench/gpt-s.json" --cluster "$WORK/two.json" --gpus 2 --global-batch 8 \
+  --top 3 > "$WORK/here.txt" || fail "planning on the calibrated host: $(cat "$WORK/here.txt")"
+grep -q "^1 " "$WORK/here.txt" || fail "no layout on the calibrated host: $(cat "$WORK/here.txt")"
+expect_error "loom plan: --cluster is required (or --calibrate FILE)" "$LOOM" plan --model "$root/configs/bench/gpt-s.json"
 echo "plan: ok"

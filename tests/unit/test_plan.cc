@@ -8,6 +8,7 @@
 
 #include "loom/core/error.h"
 #include "loom/plan/planner.h"
+#include "loom/profile/calibrate.h"
 #include "test_util.h"
 
 namespace loom::plan {
@@ -210,6 +211,22 @@ TEST(Plan, SearchSaysWhyNothingFits) {
               search(gpt(128, 25600, 160), c, o);
             }).rfind("no layout of 7 GPUs: tp x pp x cp must divide it", 0),
             0u);
+}
+
+// --calibrate's fit: points on the curve give its constants back; where
+// small GEMMs run faster (in cache), a flat curve at the large ones' rate.
+TEST(Plan, CalibrationFitsTheEfficiencyCurve) {
+  std::vector<GemmPoint> pts;
+  for (double f : {0.01, 0.1, 1.0, 10.0, 100.0})
+    pts.push_back({1, 1, 1, f, 100 * 0.8 * f / (f + 0.5)});
+  const auto [mx, half] = fit_gemm_efficiency(pts, 100);
+  EXPECT_NEAR(mx, 0.8, 1e-9);
+  EXPECT_NEAR(half, 0.5, 1e-9);
+  std::vector<GemmPoint> flat = {{1, 1, 1, 0.01, 120}, {1, 1, 1, 10, 90}};
+  const auto [fm, fh] = fit_gemm_efficiency(flat, 100);
+  EXPECT_NEAR(fm, 0.9, 1e-3);
+  EXPECT_DOUBLE_EQ(fh, 1e-3);
+  EXPECT_EQ(calibration_shapes(128, 256, 1000).size(), 10u);
 }
 
 }  // namespace
