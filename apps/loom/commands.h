@@ -15,6 +15,7 @@ void add_launch_command(CLI::App& app);
 void add_config_command(CLI::App& app);
 void add_report_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
+void add_tune_command(CLI::App& app);
 void add_bench_comm_command(CLI::App& bench);  // under `bench`
 
 }  // namespace loom::app

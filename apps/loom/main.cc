@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   loom::app::add_config_command(app);
   loom::app::add_report_command(app);
   loom::app::add_plan_command(app);
+  loom::app::add_tune_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -54,5 +54,15 @@ json_check "$WORK/two.json" 'd["measured"]["node_link"] and d["gpus_per_node"] =
 "$LOOM" plan --model "$root/configs/bench/gpt-s.json" --cluster "$WORK/two.json" --gpus 2 --global-batch 8 \
   --top 3 > "$WORK/here.txt" || fail "planning on the calibrated host: $(cat "$WORK/here.txt")"
 grep -q "^1 " "$WORK/here.txt" || fail "no layout on the calibrated host: $(cat "$WORK/here.txt")"
+# loom tune: the plan's best kinds of layout trained for two steps each on
+# two ranks, the fastest written as a config that trains.
+mpirun --oversubscribe -np 2 "$LOOM" tune --config "$root/configs/bench/gpt-s.json" --cluster "$WORK/two.json" \
+  --set model.n_layer=2 --set model.n_embd=64 --top 3 --steps 2 --out "$WORK/tuned.json" > "$WORK/tune.txt" 2>&1 ||
+  fail "tune: $(tail -20 "$WORK/tune.txt")"
+grep -q "<- fastest" "$WORK/tune.txt" || fail "no table: $(cat "$WORK/tune.txt")"
+[[ $(grep -c "^loom: tune [0-9]/3 " "$WORK/tune.txt") -eq 3 ]] || fail "not 3 candidates: $(cat "$WORK/tune.txt")"
+json_check "$WORK/tuned.json" 'd["model"]["n_layer"] == 2 and "tensor" in d["parallel"] and d["train_micro_batch_size_per_gpu"] * d["gradient_accumulation_steps"] * 2 // (d["parallel"]["tensor"] * d["parallel"]["pipeline"]) == 32'
+mpirun --oversubscribe -np 2 "$LOOM" train --config "$WORK/tuned.json" --set train.steps=1 --out "$WORK/tuned-run" \
+  > "$WORK/tuned-run.txt" 2>&1 || fail "tuned.json does not train: $(tail -5 "$WORK/tuned-run.txt")"
 expect_error "loom plan: --cluster is required (or --calibrate FILE)" "$LOOM" plan --model "$root/configs/bench/gpt-s.json"
 echo "plan: ok"

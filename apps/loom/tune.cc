@@ -1,0 +1,231 @@
+// loom tune: the planner's best layouts for a config on this job's ranks,
+// each trained for a few steps, predicted against measured, and the fastest
+// written as a config (DeepSpeed's autotuning, for this machine or a test
+// cluster).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "loom/comm/mpi/mpi_process_group.h"
+#include "loom/core/error.h"
+#include "loom/core/threads.h"
+#include "loom/io/fs.h"
+#include "loom/plan/planner.h"
+#include "loom/train/config.h"
+#include "loom/train/trainer.h"
+
+namespace loom::app {
+
+namespace {
+
+struct TuneArgs {
+  std::string config, cluster, out = "tuned.json";
+  std::vector<std::string> overrides;
+  double budget_minutes = 10;
+  int top = 6, steps = 4;
+};
+
+// The config keys that set a layout.
+std::vector<std::string> layout_keys(const plan::Layout& l, int64_t batch) {
+  std::vector<std::string> k = {
+      format("parallel.tensor={}", l.tp),
+      format("parallel.pipeline={}", l.pp),
+      format("parallel.expert={}", l.ep),
+      format("train_micro_batch_size_per_gpu={}", l.micro),
+      format("gradient_accumulation_steps={}", batch / (int64_t(l.dp) * l.micro)),
+      format("zero_optimization.stage={}", l.zero),
+      "activation_checkpointing.policy=" + l.recompute,
+      std::string("parallel.sequence_parallel=") + (l.sp ? "true" : "false"),
+  };
+  if (l.pp > 1) {
+    k.push_back("parallel.schedule=" + l.schedule);
+    k.push_back(format("parallel.virtual_stages={}", l.v));
+  }
+  return k;
+}
+
+// Sets "a.b.c=value" in j (value parsed as JSON).
+void set_key(nlohmann::json& j, const std::string& kv) {
+  const size_t eq = kv.find('=');
+  const std::string path = kv.substr(0, eq);
+  nlohmann::json* at = &j;
+  size_t pos = 0;
+  while (true) {
+    const size_t dot = path.find('.', pos);
+    const std::string key =
+        path.substr(pos, dot == std::string::npos ? std::string::npos : dot - pos);
+    if (dot == std::string::npos) {
+      (*at)[key] = nlohmann::json::parse(kv.substr(eq + 1), nullptr, false);
+      if ((*at)[key].is_discarded()) (*at)[key] = kv.substr(eq + 1);
+      return;
+    }
+    at = &(*at)[key];
+    pos = dot + 1;
+  }
+}
+
+struct Trial {
+  plan::Estimate predicted;
+  bool ran = false;
+  std::string skipped;  // why it did not run
+  double tokens_per_s = 0, mem_bytes = 0;
+};
+
+// `holder` keeps the candidate being trained alive past an error, so that
+// nothing waits on a peer while the job ends (as loom train does).
+void run_tune(const TuneArgs& a, MpiRuntime& rt, std::unique_ptr<Trainer>& holder) {
+  const int world = rt.world_size();
+  const Config base = load_config(a.config, a.overrides, world);
+  LOOM_CHECK_KIND(kConfig, !a.cluster.empty(),
+                  "loom tune: --cluster is required (loom plan --calibrate writes one for this "
+                  "machine)");
+  const plan::ClusterSpec cluster = plan::read_cluster(a.cluster);
+  const plan::ModelShape model = plan::parse_model(base.resolved, a.config);
+  plan::PlanOptions o;
+  o.gpus = world;
+  o.batch = base.train_batch_size;
+  o.top = 0;
+  const std::string precision = base.precision == DType::kBF16  ? "bf16"
+                                : base.precision == DType::kF16 ? "fp16"
+                                                                : "f32";
+  o.constraint =
+      plan::parse_layout(format("precision={},cp=1,ep={}", precision, base.parallel.expert));
+  // The best of each kind of layout: layouts that differ only in the ZeRO
+  // stage are predicted alike on one host; the first of them in the
+  // ranking stands for them.
+  std::vector<plan::Estimate> best;
+  std::vector<std::string> kinds;
+  for (const plan::Estimate& e : plan::search(model, cluster, o)) {
+    plan::Layout l = e.layout;
+    l.zero = 0;
+    const std::string kind = l.describe();
+    if (std::find(kinds.begin(), kinds.end(), kind) != kinds.end()) continue;
+    kinds.push_back(kind);
+    best.push_back(e);
+    if (static_cast<int>(best.size()) == a.top) break;
+  }
+  const ThreadConfig threads = configure_threads(rt.node_size());
+  std::shared_ptr<MpiProcessGroup> group;
+  if (world > 1) group = rt.world(base.comm);
+  const bool writer = rt.world_rank() == 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<Trial> trials;
+  for (const plan::Estimate& e : best) {
+    Trial t{e};
+    const double spent =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 60;
+    if (spent > a.budget_minutes) {
+      t.skipped = format("past the budget of {} minutes", a.budget_minutes);
+      trials.push_back(t);
+      continue;
+    }
+    std::vector<std::string> keys = a.overrides;
+    for (const std::string& k : layout_keys(e.layout, o.batch)) keys.push_back(k);
+    keys.push_back(format("train.steps={}", a.steps));
+    keys.push_back("train.eval_every=0");
+    keys.push_back("checkpoint.every=0");
+    keys.push_back("train.sample_tokens=0");
+    Config c;
+    try {
+      c = load_config(a.config, keys, world);  // the same on every rank
+    } catch (const Error& err) {
+      t.skipped = err.what();
+      trials.push_back(t);
+      continue;
+    }
+    RunOptions ro;
+    ro.quiet = true;
+    ro.parallel = make_parallel_context(
+        group, GridShape{world, c.parallel.tensor, c.parallel.pipeline, c.parallel.expert});
+    holder.reset();
+    holder = std::make_unique<Trainer>(std::move(c), ro, threads);
+    const std::vector<StepResult> r = holder->run();
+    std::vector<double> rates;
+    for (size_t k = 1; k < r.size(); ++k) rates.push_back(r[k].tokens_per_s);
+    if (rates.empty()) rates.push_back(r.back().tokens_per_s);
+    std::sort(rates.begin(), rates.end());
+    t.tokens_per_s = rates[rates.size() / 2];
+    for (const StepResult& s : r) {
+      double m = 0;
+      for (size_t b : s.mem.peak) m += double(b);
+      t.mem_bytes = std::max(t.mem_bytes, m);
+    }
+    t.ran = true;
+    trials.push_back(t);
+    if (writer) {
+      std::printf("loom: tune %zu/%zu %s: %.0f tokens/s (predicted %.0f)\n", trials.size(),
+                  best.size(), e.layout.describe().c_str(), t.tokens_per_s, e.tokens_per_s);
+      std::fflush(stdout);
+    }
+  }
+  if (!writer) return;
+  const auto fastest = std::max_element(
+      trials.begin(), trials.end(),
+      [](const Trial& x, const Trial& y) { return x.tokens_per_s < y.tokens_per_s; });
+  LOOM_CHECK_KIND(kConfig, fastest != trials.end() && fastest->ran,
+                  "loom tune: no candidate ran ({})",
+                  trials.empty() ? "the planner found none" : trials.front().skipped);
+  std::printf("\n%-4s %-62s %12s %12s %9s %11s %11s\n", "rank", "layout", "pred tok/s", "tokens/s",
+              "meas/pred", "pred MB", "peak MB");
+  int k = 0;
+  for (const Trial& t : trials) {
+    ++k;
+    if (!t.ran) {
+      std::printf("%-4d %-62s skipped: %s\n", k, t.predicted.layout.describe().c_str(),
+                  t.skipped.c_str());
+      continue;
+    }
+    std::printf("%-4d %-62s %12.0f %12.0f %9.2f %11.1f %11.1f%s\n", k,
+                t.predicted.layout.describe().c_str(), t.predicted.tokens_per_s, t.tokens_per_s,
+                t.tokens_per_s / t.predicted.tokens_per_s, t.predicted.mem.total() / 1e6,
+                t.mem_bytes / 1e6, &t == &*fastest ? "  <- fastest" : "");
+  }
+  // The config as given, with the fastest layout's keys.
+  nlohmann::json j = nlohmann::json::parse(read_file(a.config));
+  for (const std::string& kv : a.overrides) set_key(j, kv);
+  for (const std::string& kv : layout_keys(fastest->predicted.layout, o.batch)) set_key(j, kv);
+  write_file_atomic(a.out, j.dump(2) + "\n");
+  std::printf("loom: tune: %s written: %s, %.0f tokens/s measured over %d steps\n", a.out.c_str(),
+              fastest->predicted.layout.describe().c_str(), fastest->tokens_per_s, a.steps);
+}
+
+}  // namespace
+
+void add_tune_command(CLI::App& app) {
+  auto a = std::make_shared<TuneArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "tune",
+      "Train the planner's best layouts of a config for a few steps each on this job's ranks "
+      "and write the fastest as a config (docs/plan.md)");
+  cmd->add_option("--config", a->config, "The config to tune (its model, batch and data)")
+      ->required();
+  cmd->add_option("--cluster", a->cluster,
+                  "This machine as a cluster file (loom plan --calibrate writes one)");
+  cmd->add_option("--set", a->overrides, "Override a key: section.key=value (repeatable)");
+  cmd->add_option("--top", a->top, "Candidates measured (default 6)")->check(CLI::PositiveNumber);
+  cmd->add_option("--steps", a->steps, "Steps each (default 4; the first is not timed)")
+      ->check(CLI::Range(2, 1000));
+  cmd->add_option("--budget-minutes", a->budget_minutes,
+                  "No candidate starts after this (default 10)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--out", a->out, "The config written (default tuned.json)");
+  cmd->callback([a] {
+    MpiRuntime rt(nullptr, nullptr);
+    std::unique_ptr<Trainer> holder;
+    try {
+      run_tune(*a, rt, holder);
+    } catch (const std::exception& e) {
+      if (rt.world_size() == 1) throw;
+      rt.abort(e.what());
+    }
+  });
+}
+
+}  // namespace loom::app
