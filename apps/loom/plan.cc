@@ -208,7 +208,7 @@ void add_plan_command(CLI::App& app) {
         a->model.c_str(), m.params() / 1e9, long(m.n_layer), long(m.hidden), long(m.seq), a->gpus,
         c.device.c_str(), c.name.c_str(), long(a->batch));
     print_table(best);
-    std::printf("loom: %ld layouts considered in %.2f s; the best %zu that fit shown\n",
+    std::printf("loom: %ld layouts estimated in %.2f s; the best %zu that fit shown\n",
                 long(plan::layouts_considered()), seconds, best.size());
   });
 }

@@ -118,7 +118,8 @@ void run_tune(const TuneArgs& a, MpiRuntime& rt, std::unique_ptr<Trainer>& holde
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<Trial> trials;
   for (const plan::Estimate& e : best) {
-    Trial t{e};
+    Trial t;
+    t.predicted = e;
     const double spent =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 60;
     if (spent > a.budget_minutes) {

@@ -11,7 +11,7 @@ root="$here/../.."
 grep -q "^1    8 " "$WORK/table.txt" || fail "no ranked table: $(cat "$WORK/table.txt")"
 python3 - "$WORK/table.txt" <<'PY' || fail "plan took too long: $(tail -1 "$WORK/table.txt")"
 import re, sys
-m = re.search(r"(\d+) layouts considered in ([0-9.]+) s", open(sys.argv[1]).read())
+m = re.search(r"(\d+) layouts estimated in ([0-9.]+) s", open(sys.argv[1]).read())
 assert m and int(m.group(1)) > 1000 and float(m.group(2)) < 5, m and m.groups()
 PY
 "$LOOM" plan --model "$root/configs/models/megatron-1t.json" --cluster "$root/configs/clusters/selene-a100.json" \

@@ -106,8 +106,9 @@ TEST(Plan, ActivationsAreKorthikantisCounts) {
 // (its three free constants chosen on rows 1, 3, 5, 7 and 9; the others
 // held out): the published layout's predicted TFLOP/s per GPU within 10% of
 // the published figure, and that layout first or within 5% of the best
-// the search finds; except the 39.1B row, where a tp 2 x pp 8 layout is
-// predicted 6.4% faster (docs/plan.md).
+// the search finds; except the 39.1B row, the known miss: Megatron-LM
+// interleaves only from pp 3, and the interleaved tp 2 x pp 8 layout is
+// predicted 17.8% faster than the published tp 8 x pp 2 (docs/plan.md).
 TEST(Plan, MegatronWeakScalingTable) {
   const ClusterSpec c =
       read_cluster(std::string(LOOM_SOURCE_DIR) + "/configs/clusters/selene-a100.json");
@@ -135,9 +136,68 @@ TEST(Plan, MegatronWeakScalingTable) {
         format("tp={},pp={},dp={},recompute=full,zero=0,precision=fp16", r.tp, r.pp, r.dp));
     const Estimate published = search(m, c, o).at(0);
     EXPECT_NEAR(published.hw_tflops_per_gpu / r.tflops, 1, 0.10) << r.hidden;
+    if (r.hidden == 8192) continue;
     const double gap = all.at(0).tokens_per_s / published.tokens_per_s - 1;
-    EXPECT_LE(gap, r.hidden == 8192 ? 0.10 : 0.05) << r.hidden;
+    EXPECT_LE(gap, 0.05) << r.hidden;
   }
+}
+
+// What crosses the data-parallel group, by ZeRO stage (nothing hidden
+// behind the backward): stage 0 all-reduces the gradients once, stage 1
+// all-gathers the updated parameters too (half an all-reduce), stage 2
+// reduce-scatters every micro-batch's gradients and all-gathers once.
+TEST(Plan, DataParallelTrafficFollowsTheStage) {
+  const ClusterSpec c = parse_cluster(selene(), "selene");
+  const ModelShape m = gpt(24, 2304, 24);
+  Engine exposed;
+  exposed.dp_overlap = false;
+  Layout l;
+  l.tp = 1, l.dp = 16, l.micro = 2;  // 4 micro-batches of a batch of 128
+  l.zero = 0;
+  const double all_reduce = estimate(m, c, 128, l, exposed).dp_exposed_s;
+  EXPECT_GT(all_reduce, 0);
+  l.zero = 1;
+  EXPECT_NEAR(estimate(m, c, 128, l, exposed).dp_exposed_s / all_reduce, 1.5, 1e-12);
+  l.zero = 2;
+  EXPECT_NEAR(estimate(m, c, 128, l, exposed).dp_exposed_s / all_reduce, 4 * 0.5 + 0.5, 1e-12);
+  // With the overlap, stage 0's all-reduce hides behind the backward.
+  l.zero = 0;
+  EXPECT_LT(estimate(m, c, 128, l).dp_exposed_s, all_reduce);
+}
+
+// What the engine cannot run is refused by estimate() with its reason,
+// never searched, and named when nothing else is left.
+TEST(Plan, EnginesRefuseWhatTheyCannotRun) {
+  const ClusterSpec c = parse_cluster(selene(), "selene");
+  const ModelShape dense = gpt(24, 2304, 24);
+  Layout l;
+  l.tp = 2, l.cp = 2, l.dp = 2;
+  EXPECT_EQ(test::error_of([&] { estimate(dense, c, 8, l); }),
+            l.describe() + ": the loom engine has no context parallelism");
+  ModelShape moe = dense;
+  moe.experts = 8, moe.top_k = 2;
+  l.cp = 1, l.sp = true;
+  EXPECT_EQ(test::error_of([&] { estimate(moe, c, 8, l); }),
+            l.describe() + ": the loom engine runs no expert layers under sequence parallelism");
+  l.sp = false, l.pp = 2, l.dp = 1, l.v = 2, l.zero = 0, l.schedule = "interleaved";
+  EXPECT_NO_THROW(estimate(dense, c, 8, l));
+  EXPECT_EQ(test::error_of([&] { estimate(dense, c, 8, l, engine_named("megatron-2021")); }),
+            l.describe() + ": the megatron-2021 engine interleaves from pp 3");
+  PlanOptions o;
+  o.gpus = 4, o.batch = 8, o.top = 0;
+  o.engine = engine_named("megatron-2021");
+  for (const Estimate& e : search(dense, c, o)) {
+    EXPECT_EQ(e.layout.zero, 0);
+    EXPECT_TRUE(e.layout.schedule != "interleaved" || e.layout.pp >= 3);
+  }
+  o.constraint = parse_layout("pp=2,schedule=interleaved");
+  const std::string msg = test::error_of([&] { search(dense, c, o); });
+  EXPECT_EQ(msg.rfind("no layout of 4 GPUs runs the model (24 layers, 24 heads) and the batch 8 "
+                      "with --layout's sizes on the megatron-2021 engine: of the ",
+                      0),
+            0u)
+      << msg;
+  EXPECT_NE(msg.find(": the megatron-2021 engine interleaves from pp 3"), std::string::npos) << msg;
 }
 
 TEST(Plan, ClusterFilesAreChecked) {
@@ -154,6 +214,10 @@ TEST(Plan, ClusterFilesAreChecked) {
   j["gpu"]["peak_tflops_16bit"] = "fast";
   EXPECT_EQ(test::error_of([&] { parse_cluster(j, "c.json"); }),
             "c.json: gpu.peak_tflops_16bit must be a number, not \"fast\"");
+  j = selene();
+  j["links"]["node"] = 300;
+  EXPECT_EQ(test::error_of([&] { parse_cluster(j, "c.json"); }),
+            "c.json: links.node is a JSON object, not 300");
   j = selene();
   j["gpu"]["gemm_efficiency"]["max"] = 1.5;
   EXPECT_NE(test::error_of([&] { parse_cluster(j, "c.json"); }).find("must be <= 1"),
@@ -173,6 +237,14 @@ TEST(Plan, LayoutsAreParsedAndChecked) {
   EXPECT_EQ(test::error_of([] { parse_layout("tp=0"); }),
             "--layout: tp must be a whole number > 0, not '0'");
   EXPECT_EQ(test::error_of([] { parse_layout("tp=2,tp=4"); }), "--layout: tp given twice");
+  EXPECT_EQ(test::error_of([] { parse_layout("micro=99999999999999999999"); }),
+            "--layout: micro must be a whole number > 0, not '99999999999999999999'");
+  EXPECT_EQ(test::error_of([] {
+              parse_model(json::parse(R"({"n_layer": 2, "n_embd": 8, "n_head": 2,
+                "vocab_size": 10, "seq_len": 4, "moe": {"top_k": 1}})"),
+                          "m.json");
+            }),
+            "m.json: model.moe.num_experts is missing");
 }
 
 TEST(Plan, SearchPrunesWhatDoesNotFitAndRanksByThroughput) {

@@ -33,6 +33,15 @@ double figure(const json& j, const std::string& source, const std::string& point
 
 ClusterSpec parse_cluster(const json& j, const std::string& source) {
   LOOM_CHECK_KIND(kConfig, j.is_object(), "{}: a cluster file is a JSON object", source);
+  for (const char* section :
+       {"gpu", "gpu.gemm_efficiency", "links", "links.node", "links.cluster"}) {
+    std::string pointer = std::string("/") + section;
+    for (char& ch : pointer)
+      if (ch == '.') ch = '/';
+    const json::json_pointer ptr(pointer);
+    LOOM_CHECK_KIND(kConfig, !j.contains(ptr) || j.at(ptr).is_object(),
+                    "{}: {} is a JSON object, not {}", source, section, j.at(ptr).dump());
+  }
   ClusterSpec c;
   c.name = j.value("name", source);
   c.device = j.contains("gpu") ? j["gpu"].value("name", "") : "";

@@ -1,6 +1,7 @@
 #include "loom/plan/planner.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <map>
 #include <set>
@@ -32,13 +33,16 @@ std::vector<int> divisors(int64_t n, int64_t upto) {
   return v;
 }
 
-int64_t integer(const json& j, const char* key, const std::string& source, int64_t fallback = -1) {
+// j[key] under `section` ("model" or "model.moe").
+int64_t integer(const json& j, const char* section, const char* key, const std::string& source,
+                int64_t fallback = -1) {
   if (!j.contains(key)) {
-    LOOM_CHECK_KIND(kConfig, fallback >= 0, "{}: model.{} is missing", source, key);
+    LOOM_CHECK_KIND(kConfig, fallback >= 0, "{}: {}.{} is missing", source, section, key);
     return fallback;
   }
   LOOM_CHECK_KIND(kConfig, j[key].is_number_integer() && j[key].get<int64_t>() > 0,
-                  "{}: model.{} must be a whole number > 0, not {}", source, key, j[key].dump());
+                  "{}: {}.{} must be a whole number > 0, not {}", source, section, key,
+                  j[key].dump());
   return j[key].get<int64_t>();
 }
 
@@ -61,9 +65,16 @@ double allreduce_s(double bytes, int n, const Link& link) {
 
 // Ranks in Megatron's order: tensor fastest, then context, data, pipeline.
 // A group of `size` whose members are `stride` apart stays inside a node
-// when it spans no more than one.
+// when the blocks of stride x size ranks tile the nodes.
 const Link& link_for(const ClusterSpec& c, int64_t stride, int64_t size) {
-  return stride * size <= c.gpus_per_node ? c.node : c.cluster;
+  const int64_t span = stride * size;
+  return span <= c.gpus_per_node && c.gpus_per_node % span == 0 ? c.node : c.cluster;
+}
+
+int64_t divisible_layouts(const std::map<std::string, std::pair<int64_t, std::string>>& rejected) {
+  int64_t n = 0;
+  for (const auto& [reason, seen] : rejected) n += seen.first;
+  return n;
 }
 
 }  // namespace
@@ -83,18 +94,21 @@ ModelShape parse_model(const json& j, const std::string& source) {
   LOOM_CHECK_KIND(kConfig, j.is_object(), "{}: a model is a JSON object", source);
   const json& m = j.contains("model") ? j["model"] : j;
   ModelShape s;
-  s.n_layer = integer(m, "n_layer", source);
-  s.hidden = integer(m, "n_embd", source);
-  s.heads = integer(m, "n_head", source);
-  s.vocab = integer(m, "vocab_size", source);
-  s.seq = integer(m, "seq_len", source);
+  s.n_layer = integer(m, "model", "n_layer", source);
+  s.hidden = integer(m, "model", "n_embd", source);
+  s.heads = integer(m, "model", "n_head", source);
+  s.vocab = integer(m, "model", "vocab_size", source);
+  s.seq = integer(m, "model", "seq_len", source);
   LOOM_CHECK_KIND(kConfig, s.hidden % s.heads == 0,
                   "{}: model.n_embd {} is not divisible by model.n_head {}", source, s.hidden,
                   s.heads);
+  LOOM_CHECK_KIND(kConfig, m.is_object(), "{}: model is a JSON object", source);
   if (m.contains("moe")) {
-    s.experts = integer(m["moe"], "num_experts", source);
-    s.top_k = integer(m["moe"], "top_k", source, 2);
-    s.moe_every = integer(m["moe"], "every_n_layers", source, 1);
+    const json& moe = m["moe"];
+    LOOM_CHECK_KIND(kConfig, moe.is_object(), "{}: model.moe is a JSON object", source);
+    s.experts = integer(moe, "model.moe", "num_experts", source);
+    s.top_k = integer(moe, "model.moe", "top_k", source, 2);
+    s.moe_every = integer(moe, "model.moe", "every_n_layers", source, 1);
   }
   return s;
 }
@@ -124,7 +138,7 @@ LayoutConstraint parse_layout(const std::string& text) {
     const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
     auto number = [&]() {
       LOOM_CHECK_KIND(kConfig,
-                      !value.empty() &&
+                      !value.empty() && value.size() <= 9 &&
                           value.find_first_not_of("0123456789") == std::string::npos &&
                           std::stoll(value) > 0,
                       "--layout: {} must be a whole number > 0, not '{}'", key, value);
@@ -187,6 +201,8 @@ Engine engine_named(const std::string& name) {
   e.dp_overlap = false;
   e.zero_bubble = false;
   e.sequence_parallel = false;
+  e.interleave_min_pp = 3;  // Megatron-LM interleaves only past two stages
+  e.max_zero = 0;
   return e;
 }
 
@@ -210,33 +226,43 @@ double step_flops(const ModelShape& m, int64_t batch, bool with_recompute) {
   return B * ((with_recompute ? 4 : 3) * layers + 3 * head);
 }
 
+std::string invalid_reason(const ModelShape& m, int64_t batch, const Layout& l,
+                           const Engine& engine) {
+  if (!engine.zero_bubble && l.schedule == "zero_bubble")
+    return format("the {} engine has no zero-bubble schedule", engine.name);
+  if (!engine.sequence_parallel && l.sp)
+    return format("the {} engine has no sequence parallelism", engine.name);
+  if (!engine.sequence_parallel_moe && l.sp && m.experts > 0)
+    return format("the {} engine runs no expert layers under sequence parallelism", engine.name);
+  if (!engine.context_parallel && l.cp > 1)
+    return format("the {} engine has no context parallelism", engine.name);
+  if (l.zero > engine.max_zero)
+    return format("the {} engine has ZeRO up to stage {}", engine.name, engine.max_zero);
+  if (!divides(l.tp, m.heads)) return format("tp {} does not divide {} heads", l.tp, m.heads);
+  if (!divides(l.pp * l.v, m.n_layer))
+    return format("pp x v = {} does not divide {} layers", l.pp * l.v, m.n_layer);
+  if (!divides(l.cp, m.seq)) return format("cp {} does not divide seq_len {}", l.cp, m.seq);
+  if (!divides(int64_t(l.dp) * l.micro, batch))
+    return format("dp x micro = {} does not divide the batch {}", int64_t(l.dp) * l.micro, batch);
+  if (l.ep > 1 && !(m.experts > 0 && divides(l.ep, m.experts) && divides(l.ep, l.dp)))
+    return format("ep {} must divide the experts ({}) and dp ({})", l.ep, m.experts, l.dp);
+  if (l.sp && l.tp == 1) return "sequence parallelism needs tp > 1";
+  if ((l.v > 1) != (l.schedule == "interleaved"))
+    return "v > 1 is the interleaved schedule's, and it needs v > 1";
+  if (l.pp == 1 && l.schedule != "1f1b") return "a schedule needs pp > 1";
+  if (l.schedule == "interleaved" && l.pp < engine.interleave_min_pp)
+    return format("the {} engine interleaves from pp {}", engine.name, engine.interleave_min_pp);
+  const int64_t micro_batches = batch / (int64_t(l.dp) * l.micro);
+  if (l.schedule == "interleaved" && micro_batches % l.pp != 0)
+    return format("interleaving needs the micro-batches ({}) a multiple of pp", micro_batches);
+  return "";
+}
+
 Estimate estimate(const ModelShape& m, const ClusterSpec& c, int64_t batch, const Layout& l,
                   const Engine& engine) {
-  const std::string what = l.describe();
-  LOOM_CHECK_KIND(kConfig, engine.zero_bubble || l.schedule != "zero_bubble",
-                  "{}: the {} engine has no zero-bubble schedule", what, engine.name);
-  LOOM_CHECK_KIND(kConfig, engine.sequence_parallel || !l.sp,
-                  "{}: the {} engine has no sequence parallelism", what, engine.name);
-  LOOM_CHECK_KIND(kConfig, divides(l.tp, m.heads), "{}: tp {} does not divide {} heads", what, l.tp,
-                  m.heads);
-  LOOM_CHECK_KIND(kConfig, divides(l.pp * l.v, m.n_layer),
-                  "{}: pp x v = {} does not divide {} layers", what, l.pp * l.v, m.n_layer);
-  LOOM_CHECK_KIND(kConfig, divides(l.cp, m.seq), "{}: cp {} does not divide seq_len {}", what, l.cp,
-                  m.seq);
-  LOOM_CHECK_KIND(kConfig, divides(int64_t(l.dp) * l.micro, batch),
-                  "{}: dp x micro = {} does not divide the batch {}", what, int64_t(l.dp) * l.micro,
-                  batch);
-  LOOM_CHECK_KIND(
-      kConfig, l.ep == 1 || (m.experts > 0 && divides(l.ep, m.experts) && divides(l.ep, l.dp)),
-      "{}: ep {} must divide the experts ({}) and dp ({})", what, l.ep, m.experts, l.dp);
-  LOOM_CHECK_KIND(kConfig, !l.sp || l.tp > 1, "{}: sequence parallelism needs tp > 1", what);
+  const std::string reason = invalid_reason(m, batch, l, engine);
+  LOOM_CHECK_KIND(kConfig, reason.empty(), "{}: {}", l.describe(), reason);
   const int64_t micro_batches = batch / (int64_t(l.dp) * l.micro);
-  LOOM_CHECK_KIND(kConfig, (l.v > 1) == (l.schedule == "interleaved"),
-                  "{}: v > 1 is the interleaved schedule's, and it needs v > 1", what);
-  LOOM_CHECK_KIND(kConfig, l.schedule != "interleaved" || micro_batches % l.pp == 0,
-                  "{}: interleaving needs the micro-batches ({}) a multiple of pp", what,
-                  micro_batches);
-  LOOM_CHECK_KIND(kConfig, l.pp > 1 || l.schedule == "1f1b", "{}: a schedule needs pp > 1", what);
 
   Estimate e;
   e.layout = l;
@@ -250,27 +276,40 @@ Estimate estimate(const ModelShape& m, const ClusterSpec& c, int64_t batch, cons
 
   // Parameters of the most loaded stage, this device's slice: its blocks,
   // and the embeddings (first stage) or the head's copy and ln_f (last).
-  double psi_blocks = 0, moe_layers = 0;
+  // Experts apart: dense parameters are replicated over the dp x cp ranks
+  // of a stage, an expert over dp / ep of them.
+  double psi_blocks = 0, psi_experts = 0, moe_layers = 0;
   for (int64_t k = 0; k < layers; ++k) {
     const bool moe = moe_layer(m, k);
     moe_layers += moe;
     psi_blocks += (4 * h * h) / t + 8 * h;
-    psi_blocks += moe ? double(m.experts) / l.ep * (8 * h * h / t + 5 * h) + h * double(m.experts)
-                      : 8 * h * h / t + 5 * h;
+    if (moe) {
+      psi_experts += double(m.experts) / l.ep * (8 * h * h / t + 5 * h);
+      psi_blocks += h * double(m.experts);  // the router
+    } else {
+      psi_blocks += 8 * h * h / t + 5 * h;
+    }
   }
   const double psi_first = psi_blocks + V * h / t + S * h;
   const double psi_last = psi_blocks + (l.pp > 1 ? V * h / t : 0) + 2 * h;
-  const double psi = std::max(psi_first, psi_last);
+  const double psi_dense = std::max(psi_first, psi_last), psi = psi_dense + psi_experts;
+  const int dense_dp = l.dp * l.cp, expert_dp = l.dp / l.ep;
 
   // Model states (the ZeRO paper's formulas over the data-parallel ranks).
-  const double d = l.dp;
   const double p_bytes = act, g_bytes = act;
-  e.mem = model_states(psi, l.precision, l.zero, l.dp);
+  const MemoryBytes dense_states = model_states(psi_dense, l.precision, l.zero, dense_dp);
+  const MemoryBytes expert_states = model_states(psi_experts, l.precision, l.zero, expert_dp);
+  e.mem.params = dense_states.params + expert_states.params;
+  e.mem.grads = dense_states.grads + expert_states.grads;
+  e.mem.optimizer = dense_states.optimizer + expert_states.optimizer;
+  // Parameters a device keeps state for (its share from stage `at`).
+  auto share = [&](int at) {
+    return l.zero >= at ? psi_dense / dense_dp + psi_experts / expert_dp : psi;
+  };
   if (l.precision != "f32" && engine.state_bytes_16 != 16) {
     // The engine keeps more state a parameter: fp32 gradients (4) and
     // the masters and moments (12) beside the fp16 parameters (2).
-    const double extra = engine.state_bytes_16 - 16;
-    e.mem.grads += psi * extra / (l.zero >= 2 ? d : 1);
+    e.mem.grads += share(2) * (engine.state_bytes_16 - 16);
   }
   if (l.zero >= 2) e.mem.comm = 2 * 1e6 * 4;  // the reduce-scatter buckets (1e6 elements)
   if (l.zero >= 3) e.mem.comm += 2 * 1e6 * act + 2 * (psi_blocks / double(layers)) * act;
@@ -339,24 +378,37 @@ Estimate estimate(const ModelShape& m, const ClusterSpec& c, int64_t batch, cons
   // Point to point: each micro-batch's activation and gradient on every
   // boundary of the critical path (scattered over the tensor ranks).
   if (l.pp > 1) {
-    const Link& pp_link = link_for(c, int64_t(l.tp) * l.cp * l.dp, 2);
+    // Every boundary is on the critical path: one between nodes sets the pace.
+    const Link& pp_link = link_for(c, int64_t(l.tp) * l.cp * l.dp, l.pp);
     const double msg = b * s * h * act / t / pp_link.bandwidth + pp_link.latency;
     e.p2p_s = 2 * msg * (m_b + (p - 1)) * (l.schedule == "interleaved" ? l.v : 1);
   }
-  // Data parallelism: the gradients reduced (reduce-scattered from stage 2)
-  // beside the last micro-batch's backward; stage 3 gathers parameters
-  // ahead of each use, hidden behind the compute it precedes.
-  const Link& dp_link = link_for(c, int64_t(l.tp) * l.cp, l.dp);
-  const double grads = psi * (engine.grad_wire_bytes > 0 ? engine.grad_wire_bytes : g_bytes);
-  const double dp_s =
-      l.zero >= 2 ? allreduce_s(grads, l.dp, dp_link) / 2 : allreduce_s(grads, l.dp, dp_link);
-  e.dp_exposed_s = engine.dp_overlap ? std::max(0.0, dp_s - double(layers) * bwd) : dp_s;
-  if (l.zero >= 3) {
-    const double gather = allreduce_s(psi * p_bytes, l.dp, dp_link) / 2;
-    e.dp_exposed_s += m_b * 2 * std::max(0.0, gather - stage_mb / 2);
-  }
+  // Data parallelism, dense parameters over the dp x cp ranks, experts
+  // over dp / ep: stages 0-1 all-reduce the gradients beside the last
+  // micro-batch's backward, stages 2-3 reduce-scatter them beside every
+  // micro-batch's; stages 1-2 all-gather the updated parameters after the
+  // step; stage 3 gathers parameters ahead of each use, forward and
+  // backward, hidden behind the compute it precedes.
+  const Link& dense_link = link_for(c, l.tp, dense_dp);
+  const Link& expert_link = link_for(c, int64_t(l.tp) * l.cp * l.ep, expert_dp);
+  const double wire = engine.grad_wire_bytes > 0 ? engine.grad_wire_bytes : g_bytes;
+  auto over_dp = [&](double bytes_a_param) {  // a ring all-reduce of the stage's parameters
+    return allreduce_s(psi_dense * bytes_a_param, dense_dp, dense_link) +
+           allreduce_s(psi_experts * bytes_a_param, expert_dp, expert_link);
+  };
+  const double backward = double(layers) * bwd;
+  auto exposed = [&](double comm_s) {
+    return engine.dp_overlap ? std::max(0.0, comm_s - backward) : comm_s;
+  };
+  const double gather = over_dp(p_bytes) / 2;
+  if (l.zero <= 1)
+    e.dp_exposed_s = exposed(over_dp(wire));
+  else
+    e.dp_exposed_s = m_b * exposed(over_dp(wire) / 2);
+  if (l.zero == 1 || l.zero == 2) e.dp_exposed_s += gather;
+  if (l.zero >= 3) e.dp_exposed_s += m_b * 2 * std::max(0.0, gather - stage_mb / 2);
   // The optimizer reads and writes its share of 16 bytes a parameter.
-  e.optimizer_s = 2 * 16 * psi / (l.zero >= 1 ? d : 1) / c.memory_bandwidth;
+  e.optimizer_s = 2 * 16 * share(1) / c.memory_bandwidth;
   e.step_s = e.compute_s + e.bubble_s + e.p2p_s + e.dp_exposed_s + e.optimizer_s;
   e.tokens_per_s = double(batch) * double(m.seq) / e.step_s;
   const double n = l.gpus();
@@ -379,20 +431,34 @@ std::vector<Estimate> search(const ModelShape& m, const ClusterSpec& c, const Pl
   const std::vector<int> tps = pick("tp", powers_of_two_upto(c.gpus_per_node), f.tp);
   const std::vector<int> pps = pick("pp", divisors(m.n_layer, o.gpus), f.pp);
   const std::vector<int> cps =
-      pick("cp", m.seq >= 16384 ? std::vector<int>{1, 2, 4, 8} : std::vector<int>{1}, f.cp);
+      pick("cp",
+           o.engine.context_parallel && m.seq >= 16384 ? std::vector<int>{1, 2, 4, 8}
+                                                       : std::vector<int>{1},
+           f.cp);
   const std::vector<int> eps =
       pick("ep", m.experts > 0 ? powers_of_two_upto(int(m.experts)) : std::vector<int>{1}, f.ep);
   const std::vector<int> vs = pick("v", {1, 2, 3, 4, 6, 8}, f.v);
   const std::vector<int> micros = pick("micro", {1, 2, 4, 8, 16}, int(f.micro));
-  const std::vector<int> zeros = pick("zero", {0, 1, 2, 3}, f.zero);
+  // What the engine lacks is not searched (but refused when --layout asks).
+  std::vector<int> zero_stages;
+  for (int z = 0; z <= o.engine.max_zero; ++z) zero_stages.push_back(z);
+  const std::vector<int> zeros = pick("zero", zero_stages, f.zero);
   const auto recs = pick_s("recompute", {"none", "selective", "full"}, f.recompute);
   const auto precs = pick_s("precision", {"bf16"}, f.precision);
-  const std::vector<int> sps =
-      k.has("sp") ? std::vector<int>{f.sp ? 1 : 0} : std::vector<int>{0, 1};
-  const auto scheds = pick_s("schedule", {"1f1b", "interleaved", "zero_bubble"}, f.schedule);
+  const std::vector<int> sps = k.has("sp")                  ? std::vector<int>{f.sp ? 1 : 0}
+                               : o.engine.sequence_parallel ? std::vector<int>{0, 1}
+                                                            : std::vector<int>{0};
+  const auto scheds =
+      pick_s("schedule",
+             o.engine.zero_bubble ? std::vector<std::string>{"1f1b", "interleaved", "zero_bubble"}
+                                  : std::vector<std::string>{"1f1b", "interleaved"},
+             f.schedule);
 
   std::vector<Estimate> fit, over;
   int divisible = 0;
+  // Why the layouts that could not run could not (the first one's text
+  // under each reason's leading words), for the error when none can.
+  std::map<std::string, std::pair<int64_t, std::string>> rejected;
   g_considered = 0;
   for (int tp : tps)
     for (int pp : pps)
@@ -409,19 +475,22 @@ std::vector<Estimate> search(const ModelShape& m, const ClusterSpec& c, const Pl
                   for (const std::string& prec : precs)
                     for (int sp : sps)
                       for (const std::string& sched : scheds) {
-                        Layout l{tp, pp, dp, cp, ep, v, micro, zero, rec, sp != 0, prec, sched};
-                        if (pp == 1 && sched != "1f1b") continue;
-                        if ((v > 1) != (sched == "interleaved")) continue;
-                        if (sp && tp == 1) continue;
-                        if (!divides(tp, m.heads) || !divides(pp * v, m.n_layer) ||
-                            !divides(int64_t(dp) * micro, o.batch) ||
-                            (ep > 1 && (!divides(ep, m.experts) || !divides(ep, dp))))
+                        const Layout l{tp,    pp,   dp,  cp,      ep,   v,
+                                       micro, zero, rec, sp != 0, prec, sched};
+                        // Combinations no layout has (not counted).
+                        if ((v > 1) != (sched == "interleaved") || (pp == 1 && sched != "1f1b") ||
+                            (sp && tp == 1))
                           continue;
-                        const int64_t mb = o.batch / (int64_t(dp) * micro);
-                        if (sched == "interleaved" && mb % pp != 0) continue;
+                        const std::string why = invalid_reason(m, o.batch, l, o.engine);
+                        if (!why.empty()) {
+                          std::string kind = why;  // the reason without its numbers
+                          kind.erase(std::remove_if(kind.begin(), kind.end(), ::isdigit),
+                                     kind.end());
+                          auto& [count, example] = rejected[kind];
+                          if (count++ == 0) example = l.describe() + ": " + why;
+                          continue;
+                        }
                         ++g_considered;
-                        if (!o.engine.zero_bubble && sched == "zero_bubble") continue;
-                        if (!o.engine.sequence_parallel && sp) continue;
                         Estimate e = estimate(m, c, o.batch, l, o.engine);
                         (e.fits ? fit : over).push_back(std::move(e));
                       }
@@ -432,11 +501,17 @@ std::vector<Estimate> search(const ModelShape& m, const ClusterSpec& c, const Pl
                   o.gpus, c.gpus_per_node, m.n_layer,
                   k.fixed.empty() ? "" : ", with --layout's sizes");
   if (fit.empty()) {
-    LOOM_CHECK_KIND(kConfig, !over.empty(),
-                    "no layout of {} GPUs divides the model ({} layers, {} heads) and the batch {}"
-                    "{}",
-                    o.gpus, m.n_layer, m.heads, o.batch,
-                    k.fixed.empty() ? "" : " with --layout's sizes");
+    if (over.empty()) {
+      const auto most = std::max_element(
+          rejected.begin(), rejected.end(),
+          [](const auto& x, const auto& y) { return x.second.first < y.second.first; });
+      LOOM_FAIL(kConfig,
+                "no layout of {} GPUs runs the model ({} layers, {} heads) and the batch {}{} "
+                "on the {} engine: of the {} layouts that divide the GPUs, {} are refused as {}",
+                o.gpus, m.n_layer, m.heads, o.batch,
+                k.fixed.empty() ? "" : " with --layout's sizes", o.engine.name,
+                divisible_layouts(rejected), most->second.first, most->second.second);
+    }
     const auto best = std::min_element(
         over.begin(), over.end(),
         [](const Estimate& x, const Estimate& y) { return x.mem.total() < y.mem.total(); });

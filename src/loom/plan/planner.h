@@ -79,18 +79,25 @@ struct Estimate {
 };
 
 // What runs the layout, as far as the model needs to know. `loom`: model
-// states as model_states() counts them, gradients reduced in the run's
-// precision beside the last micro-batch's backward, every schedule.
+// states as model_states() counts them; gradients reduced in the run's
+// precision, all-reduced beside the last micro-batch's backward (stages
+// 0-1) or reduce-scattered beside every micro-batch's (stages 2-3), the
+// updated parameters all-gathered after the step (stages 1-2); every
+// schedule; no context parallelism, no sequence parallelism with experts.
 // `megatron-2021` (the engine of Megatron-LM's published 2021 runs): fp16
 // parameters with fp32 gradients, masters and moments (18 bytes a
-// parameter), fp32 gradients all-reduced after the backward, the 1F1B and
-// interleaved schedules, no sequence parallelism.
+// parameter), fp32 gradients all-reduced after the backward, no ZeRO, the
+// 1F1B schedule and the interleaved one from pp 3, no sequence parallelism.
 struct Engine {
   std::string name = "loom";
   double state_bytes_16 = 16;  // bytes of model state a parameter, 16-bit runs
   double grad_wire_bytes = 0;  // bytes a gradient crosses the wire as (0: the run's precision)
   bool dp_overlap = true;
   bool zero_bubble = true, sequence_parallel = true;
+  bool sequence_parallel_moe = false;  // sequence parallelism with expert layers
+  bool context_parallel = false;
+  int interleave_min_pp = 2;  // the interleaved schedule from this many stages
+  int max_zero = 3;
 };
 Engine engine_named(const std::string& name);  // Error(kConfig) naming the choices
 
@@ -106,8 +113,13 @@ MemoryBytes model_states(double psi, const std::string& precision, int zero, int
 // (96 B s l h^2 (1 + s/6h + V/16lh), Narayanan et al.'s count).
 double step_flops(const ModelShape& m, int64_t batch, bool with_recompute);
 
+// Why the layout cannot run the model and batch on the engine (a size that
+// does not divide, a feature the engine lacks), or "" when it can.
+std::string invalid_reason(const ModelShape& m, int64_t batch, const Layout& l,
+                           const Engine& engine);
+
 // One layout's memory and time; Error(kConfig) when the layout is not valid
-// for the model (a size that does not divide), naming it.
+// (invalid_reason(), after the layout).
 Estimate estimate(const ModelShape& m, const ClusterSpec& c, int64_t batch, const Layout& l,
                   const Engine& engine = {});
 
@@ -123,7 +135,7 @@ struct PlanOptions {
 // Error(kConfig) when no layout divides the GPU count (saying why) or none
 // fits (saying by how much the smallest misses).
 std::vector<Estimate> search(const ModelShape& m, const ClusterSpec& c, const PlanOptions& o);
-// How many layouts search() looked at in its last call (for the summary).
+// How many valid layouts search() estimated in its last call (for the summary).
 int64_t layouts_considered();
 
 nlohmann::json to_json(const Estimate& e);
