@@ -155,7 +155,11 @@ TEST(Plan, DataParallelTrafficFollowsTheStage) {
   l.tp = 1, l.dp = 16, l.micro = 2;  // 4 micro-batches of a batch of 128
   l.zero = 0;
   const double all_reduce = estimate(m, c, 128, l, exposed).dp_exposed_s;
-  EXPECT_GT(all_reduce, 0);
+  // A ring all-reduce of the 16-bit gradients (all but ln_f's on the one
+  // stage's first device) over 16 ranks, across nodes: 2 (n-1)/n of the
+  // bytes, 2 (n-1) latencies.
+  const double psi = m.params() - 2 * 2304.0;
+  EXPECT_NEAR(all_reduce, 2.0 * 15 / 16 * psi * 2 / 25e9 + 2 * 15 * 5e-6, 1e-12);
   l.zero = 1;
   EXPECT_NEAR(estimate(m, c, 128, l, exposed).dp_exposed_s / all_reduce, 1.5, 1e-12);
   l.zero = 2;
@@ -163,6 +167,22 @@ TEST(Plan, DataParallelTrafficFollowsTheStage) {
   // With the overlap, stage 0's all-reduce hides behind the backward.
   l.zero = 0;
   EXPECT_LT(estimate(m, c, 128, l).dp_exposed_s, all_reduce);
+}
+
+// Experts' model states are divided over their own data-parallel group
+// (dp / ep), the dense ones over dp.
+TEST(Plan, ExpertStatesShardOverTheirOwnGroup) {
+  const ClusterSpec c = parse_cluster(selene(), "selene");
+  ModelShape m = gpt(24, 2304, 24);
+  m.experts = 8, m.top_k = 2;
+  Layout l;
+  l.tp = 1, l.dp = 8, l.ep = 4, l.zero = 1;
+  const double h = 2304, expert = 8 * h * h + 5 * h;
+  const double psi_experts = 24 * 2 * expert;  // 8 experts over ep 4, a layer
+  const double psi_dense = m.params() - 24 * 8 * expert - 2 * h;
+  EXPECT_NEAR(estimate(m, c, 8, l).mem.optimizer / (12 * (psi_dense / 8 + psi_experts / 2)), 1,
+              1e-12);
+  EXPECT_NEAR(estimate(m, c, 8, l).mem.params / (2 * (psi_dense + psi_experts)), 1, 1e-12);
 }
 
 // What the engine cannot run is refused by estimate() with its reason,
@@ -198,6 +218,14 @@ TEST(Plan, EnginesRefuseWhatTheyCannotRun) {
             0u)
       << msg;
   EXPECT_NE(msg.find(": the megatron-2021 engine interleaves from pp 3"), std::string::npos) << msg;
+  // Fixed keys that make no layout at all: named, not searched around.
+  o.constraint = parse_layout("pp=1,schedule=interleaved");
+  EXPECT_EQ(test::error_of([&] {
+              search(dense, c, o);
+            }).rfind("no layout of 4 GPUs with --layout's sizes: ", 0),
+            0u);
+  EXPECT_NE(test::error_of([&] { search(dense, c, o); }).find(": a schedule needs pp > 1"),
+            std::string::npos);
 }
 
 TEST(Plan, ClusterFilesAreChecked) {
@@ -235,10 +263,11 @@ TEST(Plan, LayoutsAreParsedAndChecked) {
   EXPECT_EQ(test::error_of([] { parse_layout("zero=4"); }),
             "--layout: zero must be 0, 1, 2 or 3, not '4'");
   EXPECT_EQ(test::error_of([] { parse_layout("tp=0"); }),
-            "--layout: tp must be a whole number > 0, not '0'");
+            "--layout: tp must be a whole number from 1 to 999999999, not '0'");
   EXPECT_EQ(test::error_of([] { parse_layout("tp=2,tp=4"); }), "--layout: tp given twice");
-  EXPECT_EQ(test::error_of([] { parse_layout("micro=99999999999999999999"); }),
-            "--layout: micro must be a whole number > 0, not '99999999999999999999'");
+  EXPECT_EQ(
+      test::error_of([] { parse_layout("micro=99999999999999999999"); }),
+      "--layout: micro must be a whole number from 1 to 999999999, not '99999999999999999999'");
   EXPECT_EQ(test::error_of([] {
               parse_model(json::parse(R"({"n_layer": 2, "n_embd": 8, "n_head": 2,
                 "vocab_size": 10, "seq_len": 4, "moe": {"top_k": 1}})"),

@@ -59,16 +59,19 @@ bool moe_layer(const ModelShape& m, int64_t layer) {
 // data each way, 2 (n-1) steps of latency); a reduce-scatter or an
 // all-gather is half of it.
 double allreduce_s(double bytes, int n, const Link& link) {
-  if (n <= 1) return 0;
+  if (n <= 1 || bytes <= 0) return 0;
   return 2.0 * (n - 1) / n * bytes / link.bandwidth + 2.0 * (n - 1) * link.latency;
 }
 
 // Ranks in Megatron's order: tensor fastest, then context, data, pipeline.
 // A group of `size` whose members are `stride` apart stays inside a node
-// when the blocks of stride x size ranks tile the nodes.
-const Link& link_for(const ClusterSpec& c, int64_t stride, int64_t size) {
+// when the blocks of stride x size ranks tile the nodes (or the whole job,
+// `gpus`, is one node).
+const Link& link_for(const ClusterSpec& c, int64_t gpus, int64_t stride, int64_t size) {
   const int64_t span = stride * size;
-  return span <= c.gpus_per_node && c.gpus_per_node % span == 0 ? c.node : c.cluster;
+  const bool inside =
+      span <= c.gpus_per_node && (c.gpus_per_node % span == 0 || gpus <= c.gpus_per_node);
+  return inside ? c.node : c.cluster;
 }
 
 int64_t divisible_layouts(const std::map<std::string, std::pair<int64_t, std::string>>& rejected) {
@@ -93,6 +96,7 @@ double ModelShape::params() const {
 ModelShape parse_model(const json& j, const std::string& source) {
   LOOM_CHECK_KIND(kConfig, j.is_object(), "{}: a model is a JSON object", source);
   const json& m = j.contains("model") ? j["model"] : j;
+  LOOM_CHECK_KIND(kConfig, m.is_object(), "{}: model is a JSON object", source);
   ModelShape s;
   s.n_layer = integer(m, "model", "n_layer", source);
   s.hidden = integer(m, "model", "n_embd", source);
@@ -102,7 +106,6 @@ ModelShape parse_model(const json& j, const std::string& source) {
   LOOM_CHECK_KIND(kConfig, s.hidden % s.heads == 0,
                   "{}: model.n_embd {} is not divisible by model.n_head {}", source, s.hidden,
                   s.heads);
-  LOOM_CHECK_KIND(kConfig, m.is_object(), "{}: model is a JSON object", source);
   if (m.contains("moe")) {
     const json& moe = m["moe"];
     LOOM_CHECK_KIND(kConfig, moe.is_object(), "{}: model.moe is a JSON object", source);
@@ -137,11 +140,11 @@ LayoutConstraint parse_layout(const std::string& text) {
     LOOM_CHECK_KIND(kConfig, eq != std::string::npos, "--layout: '{}' is not key=value", item);
     const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
     auto number = [&]() {
-      LOOM_CHECK_KIND(kConfig,
-                      !value.empty() && value.size() <= 9 &&
-                          value.find_first_not_of("0123456789") == std::string::npos &&
-                          std::stoll(value) > 0,
-                      "--layout: {} must be a whole number > 0, not '{}'", key, value);
+      LOOM_CHECK_KIND(
+          kConfig,
+          !value.empty() && value.size() <= 9 &&
+              value.find_first_not_of("0123456789") == std::string::npos && std::stoll(value) > 0,
+          "--layout: {} must be a whole number from 1 to 999999999, not '{}'", key, value);
       return std::stoll(value);
     };
     auto one_of = [&](std::initializer_list<const char*> choices) {
@@ -200,6 +203,7 @@ Engine engine_named(const std::string& name) {
   e.grad_wire_bytes = 4;
   e.dp_overlap = false;
   e.zero_bubble = false;
+  e.gpipe = false;
   e.sequence_parallel = false;
   e.interleave_min_pp = 3;  // Megatron-LM interleaves only past two stages
   e.max_zero = 0;
@@ -230,6 +234,8 @@ std::string invalid_reason(const ModelShape& m, int64_t batch, const Layout& l,
                            const Engine& engine) {
   if (!engine.zero_bubble && l.schedule == "zero_bubble")
     return format("the {} engine has no zero-bubble schedule", engine.name);
+  if (!engine.gpipe && l.schedule == "gpipe")
+    return format("the {} engine has no GPipe schedule", engine.name);
   if (!engine.sequence_parallel && l.sp)
     return format("the {} engine has no sequence parallelism", engine.name);
   if (!engine.sequence_parallel_moe && l.sp && m.experts > 0)
@@ -239,17 +245,17 @@ std::string invalid_reason(const ModelShape& m, int64_t batch, const Layout& l,
   if (l.zero > engine.max_zero)
     return format("the {} engine has ZeRO up to stage {}", engine.name, engine.max_zero);
   if (!divides(l.tp, m.heads)) return format("tp {} does not divide {} heads", l.tp, m.heads);
-  if (!divides(l.pp * l.v, m.n_layer))
-    return format("pp x v = {} does not divide {} layers", l.pp * l.v, m.n_layer);
+  if (!divides(int64_t(l.pp) * l.v, m.n_layer))
+    return format("pp x v = {} does not divide {} layers", int64_t(l.pp) * l.v, m.n_layer);
   if (!divides(l.cp, m.seq)) return format("cp {} does not divide seq_len {}", l.cp, m.seq);
   if (!divides(int64_t(l.dp) * l.micro, batch))
     return format("dp x micro = {} does not divide the batch {}", int64_t(l.dp) * l.micro, batch);
   if (l.ep > 1 && !(m.experts > 0 && divides(l.ep, m.experts) && divides(l.ep, l.dp)))
     return format("ep {} must divide the experts ({}) and dp ({})", l.ep, m.experts, l.dp);
   if (l.sp && l.tp == 1) return "sequence parallelism needs tp > 1";
+  if (l.pp == 1 && l.schedule != "1f1b") return "a schedule needs pp > 1";
   if ((l.v > 1) != (l.schedule == "interleaved"))
     return "v > 1 is the interleaved schedule's, and it needs v > 1";
-  if (l.pp == 1 && l.schedule != "1f1b") return "a schedule needs pp > 1";
   if (l.schedule == "interleaved" && l.pp < engine.interleave_min_pp)
     return format("the {} engine interleaves from pp {}", engine.name, engine.interleave_min_pp);
   const int64_t micro_batches = batch / (int64_t(l.dp) * l.micro);
@@ -293,7 +299,7 @@ Estimate estimate(const ModelShape& m, const ClusterSpec& c, int64_t batch, cons
   const double psi_first = psi_blocks + V * h / t + S * h;
   const double psi_last = psi_blocks + (l.pp > 1 ? V * h / t : 0) + 2 * h;
   const double psi_dense = std::max(psi_first, psi_last), psi = psi_dense + psi_experts;
-  const int dense_dp = l.dp * l.cp, expert_dp = l.dp / l.ep;
+  const int dense_dp = l.dp * l.cp, expert_dp = l.dp * l.cp / l.ep;
 
   // Model states (the ZeRO paper's formulas over the data-parallel ranks).
   const double p_bytes = act, g_bytes = act;
@@ -312,7 +318,8 @@ Estimate estimate(const ModelShape& m, const ClusterSpec& c, int64_t batch, cons
     e.mem.grads += share(2) * (engine.state_bytes_16 - 16);
   }
   if (l.zero >= 2) e.mem.comm = 2 * 1e6 * 4;  // the reduce-scatter buckets (1e6 elements)
-  if (l.zero >= 3) e.mem.comm += 2 * 1e6 * act + 2 * (psi_blocks / double(layers)) * act;
+  if (l.zero >= 3)
+    e.mem.comm += 2 * 1e6 * act + 2 * ((psi_blocks + psi_experts) / double(layers)) * act;
 
   // Activations per layer and micro-batch (Korthikanti et al., 16-bit).
   const double sbh = s * b * h;
@@ -352,16 +359,16 @@ Estimate estimate(const ModelShape& m, const ClusterSpec& c, int64_t batch, cons
           : 0;
   // Tensor parallelism: two all-reduces (or all-gather + reduce-scatter)
   // of the layer's activations forward, two backward, two more to recompute.
-  const Link& tp_link = link_for(c, 1, l.tp);
+  const Link& tp_link = link_for(c, l.gpus(), 1, l.tp);
   const double tp_one = allreduce_s(b * s * h * act, l.tp, tp_link);
   const double tp_layer = tp_one * (4 + (l.recompute == "full" ? 2 : 0));
   // Context parallelism: K and V passed around the ring beside attention.
-  const Link& cp_link = link_for(c, l.tp, l.cp);
+  const Link& cp_link = link_for(c, l.gpus(), l.tp, l.cp);
   const double kv =
       l.cp > 1 ? (l.cp - 1) * (2 * b * s * h / t * act / cp_link.bandwidth + cp_link.latency) : 0;
   const double cp_exposed = 3 * std::max(0.0, kv - gemm_s(attn, 2 * b * s * S * h / t));
   // Expert parallelism: dispatch and combine forward, and backward.
-  const Link& ep_link = link_for(c, int64_t(l.tp) * l.cp, l.ep);
+  const Link& ep_link = link_for(c, l.gpus(), int64_t(l.tp) * l.cp, l.ep);
   const double a2a =
       l.ep > 1 ? 4 * (b * s * h * double(m.top_k) * act * (l.ep - 1) / l.ep / ep_link.bandwidth +
                       (l.ep - 1) * ep_link.latency)
@@ -379,7 +386,7 @@ Estimate estimate(const ModelShape& m, const ClusterSpec& c, int64_t batch, cons
   // boundary of the critical path (scattered over the tensor ranks).
   if (l.pp > 1) {
     // Every boundary is on the critical path: one between nodes sets the pace.
-    const Link& pp_link = link_for(c, int64_t(l.tp) * l.cp * l.dp, l.pp);
+    const Link& pp_link = link_for(c, l.gpus(), int64_t(l.tp) * l.cp * l.dp, l.pp);
     const double msg = b * s * h * act / t / pp_link.bandwidth + pp_link.latency;
     e.p2p_s = 2 * msg * (m_b + (p - 1)) * (l.schedule == "interleaved" ? l.v : 1);
   }
@@ -389,8 +396,8 @@ Estimate estimate(const ModelShape& m, const ClusterSpec& c, int64_t batch, cons
   // micro-batch's; stages 1-2 all-gather the updated parameters after the
   // step; stage 3 gathers parameters ahead of each use, forward and
   // backward, hidden behind the compute it precedes.
-  const Link& dense_link = link_for(c, l.tp, dense_dp);
-  const Link& expert_link = link_for(c, int64_t(l.tp) * l.cp * l.ep, expert_dp);
+  const Link& dense_link = link_for(c, l.gpus(), l.tp, dense_dp);
+  const Link& expert_link = link_for(c, l.gpus(), int64_t(l.tp) * l.cp * l.ep, expert_dp);
   const double wire = engine.grad_wire_bytes > 0 ? engine.grad_wire_bytes : g_bytes;
   auto over_dp = [&](double bytes_a_param) {  // a ring all-reduce of the stage's parameters
     return allreduce_s(psi_dense * bytes_a_param, dense_dp, dense_link) +
@@ -445,9 +452,11 @@ std::vector<Estimate> search(const ModelShape& m, const ClusterSpec& c, const Pl
   const std::vector<int> zeros = pick("zero", zero_stages, f.zero);
   const auto recs = pick_s("recompute", {"none", "selective", "full"}, f.recompute);
   const auto precs = pick_s("precision", {"bf16"}, f.precision);
-  const std::vector<int> sps = k.has("sp")                  ? std::vector<int>{f.sp ? 1 : 0}
-                               : o.engine.sequence_parallel ? std::vector<int>{0, 1}
-                                                            : std::vector<int>{0};
+  const std::vector<int> sps =
+      k.has("sp") ? std::vector<int>{f.sp ? 1 : 0}
+      : o.engine.sequence_parallel && (m.experts == 0 || o.engine.sequence_parallel_moe)
+          ? std::vector<int>{0, 1}
+          : std::vector<int>{0};
   const auto scheds =
       pick_s("schedule",
              o.engine.zero_bubble ? std::vector<std::string>{"1f1b", "interleaved", "zero_bubble"}
@@ -459,6 +468,7 @@ std::vector<Estimate> search(const ModelShape& m, const ClusterSpec& c, const Pl
   // Why the layouts that could not run could not (the first one's text
   // under each reason's leading words), for the error when none can.
   std::map<std::string, std::pair<int64_t, std::string>> rejected;
+  std::string odd;  // the first combination that is no layout
   g_considered = 0;
   for (int tp : tps)
     for (int pp : pps)
@@ -477,11 +487,14 @@ std::vector<Estimate> search(const ModelShape& m, const ClusterSpec& c, const Pl
                       for (const std::string& sched : scheds) {
                         const Layout l{tp,    pp,   dp,  cp,      ep,   v,
                                        micro, zero, rec, sp != 0, prec, sched};
-                        // Combinations no layout has (not counted).
-                        if ((v > 1) != (sched == "interleaved") || (pp == 1 && sched != "1f1b") ||
-                            (sp && tp == 1))
-                          continue;
                         const std::string why = invalid_reason(m, o.batch, l, o.engine);
+                        // Combinations of searched values no layout has are
+                        // not counted; what --layout fixed is, if nothing else is.
+                        if ((v > 1) != (sched == "interleaved") || (pp == 1 && sched != "1f1b") ||
+                            (sp && tp == 1)) {
+                          if (odd.empty()) odd = l.describe() + ": " + why;
+                          continue;
+                        }
                         if (!why.empty()) {
                           std::string kind = why;  // the reason without its numbers
                           kind.erase(std::remove_if(kind.begin(), kind.end(), ::isdigit),
@@ -502,12 +515,15 @@ std::vector<Estimate> search(const ModelShape& m, const ClusterSpec& c, const Pl
                   k.fixed.empty() ? "" : ", with --layout's sizes");
   if (fit.empty()) {
     if (over.empty()) {
+      LOOM_CHECK_KIND(kConfig, !rejected.empty(), "no layout of {} GPUs{}: {}", o.gpus,
+                      k.fixed.empty() ? "" : " with --layout's sizes", odd);
       const auto most = std::max_element(
           rejected.begin(), rejected.end(),
           [](const auto& x, const auto& y) { return x.second.first < y.second.first; });
       LOOM_FAIL(kConfig,
                 "no layout of {} GPUs runs the model ({} layers, {} heads) and the batch {}{} "
-                "on the {} engine: of the {} layouts that divide the GPUs, {} are refused as {}",
+                "on the {} engine: of the {} layouts that divide the GPUs, {} are refused for this "
+                "reason, e.g. {}",
                 o.gpus, m.n_layer, m.heads, o.batch,
                 k.fixed.empty() ? "" : " with --layout's sizes", o.engine.name,
                 divisible_layouts(rejected), most->second.first, most->second.second);

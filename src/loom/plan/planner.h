@@ -16,7 +16,8 @@
 //          with its size, the memory-bound rest at memory bandwidth, each
 //          collective by an alpha-beta model of the link it crosses (inside
 //          a node or between nodes), the pipeline's bubble by its schedule,
-//          the data-parallel reduction exposed past the last backward.
+//          the data-parallel traffic by ZeRO stage, exposed where it
+//          outlasts the backward it overlaps.
 #pragma once
 
 #include <cstdint>
@@ -93,7 +94,7 @@ struct Engine {
   double state_bytes_16 = 16;  // bytes of model state a parameter, 16-bit runs
   double grad_wire_bytes = 0;  // bytes a gradient crosses the wire as (0: the run's precision)
   bool dp_overlap = true;
-  bool zero_bubble = true, sequence_parallel = true;
+  bool zero_bubble = true, gpipe = true, sequence_parallel = true;
   bool sequence_parallel_moe = false;  // sequence parallelism with expert layers
   bool context_parallel = false;
   int interleave_min_pp = 2;  // the interleaved schedule from this many stages
