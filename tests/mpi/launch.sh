@@ -50,8 +50,8 @@ expect_error "the train command needs --out DIR" --hosts node0:2 --max-restarts 
 expect_error "comm.ranks_per_node = 4 contradicts the hosts of this job" \
   --hosts node0:2,node1:2 --mpirun-args "$ARGS" "${t[@]}" --set comm.ranks_per_node=4
 
-# The reference, with world rank 3 (on node1) 120 ms slower every step.
-LOOM_TEST_SLOW=3:120 launch --hosts node0:2,node1:2 --mpirun-args "$ARGS" -- train \
+# The reference, with world rank 3 (on node1) 60 ms slower every step.
+LOOM_TEST_SLOW=3:60 launch --hosts node0:2,node1:2 --mpirun-args "$ARGS" -- train \
   --config "$WORK/train.json" --out "$WORK/ref" > "$WORK/ref.txt" 2>&1 ||
   fail "reference run: $(cat "$WORK/ref.txt")"
 grep -q "loom: warning: step [0-9]*: straggler: rank 3 on node1 computes for" "$WORK/ref.txt" ||
@@ -59,9 +59,10 @@ grep -q "loom: warning: step [0-9]*: straggler: rank 3 on node1 computes for" "$
 python3 - "$WORK/ref/metrics.jsonl" <<'PY' || fail "straggler scores"
 import json, sys
 last = [json.loads(l) for l in open(sys.argv[1])][-1]["ranks"]
-# The others' steps are 10-40 ms, more on a loaded machine: rank 0's own
-# writing moves its score by up to a quarter (measured 0.79 once); rank 3
-# sits near 0.1-0.25 (a 30 ms delay once gave 0.53, 60 ms 0.38).
+# Rank 0's own writing moves its score by up to a quarter on a loaded
+# machine (measured 0.79 once). Rank 3's score does not fall with the delay
+# as 1/t: the others' measured compute grows with it (60 and 120 ms both
+# gave 0.38-0.39; 30 ms gave 0.53 on a loaded machine).
 assert last["score"][3] < 0.5 and min(last["score"][:3]) > 0.6, last
 print("ok: straggler: rank 3 scores %.2f, the others %s" % (last["score"][3], last["score"][:3]))
 PY
