@@ -74,7 +74,8 @@ const Link& link_for(const ClusterSpec& c, int64_t gpus, int64_t stride, int64_t
   return inside ? c.node : c.cluster;
 }
 
-int64_t divisible_layouts(const std::map<std::string, std::pair<int64_t, std::string>>& rejected) {
+// The layouts refused, over every reason (all that were counted, when none ran).
+int64_t refused_in_all(const std::map<std::string, std::pair<int64_t, std::string>>& rejected) {
   int64_t n = 0;
   for (const auto& [reason, seen] : rejected) n += seen.first;
   return n;
@@ -526,7 +527,7 @@ std::vector<Estimate> search(const ModelShape& m, const ClusterSpec& c, const Pl
                 "reason, e.g. {}",
                 o.gpus, m.n_layer, m.heads, o.batch,
                 k.fixed.empty() ? "" : " with --layout's sizes", o.engine.name,
-                divisible_layouts(rejected), most->second.first, most->second.second);
+                refused_in_all(rejected), most->second.first, most->second.second);
     }
     const auto best = std::min_element(
         over.begin(), over.end(),
