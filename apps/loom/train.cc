@@ -61,7 +61,7 @@ void run_train(const TrainArgs& args, MpiRuntime& rt, Run& run) {
   }
   // The grid from the parallel.* keys (parse_config checked they fit the job).
   const GridShape shape{world, config.parallel.tensor, config.parallel.pipeline,
-                        config.parallel.expert};
+                        config.parallel.expert, config.parallel.context};
   options.parallel = make_parallel_context(group, shape);
   run.trainer = std::make_unique<Trainer>(std::move(config), options, threads);
   run.trainer->run();

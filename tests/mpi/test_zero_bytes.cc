@@ -346,7 +346,8 @@ TEST(Payloads, Bf16RunsSendHalfTheActivationBytes) {
       o.quiet = true;
       o.parallel = make_parallel_context(
           runtime().world(CommOptions{}),
-          GridShape{n, c.parallel.tensor, c.parallel.pipeline, c.parallel.expert});
+          GridShape{n, c.parallel.tensor, c.parallel.pipeline, c.parallel.expert,
+                    c.parallel.context});
       Trainer t(std::move(c), o, ThreadConfig{});
       const StepResult r = t.train_step();
       const ParallelContext& ctx = t.engine().context();

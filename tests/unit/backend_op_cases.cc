@@ -151,6 +151,26 @@ void add_layer_cases(std::vector<OpCase>& ops) {
   }
 }
 
+void add_chunk_attention_cases(std::vector<OpCase>& ops) {
+  for (float p : {0.0f, 0.25f}) {
+    static const DropoutStream streams[2] = {DropoutStream(13, 2, 0.0f),
+                                             DropoutStream(13, 2, 0.25f)};
+    const DropoutSpec drop{&streams[p > 0 ? 1 : 0], 3, dropout_site(0, DropoutSite::kAttnProbs)};
+    const int64_t B = 2, Tn = 12, C = 8, NH = 2, Tc = 3;
+    OpCase op = make_case(p > 0 ? "attention_chunks_dropout" : "attention_chunks",
+                          {Op::kAttentionChunkForward, Op::kAttentionChunkBackward},
+                          {B * Tn * 3 * C}, {B * Tn * C, B * NH * Tn}, {true, false});
+    set_forward(op, [=](const auto& be, const auto& in, auto& out) {
+      chunked_attention(be, out[0].data(), out[1].data(), in[0].data(), B, Tn, C, NH, Tc, drop);
+    });
+    set_backward(op, [=](const auto& be, const auto& in, const auto& out, const auto& d, auto& g) {
+      chunked_attention_backward(be, g[0].data(), d[0].data(), in[0].data(), out[0].data(),
+                                 out[1].data(), B, Tn, C, NH, Tc, drop);
+    });
+    ops.push_back(op);
+  }
+}
+
 void add_loss_cases(std::vector<OpCase>& ops) {
   {
     const int64_t N = 10, V = 50, Vp = 64;
@@ -219,10 +239,29 @@ void add_embedding_cases(std::vector<OpCase>& ops) {
     OpCase op = make_case("encoder", {Op::kEncoderForward, Op::kEncoderBackward}, {V * C, T * C},
                           {B * T * C}, {true});
     set_forward(op, [=](const auto& be, const auto& in, auto& out) {
-      be.encoder_forward(out[0].data(), tokens.data(), in[0].data(), in[1].data(), B, T, C);
+      be.encoder_forward(out[0].data(), tokens.data(), in[0].data(), in[1].data(), B, T, C,
+                         nullptr);
     });
     set_backward(op, [=](const auto& be, const auto&, const auto&, const auto& d, auto& g) {
-      be.encoder_backward(g[0].data(), g[1].data(), d[0].data(), tokens.data(), B, T, C, 0, V);
+      be.encoder_backward(g[0].data(), g[1].data(), d[0].data(), tokens.data(), B, T, C, 0, V,
+                          nullptr);
+    });
+    ops.push_back(op);
+  }
+  {
+    // Context parallelism: local positions mapped to global ones of a longer sequence.
+    const int64_t B = 2, T = 4, C = 6, V = 9, maxT = 8;
+    const auto tokens = make_tokens(B * T, static_cast<int32_t>(V), 11);
+    const std::vector<int32_t> pos = {1, 2, 5, 6};
+    OpCase op = make_case("encoder_positions", {Op::kEncoderForward, Op::kEncoderBackward},
+                          {V * C, maxT * C}, {B * T * C}, {true});
+    set_forward(op, [=](const auto& be, const auto& in, auto& out) {
+      be.encoder_forward(out[0].data(), tokens.data(), in[0].data(), in[1].data(), B, T, C,
+                         pos.data());
+    });
+    set_backward(op, [=](const auto& be, const auto&, const auto&, const auto& d, auto& g) {
+      be.encoder_backward(g[0].data(), g[1].data(), d[0].data(), tokens.data(), B, T, C, 0, V,
+                          pos.data());
     });
     ops.push_back(op);
   }
@@ -236,7 +275,7 @@ void add_embedding_cases(std::vector<OpCase>& ops) {
     set_forward(op, [=](const auto& be, const auto& in, auto& out) {
       out[0] = in[1], out[1] = in[2];
       be.encoder_backward(out[0].data(), out[1].data(), in[0].data(), tokens.data(), B, T, C, v0,
-                          v1);
+                          v1, nullptr);
     });
     ops.push_back(op);
   }
@@ -256,7 +295,18 @@ void add_embedding_cases(std::vector<OpCase>& ops) {
     OpCase op = make_case("add_positions", {Op::kAddPositions}, {n * C, Tn * C}, {n * C}, {true});
     set_forward(op, [=](const auto& be, const auto& in, auto& out) {
       out[0] = in[0];
-      be.add_positions(out[0].data(), in[1].data(), Tn, C, row0, n);
+      be.add_positions(out[0].data(), in[1].data(), Tn, C, row0, n, nullptr);
+    });
+    ops.push_back(op);
+  }
+  {
+    const int64_t Tn = 4, C = 6, row0 = 1, n = 6, maxT = 8;
+    const std::vector<int32_t> pos = {0, 3, 4, 7};
+    OpCase op = make_case("add_positions_mapped", {Op::kAddPositions}, {n * C, maxT * C}, {n * C},
+                          {true});
+    set_forward(op, [=](const auto& be, const auto& in, auto& out) {
+      out[0] = in[0];
+      be.add_positions(out[0].data(), in[1].data(), Tn, C, row0, n, pos.data());
     });
     ops.push_back(op);
   }
@@ -392,6 +442,7 @@ std::vector<OpCase> make_ops() {
   add_gemm_cases(ops);
   add_layer_cases(ops);
   add_loss_cases(ops);
+  add_chunk_attention_cases(ops);
   add_embedding_cases(ops);
   add_optimizer_cases(ops);
   add_precision_cases(ops);

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -18,6 +19,48 @@
 #include "loom/kernels/reference/reference_backend.h"
 
 namespace loom::backend_test {
+
+// Causal attention over a sequence cut into chunks (context parallelism's
+// kernels): every (query chunk, key chunk) pair merged in a scrambled key
+// order, chunks of 3 tokens so key chunks start off the 4-aligned channel
+// dropout draws in. Forward must equal attention over the whole sequence;
+// backward, the sum over pairs, its exact gradient.
+template <typename T>
+void chunked_attention(const Backend<T>& be, T* out, T* lse, const T* qkv, int64_t B, int64_t Tn,
+                       int64_t C, int64_t NH, int64_t Tc, const DropoutSpec& drop) {
+  be.fill(out, B * Tn * C, T(0));
+  be.fill(lse, B * NH * Tn, -std::numeric_limits<T>::infinity());
+  const int64_t n = Tn / Tc;
+  for (int64_t qc = 0; qc < n; ++qc)
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t kc = (r * 3 + qc) % n;  // keys in an order other than the sequence's
+      AttentionChunk a;
+      a.B = B, a.NH = NH, a.C = C, a.Tq = Tc, a.Tk = Tc, a.q_pos = qc * Tc, a.k_pos = kc * Tc;
+      a.q_row = 3 * C, a.q_batch = Tn * 3 * C, a.kv_row = 3 * C, a.kv_batch = Tn * 3 * C;
+      a.v_col = C, a.o_row = C, a.o_batch = Tn * C, a.lse_batch = NH * Tn, a.lse_head = Tn;
+      be.attention_chunk_forward(out + qc * Tc * C, lse + qc * Tc, qkv + qc * Tc * 3 * C,
+                                 qkv + kc * Tc * 3 * C + C, a, drop);
+    }
+}
+
+template <typename T>
+void chunked_attention_backward(const Backend<T>& be, T* dqkv, const T* dout, const T* qkv,
+                                const T* out, const T* lse, int64_t B, int64_t Tn, int64_t C,
+                                int64_t NH, int64_t Tc, const DropoutSpec& drop) {
+  const int64_t n = Tn / Tc;
+  for (int64_t qc = 0; qc < n; ++qc)
+    for (int64_t kc = 0; kc < n; ++kc) {
+      AttentionChunk a;
+      a.B = B, a.NH = NH, a.C = C, a.Tq = Tc, a.Tk = Tc, a.q_pos = qc * Tc, a.k_pos = kc * Tc;
+      a.q_row = 3 * C, a.q_batch = Tn * 3 * C, a.kv_row = 3 * C, a.kv_batch = Tn * 3 * C;
+      a.v_col = C, a.o_row = C, a.o_batch = Tn * C, a.lse_batch = NH * Tn, a.lse_head = Tn;
+      be.attention_chunk_backward(dqkv + qc * Tc * 3 * C, dqkv + kc * Tc * 3 * C + C,
+                                  dout + qc * Tc * C, qkv + qc * Tc * 3 * C,
+                                  qkv + kc * Tc * 3 * C + C, out + qc * Tc * C, lse + qc * Tc, a,
+                                  drop);
+    }
+}
+
 
 // --- the operations ----------------------------------------------------------
 

@@ -334,5 +334,41 @@ TEST(Dropout, KeepRateAndScale) {
   for (int i = 0; i < 40; ++i) EXPECT_EQ(part[i], keep[64 + i]);
 }
 
+// Context parallelism's chunk kernels, composed over a sequence cut into
+// chunks and merged in a scrambled order, give the whole-sequence attention
+// and its gradient (with dropout: the same masks), on every backend.
+TEST(AttentionChunks, ComposeToWholeSequenceAttention) {
+  const int64_t B = 2, Tn = 40, C = 16, NH = 2;
+  std::mt19937 rng(5);
+  std::normal_distribution<double> n01(0, 1);
+  std::vector<double> qkv(B * Tn * 3 * C), dout(B * Tn * C);
+  for (double& x : qkv) x = n01(rng);
+  for (double& x : dout) x = n01(rng);
+  const DropoutStream stream(3, 1, 0.2f);
+  const DropoutSpec drop{&stream, 2, dropout_site(1, DropoutSite::kAttnProbs)};
+  const CpuBackend<double> cpu;
+  const ReferenceBackend<double> ref;
+  for (const Backend<double>* be : {static_cast<const Backend<double>*>(&cpu),
+                                    static_cast<const Backend<double>*>(&ref)}) {
+    for (int64_t Tc : {5, 10, 20}) {
+      std::vector<double> out(B * Tn * C), lse(B * NH * Tn), out1(out.size()), lse1(lse.size());
+      std::vector<double> g(qkv.size(), 0.0), g1(qkv.size(), 0.0);
+      be->attention_forward(out1.data(), lse1.data(), qkv.data(), B, Tn, C, NH, drop);
+      be->attention_backward(g1.data(), dout.data(), qkv.data(), out1.data(), lse1.data(), B, Tn,
+                             C, NH, drop);
+      backend_test::chunked_attention(*be, out.data(), lse.data(), qkv.data(), B, Tn, C, NH, Tc,
+                                      drop);
+      backend_test::chunked_attention_backward(*be, g.data(), dout.data(), qkv.data(), out.data(),
+                                               lse.data(), B, Tn, C, NH, Tc, drop);
+      for (size_t i = 0; i < out.size(); ++i)
+        ASSERT_NEAR(out[i], out1[i], 1e-12) << be->name() << " chunk " << Tc << " out " << i;
+      for (size_t i = 0; i < lse.size(); ++i)
+        ASSERT_NEAR(lse[i], lse1[i], 1e-12) << be->name() << " chunk " << Tc << " lse " << i;
+      for (size_t i = 0; i < g.size(); ++i)
+        ASSERT_NEAR(g[i], g1[i], 1e-11) << be->name() << " chunk " << Tc << " grad " << i;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace loom

@@ -47,31 +47,65 @@ TEST(Grid, ExpertGroupsAreCarvedOutOfDataParallel) {
   EXPECT_EQ(h.ep_dp_group(5), (V{1, 5}));
 }
 
+// Megatron-LM's order with context parallelism: tp, then cp, then dp, then
+// pp; the dp x cp ranks of a replica hold the same parameters.
+TEST(Grid, ContextParallelSitsBetweenTensorAndData) {
+  Grid g({16, 2, 2, 1, 2});  // tp 2, pp 2, cp 2 -> dp 2
+  EXPECT_EQ(g.shape().dp(), 2);
+  EXPECT_EQ(g.all_groups("tp").front(), (V{0, 1}));
+  EXPECT_EQ(g.all_groups("cp"),
+            (std::vector<V>{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}}));
+  EXPECT_EQ(g.dp_group(0), (V{0, 4}));
+  EXPECT_EQ(g.dp_cp_group(1), (V{1, 3, 5, 7}));
+  EXPECT_EQ(g.pp_group(3), (V{3, 11}));
+  EXPECT_EQ(g.model_parallel_group(2), (V{2, 3, 10, 11}));
+  EXPECT_EQ(g.embedding_group(2), (V{2, 10}));
+  const GridCoord c = g.coord(7);  // tp 1, cp 1, dp 1, pp 0
+  EXPECT_EQ(c.tp, 1);
+  EXPECT_EQ(c.cp, 1);
+  EXPECT_EQ(c.dp, 1);
+  EXPECT_EQ(c.pp, 0);
+  EXPECT_EQ(g.rank_of(1, 1, 0, 1), 7);
+  EXPECT_EQ(g.describe(), "world 16 = tp 2 x cp 2 x dp 2 x pp 2 (ep 1)");
+  // Experts come out of the dp x cp ranks.
+  Grid e({8, 1, 1, 4, 2});  // cp 2, dp 4, ep 4
+  EXPECT_EQ(e.ep_group(5), (V{4, 5, 6, 7}));
+  EXPECT_EQ(e.ep_dp_group(5), (V{1, 5}));
+}
+
 TEST(Grid, EveryKindPartitionsTheWorldForManyShapes) {
   for (int world : {1, 2, 4, 6, 8, 12, 16, 24, 32, 64}) {
     for (int tp = 1; tp <= world; ++tp) {
       for (int pp = 1; tp * pp <= world; ++pp) {
         if (world % (tp * pp) != 0) continue;
-        int dp = world / (tp * pp);
-        for (int ep = 1; ep <= dp; ++ep) {
-          if (dp % ep != 0) continue;
-          Grid g({world, tp, pp, ep});
-          for (const char* kind : {"tp", "dp", "pp", "mp", "ep", "ep_dp"}) {
-            std::vector<int> count(world, 0);
-            for (const auto& group : g.all_groups(kind))
-              for (int r : group) count[r]++;
-            for (int r = 0; r < world; ++r)
-              ASSERT_EQ(count[r], 1) << kind << " world " << world << " tp " << tp << " pp " << pp;
-          }
-          for (int r = 0; r < world; ++r) {
-            GridCoord c = g.coord(r);
-            ASSERT_EQ(g.rank_of(c.tp, c.dp, c.pp), r);
-            ASSERT_EQ(static_cast<int>(g.tp_group(r).size()), tp);
-            ASSERT_EQ(static_cast<int>(g.dp_group(r).size()), dp);
-            ASSERT_EQ(static_cast<int>(g.pp_group(r).size()), pp);
-            ASSERT_EQ(static_cast<int>(g.ep_group(r).size()), ep);
-            auto tpg = g.tp_group(r);
-            ASSERT_TRUE(std::find(tpg.begin(), tpg.end(), r) != tpg.end());
+        const int rest = world / (tp * pp);
+        for (int cp = 1; cp <= rest; ++cp) {
+          if (rest % cp != 0) continue;
+          const int dp = rest / cp;
+          for (int ep = 1; ep <= rest; ++ep) {
+            if (rest % ep != 0) continue;
+            Grid g({world, tp, pp, ep, cp});
+            for (const char* kind : {"tp", "cp", "dp", "dp_cp", "pp", "mp", "ep", "ep_dp"}) {
+              std::vector<int> count(world, 0);
+              for (const auto& group : g.all_groups(kind))
+                for (int r : group) count[r]++;
+              for (int r = 0; r < world; ++r)
+                ASSERT_EQ(count[r], 1)
+                    << kind << " world " << world << " tp " << tp << " pp " << pp << " cp " << cp;
+            }
+            for (int r = 0; r < world; ++r) {
+              GridCoord c = g.coord(r);
+              ASSERT_EQ(g.rank_of(c.tp, c.dp, c.pp, c.cp), r);
+              ASSERT_EQ(static_cast<int>(g.tp_group(r).size()), tp);
+              ASSERT_EQ(static_cast<int>(g.cp_group(r).size()), cp);
+              ASSERT_EQ(static_cast<int>(g.dp_group(r).size()), dp);
+              ASSERT_EQ(static_cast<int>(g.dp_cp_group(r).size()), dp * cp);
+              ASSERT_EQ(static_cast<int>(g.pp_group(r).size()), pp);
+              ASSERT_EQ(static_cast<int>(g.ep_group(r).size()), ep);
+              ASSERT_EQ(static_cast<int>(g.model_parallel_group(r).size()), tp * pp);
+              auto tpg = g.tp_group(r);
+              ASSERT_TRUE(std::find(tpg.begin(), tpg.end(), r) != tpg.end());
+            }
           }
         }
       }
@@ -98,6 +132,12 @@ TEST(Grid, InvalidShapesGiveNumbersAndNearestChoices) {
   EXPECT_EQ(error_of({8, 2, 1, 3}),
             "parallel.expert 3 does not divide the data-parallel size 4 (world 8 / (tp 2 x pp "
             "1)); valid expert sizes: 1, 2, 4; nearest: 2 or 4");
+  EXPECT_EQ(error_of({8, 2, 1, 1, 3}),
+            "parallel.context 3 does not divide world 8 / (tp 2 x pp 1) = 4; valid context "
+            "sizes: 1, 2, 4; nearest: 2 or 4");
+  EXPECT_EQ(error_of({8, 1, 1, 3, 2}),
+            "parallel.expert 3 does not divide the data-parallel x context-parallel size 8 (world "
+            "8 / (tp 1 x pp 1)); valid expert sizes: 1, 2, 4, 8; nearest: 2 or 4");
 }
 
 // The record keeps the newest events when nobody takes them, and counts

@@ -91,7 +91,10 @@ ParallelContext make_parallel_context(std::shared_ptr<ProcessGroup> world, GridS
     return mpi->split(all, kind);
   };
   ctx.tp = group("tp");
-  ctx.dp = group("dp");
+  ctx.dp = group("dp_cp");
+  // The context-parallel ring runs inside each layer's forward and backward:
+  // it must not queue behind gradient reductions on another group's worker.
+  ctx.cp = group("cp", true);
   ctx.pp = group("pp");
   ctx.model_parallel = group("mp");
   ctx.embedding = group("embedding");

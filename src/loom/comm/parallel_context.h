@@ -26,13 +26,23 @@ struct ParallelContext {
   Topology topology = single_host(1);
   std::string placement;
   std::vector<std::string> warnings;
-  std::shared_ptr<ProcessGroup> dp, tp, pp, ep, ep_dp;
+  // dp: the ranks that hold the same parameters (the dp x cp ranks of the
+  // grid): they reduce gradients, shard ZeRO state and average losses.
+  // cp: the ranks that share a replica's sequences, each holding two of
+  // their 2 x cp chunks.
+  std::shared_ptr<ProcessGroup> dp, cp, tp, pp, ep, ep_dp;
   std::shared_ptr<ProcessGroup> embedding;       // first and last pipeline stage
   std::shared_ptr<ProcessGroup> model_parallel;  // tp x pp ranks of one replica
 
   GridCoord coord() const { return grid.coord(rank); }
   int dp_rank() const { return dp ? dp->rank() : 0; }
   int dp_size() const { return dp ? dp->size() : 1; }
+  int cp_rank() const { return cp ? cp->rank() : 0; }
+  int cp_size() const { return cp ? cp->size() : 1; }
+  // The data-parallel replica this rank's samples are drawn for, and how
+  // many replicas there are (the batch identity's dp).
+  int replica() const { return coord().dp; }
+  int replicas() const { return grid.shape().dp(); }
   // Rank 0 of the world writes the run folder, metrics and checkpoints.
   bool writer() const { return rank == 0; }
 };

@@ -24,6 +24,8 @@ const char* op_name(Op op) {
       "dropout",
       "attention_forward",
       "attention_backward",
+      "attention_chunk_forward",
+      "attention_chunk_backward",
       "cross_entropy_forward",
       "cross_entropy_backward",
       "vocab_logit_stats",

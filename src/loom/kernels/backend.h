@@ -44,6 +44,8 @@ enum class Op : uint8_t {
   kDropout,
   kAttentionForward,
   kAttentionBackward,
+  kAttentionChunkForward,
+  kAttentionChunkBackward,
   kCrossEntropyForward,
   kCrossEntropyBackward,
   kVocabLogitStats,
@@ -147,6 +149,21 @@ class Backend {
   virtual void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse,
                                   int64_t B, int64_t Tn, int64_t C, int64_t NH,
                                   const DropoutSpec& dropout) const = 0;
+  // Causal attention of one chunk of queries against one chunk of keys and
+  // values of a longer sequence (context parallelism; AttentionChunk holds
+  // the shapes, strides and global positions), merged by the log-sum-exp
+  // into out and lse: on entry they hold the attention over the keys seen
+  // so far (lse -inf where none), on return over these keys too. Dropout on
+  // the probabilities as attention_forward draws it at the same global
+  // (query, key) positions.
+  virtual void attention_chunk_forward(T* out, T* lse, const T* q, const T* kv,
+                                       const AttentionChunk& a,
+                                       const DropoutSpec& dropout) const = 0;
+  // dq (q's layout) and dkv (kv's layout) += this chunk pair's share of the
+  // gradient, given the final out and lse over every key.
+  virtual void attention_chunk_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv,
+                                        const T* out, const T* lse, const AttentionChunk& a,
+                                        const DropoutSpec& dropout) const = 0;
 
   // ---- losses ----
   // logits (N, Vp), the first V columns real: losses (N) = lse_n -
@@ -170,21 +187,24 @@ class Backend {
                              int64_t Vp) const = 0;
 
   // ---- embeddings ----
-  // out (B, T, C) = wte[tokens[b, t]] + wpe[t]; tokens (B, T), wte (V, C), wpe (maxT, C).
+  // out (B, T, C) = wte[tokens[b, t]] + wpe[pos[t]]; tokens (B, T), wte (V, C), wpe (maxT, C);
+  // pos (T) the global position of each local one (context parallelism), null: t.
   virtual void encoder_forward(T* out, const int32_t* tokens, WeightArg<T> wte, WeightArg<T> wpe,
-                               int64_t B, int64_t Tn, int64_t C) const = 0;
+                               int64_t B, int64_t Tn, int64_t C, const int32_t* pos) const = 0;
   // dwte[tokens - v0] += dout for the tokens in [v0, v1) (dwte holds those
-  // rows; one process: [0, V)), dwpe[t] += dout[b, t]; each row's
+  // rows; one process: [0, V)), dwpe[pos[t]] += dout[b, t]; each row's
   // contributions summed apart first and added once.
   virtual void encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t B,
-                                int64_t Tn, int64_t C, int64_t v0, int64_t v1) const = 0;
+                                int64_t Tn, int64_t C, int64_t v0, int64_t v1,
+                                const int32_t* pos) const = 0;
   // out (N, C) = wte[tokens[n] - v0] for tokens in [v0, v1), else 0 (a
   // vocabulary-parallel lookup; wte holds rows [v0, v1)).
   virtual void embedding_lookup(T* out, const int32_t* tokens, WeightArg<T> wte, int64_t N,
                                 int64_t C, int64_t v0, int64_t v1) const = 0;
-  // out (n, C) += wpe[(row0 + i) % Tn] for the rows [row0, row0 + n) of the (B, Tn) grid.
+  // out (n, C) += wpe[pos[(row0 + i) % Tn]] for the rows [row0, row0 + n) of the (B, Tn) grid
+  // (pos null: the position itself).
   virtual void add_positions(T* out, WeightArg<T> wpe, int64_t Tn, int64_t C, int64_t row0,
-                             int64_t n) const = 0;
+                             int64_t n, const int32_t* pos) const = 0;
 
   // ---- optimizer ----
   // m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;

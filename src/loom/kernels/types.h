@@ -40,11 +40,37 @@ using WeightArg = std::type_identity_t<Weight<T>>;
 // for (sample0 + b, site + head, query position), channel = key position; a
 // rank holding heads [h0, h0 + NH) of the model (tensor parallelism) passes
 // site + h0, so every head keeps the masks it has in one process.
+//
+// Activation masks are keyed on the global position: positions (Tn) maps a
+// local position to it (context parallelism); null: the same.
 struct DropoutSpec {
   const DropoutStream* stream = nullptr;  // null or p == 0: identity
   uint64_t sample0 = 0;
   uint32_t site = 0;
+  const int32_t* positions = nullptr;
   bool active() const { return stream != nullptr && stream->p() > 0.0f; }
+  uint32_t position(int64_t t) const {
+    return static_cast<uint32_t>(positions ? int64_t{positions[t]} : t);
+  }
+};
+
+// One chunk pair of context-parallel attention: queries at global positions
+// q_pos + i (i < Tq) against keys and values at k_pos + j (j < Tk), query i
+// seeing key j when k_pos + j <= q_pos + i. Layouts by strides, in elements:
+//   q, dq      (b, i) row at b * q_batch + i * q_row, heads side by side (C)
+//   kv, dkv    (b, j) row at b * kv_batch + j * kv_row: k at column 0, v at v_col
+//   out, dout  (b, i) row at b * o_batch + i * o_row
+//   lse        (b, h, i) at b * lse_batch + h * lse_head + i
+struct AttentionChunk {
+  int64_t B = 1, NH = 1, C = 0;  // NH heads x hs = C / NH
+  int64_t Tq = 0, Tk = 0;
+  int64_t q_pos = 0, k_pos = 0;
+  int64_t q_row = 0, q_batch = 0;
+  int64_t kv_row = 0, kv_batch = 0, v_col = 0;
+  int64_t o_row = 0, o_batch = 0;
+  int64_t lse_batch = 0, lse_head = 0;
+  // Whether any query sees any key (else the pair is skipped).
+  bool visible() const { return Tq > 0 && Tk > 0 && k_pos <= q_pos + Tq - 1; }
 };
 
 struct AdamWParams {

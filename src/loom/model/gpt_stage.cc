@@ -21,6 +21,12 @@ GptStage<T>::GptStage(const GptConfig& config, StageSpec spec, StoreOptions stor
       last_(spec.last < 0 ? config.n_layer : spec.last),
       serial_layers_(layers.serial()),
       split_(layers.sequence_split()) {
+  if (const ContextSplit cs = layers.context_split(); cs.size > 1) {
+    LOOM_CHECK_KIND(kConfig, config.seq_len % (2 * cs.size) == 0,
+                    "model.seq_len {} does not divide into 2 x parallel.context {} chunks",
+                    config.seq_len, cs.size);
+    positions_ = cs.positions(config.seq_len / cs.size);
+  }
   LOOM_CHECK(first_ >= 0 && first_ <= last_ && last_ <= config.n_layer,
              "stage blocks [{}, {}) outside the model's {} layers", first_, last_, config.n_layer);
   ParamLayout layout(storage.unit_multiple);
@@ -105,13 +111,24 @@ std::vector<typename GptStage<T>::PieceSeconds> GptStage<T>::take_piece_seconds(
 template <typename T>
 Rows GptStage<T>::rows(int64_t B, int64_t Tn) const {
   const auto [piece, pieces] = split_;
-  if (pieces == 1) return Rows::whole(B, Tn);
+  const int32_t* pos = nullptr;
+  if (!positions_.empty()) {
+    LOOM_CHECK(Tn == static_cast<int64_t>(positions_.size()),
+               "a context-parallel stage runs sequences of {} local tokens, not {}",
+               positions_.size(), Tn);
+    pos = positions_.data();
+  }
+  if (pieces == 1) {
+    Rows r = Rows::whole(B, Tn);
+    r.pos = pos;
+    return r;
+  }
   LOOM_CHECK_KIND(kConfig, (B * Tn) % pieces == 0,
                   "a micro-batch of {} x {} = {} tokens does not split into {} sequence-parallel "
                   "pieces",
                   B, Tn, B * Tn, pieces);
   const int64_t n = B * Tn / pieces;
-  return Rows{B, Tn, piece * n, n};
+  return Rows{B, Tn, piece * n, n, pos};
 }
 
 template <typename T>

@@ -242,6 +242,9 @@ class GptStage {
   std::unique_ptr<HeadLayer<T>> head_;
   bool serial_layers_ = true;
   std::pair<int, int> split_{0, 1};  // the layers' sequence split (piece, pieces)
+  // Context parallelism: the global position of each of the seq_len / cp
+  // local ones (empty: whole sequences).
+  std::vector<int32_t> positions_;
   int emb_unit_ = -1, lnf_unit_ = -1, wte_unit_ = -1;
   // take_piece_seconds's pieces, and per unit its piece.
   std::vector<PieceSeconds> pieces_;

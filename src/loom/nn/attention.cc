@@ -5,8 +5,8 @@ namespace loom {
 
 template <typename T>
 Attention<T>::Attention(ParamLayout& layout, const std::string& prefix, const GptConfig& c,
-                        float proj_std)
-    : C_(c.n_embd), NH_(c.n_head) {
+                        float proj_std, std::shared_ptr<const AttentionCore<T>> core)
+    : C_(c.n_embd), NH_(c.n_head), core_(std::move(core)) {
   const int64_t C = c.n_embd;
   c_attn_w = layout.add(prefix + ".c_attn.weight", {C, 3 * C}, true, ParamInit{kInitStd});
   c_attn_b = layout.add(prefix + ".c_attn.bias", {3 * C}, false, ParamInit{});
@@ -62,7 +62,7 @@ void Attention<T>::forward(const ParamStore<T>& ps, T* record, bool selective, T
   const int64_t BT = B * Tn;
   const Record r = bind(record, recompute, B, Tn, selective);
   be.matmul_forward(r.qkv, x, ps.weight(c_attn_w), ps.param(c_attn_b), BT, C_, 3 * C_);
-  be.attention_forward(r.y, r.lse, r.qkv, B, Tn, C_, NH_, probs);
+  attention_core_forward(core_.get(), be, r.y, r.lse, r.qkv, B, Tn, C_, NH_, probs);
   be.matmul_forward(out, r.y, ps.weight(c_proj_w), ps.param(c_proj_b), BT, C_, C_);
 }
 
@@ -77,11 +77,12 @@ void Attention<T>::backward(const ParamStore<T>& ps, T* record, bool selective, 
   T* d_y = scratch;
   T* d_qkv = scratch + BT * C_;
   // Selective: the core again from q|k|v, with the same dropout masks.
-  if (selective) be.attention_forward(r.y, r.lse, r.qkv, B, Tn, C_, NH_, probs);
+  if (selective)
+    attention_core_forward(core_.get(), be, r.y, r.lse, r.qkv, B, Tn, C_, NH_, probs);
   be.fill(d_y, BT * C_, 0);
   linear_backward(ps, d_y, c_proj_w, c_proj_b, dout, r.y, BT, C_, C_);
   be.fill(d_qkv, BT * 3 * C_, 0);
-  be.attention_backward(d_qkv, d_y, r.qkv, r.y, r.lse, B, Tn, C_, NH_, probs);
+  attention_core_backward(core_.get(), be, d_qkv, d_y, r.qkv, r.y, r.lse, B, Tn, C_, NH_, probs);
   linear_backward(ps, dx, c_attn_w, c_attn_b, d_qkv, x, BT, C_, 3 * C_);
 }
 

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,45 @@
 #include "loom/nn/param_store.h"
 
 namespace loom {
+
+// The attention core between the projections: y (B, Tn, C) and lse
+// (B, NH, Tn) from this rank's q|k|v (B, Tn, 3C) of NH heads, and back.
+// Without one a layer runs the backend's kernel over its whole sequence;
+// context parallelism's (parallel/context) attends this rank's chunks to
+// every rank's keys and values. lse is the core's own: a core may lay it
+// out as it likes, in B x NH x Tn elements.
+template <typename T>
+class AttentionCore {
+ public:
+  virtual ~AttentionCore() = default;
+  virtual void forward(const Backend<T>& be, T* y, T* lse, const T* qkv, int64_t B, int64_t Tn,
+                       int64_t C, int64_t NH, const DropoutSpec& probs) const = 0;
+  // dqkv (B, Tn, 3C) += from dy, given forward's y and lse.
+  virtual void backward(const Backend<T>& be, T* dqkv, const T* dy, const T* qkv, const T* y,
+                        const T* lse, int64_t B, int64_t Tn, int64_t C, int64_t NH,
+                        const DropoutSpec& probs) const = 0;
+};
+
+// The core a layer runs: `core`, or the backend's kernel over the whole sequence.
+template <typename T>
+void attention_core_forward(const AttentionCore<T>* core, const Backend<T>& be, T* y, T* lse,
+                            const T* qkv, int64_t B, int64_t Tn, int64_t C, int64_t NH,
+                            const DropoutSpec& probs) {
+  if (core)
+    core->forward(be, y, lse, qkv, B, Tn, C, NH, probs);
+  else
+    be.attention_forward(y, lse, qkv, B, Tn, C, NH, probs);
+}
+
+template <typename T>
+void attention_core_backward(const AttentionCore<T>* core, const Backend<T>& be, T* dqkv,
+                             const T* dy, const T* qkv, const T* y, const T* lse, int64_t B,
+                             int64_t Tn, int64_t C, int64_t NH, const DropoutSpec& probs) {
+  if (core)
+    core->backward(be, dqkv, dy, qkv, y, lse, B, Tn, C, NH, probs);
+  else
+    be.attention_backward(dqkv, dy, qkv, y, lse, B, Tn, C, NH, probs);
+}
 
 template <typename T>
 class AttentionLayer {
@@ -46,7 +86,9 @@ class Attention final : public AttentionLayer<T> {
  public:
   // Declares <prefix>.c_attn.{weight,bias} (C, 3C) (3C) and
   // <prefix>.c_proj.{weight,bias} (C, C) (C); c_proj is drawn with proj_std.
-  Attention(ParamLayout& layout, const std::string& prefix, const GptConfig& c, float proj_std);
+  // core: the attention core (null: the backend's over the whole sequence).
+  Attention(ParamLayout& layout, const std::string& prefix, const GptConfig& c, float proj_std,
+            std::shared_ptr<const AttentionCore<T>> core = nullptr);
   ParamId c_attn_w, c_attn_b, c_proj_w, c_proj_b;
 
   int64_t record_elems(const Rows& rows, bool selective) const override;
@@ -67,6 +109,7 @@ class Attention final : public AttentionLayer<T> {
   };
   Record bind(T* record, T* recompute, int64_t B, int64_t Tn, bool selective) const;
   int64_t C_, NH_;
+  std::shared_ptr<const AttentionCore<T>> core_;
 };
 
 }  // namespace loom

@@ -58,12 +58,38 @@ struct StepContext {
 // B x T of them, or, under sequence parallelism, the slice [first, first +
 // count) of the flattened (B, T) grid (LayerNorms, dropout and residuals run
 // on it; the attention and the MLP gather the whole sequence).
+//
+// Under context parallelism Tn is this rank's share of each sequence (two
+// chunks, ContextSplit) and pos (Tn) the global position of each local one,
+// which the position embedding, dropout masks and the causal mask use; null:
+// the local position is the global one.
 struct Rows {
   int64_t B = 0, Tn = 0;
   int64_t first = 0, count = 0;
+  const int32_t* pos = nullptr;
   int64_t all() const { return B * Tn; }
   bool split() const { return count != B * Tn; }
   static Rows whole(int64_t B, int64_t Tn) { return Rows{B, Tn, 0, B * Tn}; }
+};
+
+// Context parallelism's cut: a sequence of T tokens in 2 x size chunks of
+// T / (2 size); rank `rank` holds chunks chunk(0) and chunk(1), in that order
+// (balanced: r and 2 size - 1 - r, so every rank has the same causal
+// attention work; else 2r and 2r + 1, one contiguous piece).
+struct ContextSplit {
+  int rank = 0, size = 1;
+  bool balanced = true;
+  int chunk(int k) const { return balanced ? (k == 0 ? rank : 2 * size - 1 - rank) : 2 * rank + k; }
+  // The global position of local position t of a local sequence of Tl tokens.
+  int64_t position(int64_t t, int64_t Tl) const {
+    const int64_t Tc = Tl / 2;
+    return chunk(static_cast<int>(t / Tc)) * Tc + t % Tc;
+  }
+  std::vector<int32_t> positions(int64_t Tl) const {
+    std::vector<int32_t> p(static_cast<size_t>(Tl));
+    for (int64_t t = 0; t < Tl; ++t) p[static_cast<size_t>(t)] = static_cast<int32_t>(position(t, Tl));
+    return p;
+  }
 };
 
 // Part of a layer's record, in elements from the record's start. A 16-bit
@@ -86,7 +112,9 @@ struct Dropout {
   template <typename T>
   void apply(const Backend<T>& be, T* x, int layer, DropoutSite site, const Rows& rows,
              int64_t C) const {
-    be.dropout(x, at(layer, site), rows.Tn, C, rows.first, rows.count);
+    DropoutSpec spec = at(layer, site);
+    spec.positions = rows.pos;
+    be.dropout(x, spec, rows.Tn, C, rows.first, rows.count);
   }
   DropoutStream stream;
   uint64_t sample0;

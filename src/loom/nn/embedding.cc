@@ -18,7 +18,7 @@ void Embedding<T>::forward(const ParamStore<T>& ps, T* out, const int32_t* token
                            const Dropout& drop) const {
   const auto& be = ps.backend();
   LOOM_CHECK(!rows.split(), "the single-process embedding works on whole micro-batches");
-  be.encoder_forward(out, tokens, ps.weight(wte_), ps.weight(wpe_), rows.B, rows.Tn, C_);
+  be.encoder_forward(out, tokens, ps.weight(wte_), ps.weight(wpe_), rows.B, rows.Tn, C_, rows.pos);
   drop.apply(be, out, -1, DropoutSite::kEmbedding, rows, C_);
 }
 
@@ -29,16 +29,17 @@ void Embedding<T>::backward(const ParamStore<T>& ps, T* dout, const int32_t* tok
   drop.apply(be, dout, -1, DropoutSite::kEmbedding, rows, C_);
   const int64_t B = rows.B, Tn = rows.Tn, C = C_, V = V_;
   const ParamId wte = wte_, wpe = wpe_;
+  const int32_t* pos = rows.pos;  // the stage's, alive as long as the stage
   if (DeferredGrads<T>* d = ps.deferral()) {
     // The lookup's backward writes parameter gradients alone: all of it waits.
     const T* dy = d->keep(static_cast<const T*>(dout), B * Tn * C);
     const int32_t* tok = d->keep(tokens, B * Tn);
     d->add([=](const ParamStore<T>& s) {
-      s.backend().encoder_backward(s.grad(wte), s.grad(wpe), dy, tok, B, Tn, C, 0, V);
+      s.backend().encoder_backward(s.grad(wte), s.grad(wpe), dy, tok, B, Tn, C, 0, V, pos);
     });
     return;
   }
-  be.encoder_backward(ps.grad(wte), ps.grad(wpe), dout, tokens, B, Tn, C, 0, V);
+  be.encoder_backward(ps.grad(wte), ps.grad(wpe), dout, tokens, B, Tn, C, 0, V, pos);
 }
 
 template class Embedding<float>;

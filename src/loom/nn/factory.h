@@ -28,7 +28,7 @@ class LayerFactory {
   virtual std::unique_ptr<AttentionLayer<T>> attention(ParamLayout& layout,
                                                        const std::string& prefix,
                                                        const GptConfig& c, float proj_std) const {
-    return std::make_unique<Attention<T>>(layout, prefix, c, proj_std);
+    return std::make_unique<Attention<T>>(layout, prefix, c, proj_std, core_);
   }
   // Block `layer`'s: the MLP, or a mixture of experts (c.moe_layer).
   virtual std::unique_ptr<FeedForward<T>> feed_forward(ParamLayout& layout,
@@ -59,9 +59,12 @@ class LayerFactory {
   // ranks: this rank's piece and the number of pieces (sequence parallelism);
   // {0, 1}: every rank works on all rows.
   virtual std::pair<int, int> sequence_split() const { return {0, 1}; }
+  // How a micro-batch's sequences split across the context-parallel group
+  // (this rank's two chunks); {0, 1}: whole sequences here.
+  ContextSplit context_split() const { return context_; }
   // Whether the layers are the single-process ones with every expert here
   // (KV-cache decoding reads their weights directly).
-  virtual bool serial() const { return experts_ == nullptr; }
+  virtual bool serial() const { return experts_ == nullptr && core_ == nullptr; }
   static const LayerFactory<T>& single_process() {
     static const LayerFactory<T> f;
     return f;
@@ -69,9 +72,16 @@ class LayerFactory {
   // Expert parallelism: the MoE layers' experts split over the
   // dispatcher's group (null: every expert on every rank).
   void set_expert_dispatcher(std::shared_ptr<ExpertDispatcher<T>> d) { experts_ = std::move(d); }
+  // Context parallelism: every attention layer runs `core`, each sequence
+  // split as `split` says.
+  void set_attention_core(std::shared_ptr<const AttentionCore<T>> core, ContextSplit split) {
+    core_ = std::move(core), context_ = split;
+  }
 
  protected:
   std::shared_ptr<ExpertDispatcher<T>> experts_;
+  std::shared_ptr<const AttentionCore<T>> core_;
+  ContextSplit context_;
 };
 
 }  // namespace loom

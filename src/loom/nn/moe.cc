@@ -83,13 +83,13 @@ int64_t MoeLayer<T>::record_elems(const Rows& all, bool selective) const {
   // logits, the dispatched rows of x, the experts' outputs for them, the
   // rows received (with a dispatcher), the experts' records.
   return logit_elems(rows) + 2 * n * C_ + (dispatcher_ ? R * C_ : 0) +
-         experts_[0]->record_elems(Rows{1, R, 0, R}, selective);
+         experts_[0]->record_elems(Rows::whole(1, R), selective);
 }
 
 template <typename T>
 int64_t MoeLayer<T>::recompute_elems(const Rows& all, bool selective) const {
   const int64_t R = expert_rows(local_rows(all));
-  return experts_[0]->recompute_elems(Rows{1, R, 0, R}, selective);
+  return experts_[0]->recompute_elems(Rows::whole(1, R), selective);
 }
 
 template <typename T>
@@ -99,7 +99,7 @@ int64_t MoeLayer<T>::scratch_elems(const Rows& all) const {
   // dy and dx of the dispatched rows, dgate, dlogits, with a dispatcher dy
   // and dx of the rows received, an expert's scratch.
   return 2 * n * C_ + n + logit_elems(rows) + (dispatcher_ ? 2 * R * C_ : 0) +
-         experts_[0]->scratch_elems(Rows{1, R, 0, R});
+         experts_[0]->scratch_elems(Rows::whole(1, R));
 }
 
 template <typename T>

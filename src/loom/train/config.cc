@@ -4,6 +4,7 @@
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <numeric>
 #include <sstream>
 
 #include "loom/core/error.h"
@@ -223,16 +224,60 @@ bool has(const json& j, const char* path) {
   return lookup(j, path) != nullptr;
 }
 
+// The 2 x cp chunks of every sequence, and what each way of reaching the
+// other chunks' keys and values needs.
+void resolve_context(const Config& c, const std::string& source) {
+  const ParallelConfig& p = c.parallel;
+  const GptConfig& m = c.model;
+  const int64_t cp = p.context, T = m.seq_len;
+  // With the sequence split over the tensor group too, each chunk pair
+  // splits into tensor equal pieces.
+  const int64_t tp = p.sequence_parallel ? p.tensor : 1;
+  const int64_t step = p.sequence_parallel ? cp * std::lcm(int64_t{2}, tp) : 2 * cp;
+  if (T % step != 0) {
+    const int64_t below = T / step * step, above = below + step;
+    fail(source,
+         p.sequence_parallel
+             ? format("model.seq_len {} does not divide into parallel.context {} x lcm(2, "
+                      "parallel.tensor {}) = {} (2 x context chunks, each rank's pair split over "
+                      "the tensor group); nearest valid seq_len: {}",
+                      T, cp, tp, step,
+                      below > 0 ? format("{} or {}", below, above) : format("{}", above))
+             : format("model.seq_len {} does not divide into 2 x parallel.context {} = {} chunks; "
+                      "nearest valid seq_len: {}",
+                      T, cp, step,
+                      below > 0 ? format("{} or {}", below, above) : format("{}", above)));
+  }
+  if (p.context_comm == "a2a") {
+    const int64_t heads = m.n_head / p.tensor;  // this rank's, tensor-divisibility checked above
+    if (heads % cp != 0) {
+      std::string valid;
+      for (int64_t d = 1; d <= heads; ++d)
+        if (heads % d == 0) valid += (valid.empty() ? "" : ", ") + std::to_string(d);
+      fail(source, format("parallel.context_comm a2a gives each rank n_head / parallel.tensor / "
+                          "parallel.context heads, but model.n_head {} / tensor {} = {} heads "
+                          "do not divide by parallel.context {}; valid context sizes for a2a: "
+                          "{} (or context_comm p2p / all_gather, which split no heads)",
+                          m.n_head, p.tensor, heads, cp, valid));
+    }
+  }
+}
+
 void resolve_parallel(Config& c, const json& j, int world_size, const std::string& source) {
   const ParallelConfig& p = c.parallel;
   if (p.tensor > world_size)
     fail(source,
          format("parallel.tensor {} is larger than the job's {} rank(s)", p.tensor, world_size));
-  const int64_t model = int64_t{p.tensor} * p.pipeline;
+  const int64_t model = int64_t{p.tensor} * p.pipeline * p.context;
   if (world_size % model != 0)
-    fail(source, format("the job's {} rank(s) do not divide into parallel.tensor {} x "
-                        "parallel.pipeline {}",
-                        world_size, p.tensor, p.pipeline));
+    fail(source,
+         p.context > 1
+             ? format("the job's {} rank(s) do not divide into parallel.tensor {} x "
+                      "parallel.context {} x parallel.pipeline {}",
+                      world_size, p.tensor, p.context, p.pipeline)
+             : format("the job's {} rank(s) do not divide into parallel.tensor {} x "
+                      "parallel.pipeline {}",
+                      world_size, p.tensor, p.pipeline));
   const int tp = p.tensor;
   GptConfig& m = c.model;
   if (tp > 1) {
@@ -249,20 +294,32 @@ void resolve_parallel(Config& c, const json& j, int world_size, const std::strin
   }
   c.data_parallel = get_or<int64_t>(j, "parallel.data", world_size / model);
   if (c.data_parallel * model != world_size)
-    fail(source, format("parallel.data is {} but the job has {} rank(s) (= tensor {} x pipeline "
-                        "{} x data {})",
-                        c.data_parallel, world_size, p.tensor, p.pipeline, world_size / model));
+    fail(source,
+         p.context > 1
+             ? format("parallel.data is {} but the job has {} rank(s) (= tensor {} x context {} x "
+                      "pipeline {} x data {})",
+                      c.data_parallel, world_size, p.tensor, p.context, p.pipeline,
+                      world_size / model)
+             : format("parallel.data is {} but the job has {} rank(s) (= tensor {} x pipeline "
+                      "{} x data {})",
+                      c.data_parallel, world_size, p.tensor, p.pipeline, world_size / model));
+  if (p.context > 1) resolve_context(c, source);
   // Expert parallelism splits each MoE layer's experts over groups of
-  // data-parallel ranks.
+  // data-parallel (x context-parallel) ranks.
   if (p.expert > 1) {
     if (m.moe_experts == 0)
       fail(source, format("parallel.expert is {} but the model has no mixture-of-experts layers "
                           "(model.moe.num_experts)",
                           p.expert));
-    if (c.data_parallel % p.expert != 0)
-      fail(source, format("parallel.expert {} does not divide the data-parallel size {} (expert "
-                          "groups are carved out of the data-parallel ranks)",
-                          p.expert, c.data_parallel));
+    if ((c.data_parallel * p.context) % p.expert != 0)
+      fail(source,
+           p.context > 1
+               ? format("parallel.expert {} does not divide the data-parallel x context-parallel "
+                        "size {} x {} = {} (expert groups are carved out of those ranks)",
+                        p.expert, c.data_parallel, p.context, c.data_parallel * p.context)
+               : format("parallel.expert {} does not divide the data-parallel size {} (expert "
+                        "groups are carved out of the data-parallel ranks)",
+                        p.expert, c.data_parallel));
     if (m.moe_experts % p.expert != 0)
       fail(source, format("model.moe.num_experts {} is not divisible by parallel.expert {} (each "
                           "rank holds num_experts / expert of them)",
@@ -491,11 +548,13 @@ Config parse_config(const std::string& text, const std::string& source,
       fail(source,
            "parallel.sequence_parallel splits the sequence across the tensor-parallel "
            "group; it needs parallel.tensor > 1");
-    const int64_t tokens = c.micro_batch * c.model.seq_len;
+    // A context-parallel rank's share of the sequence is what splits.
+    const int64_t local = c.model.seq_len / c.parallel.context;
+    const int64_t tokens = c.micro_batch * local;
     if (tokens % c.parallel.tensor != 0)
       fail(source, format("parallel.sequence_parallel: a micro-batch of {} x {} = {} tokens does "
                           "not split into parallel.tensor {} pieces",
-                          c.micro_batch, c.model.seq_len, tokens, c.parallel.tensor));
+                          c.micro_batch, local, tokens, c.parallel.tensor));
     if (c.model.moe_experts > 0)
       LOOM_FAIL(kUnsupported,
                 "{}: parallel.sequence_parallel with mixture-of-experts layers is not supported "

@@ -67,9 +67,17 @@ struct LogConfig {
   int64_t report_every = 0;  // rewrite report.html every N steps (0: never)
 };
 
-// parallel.*: the rank grid. dp = world / (tensor x pipeline).
+// parallel.*: the rank grid. dp = world / (tensor x context x pipeline).
 struct ParallelConfig {
   int tensor = 1, pipeline = 1, expert = 1;
+  // Context parallelism: each sequence cut into 2 x context chunks, rank r of
+  // the context group holding chunks r and 2 x context - 1 - r; the
+  // attention's keys and values cross the group by context_comm ("p2p": a
+  // ring overlapped with the attention, "all_gather", "a2a": all-to-all to
+  // whole sequences for a share of the heads).
+  int context = 1;
+  std::string context_comm = "p2p";
+  bool context_balance = true;  // false: rank r holds chunks 2r and 2r + 1 (one contiguous piece)
   bool sequence_parallel = false;  // LayerNorm and dropout regions split along the sequence
   // Pipeline: the schedule, chunks per stage (interleaved), and how the
   // blocks are cut into the pipeline x virtual_stages parts: "uniform",
@@ -107,6 +115,8 @@ struct Config {
   int64_t grad_accum = 0;   // gradient_accumulation_steps
   int64_t data_parallel = 1;
   ParallelConfig parallel;
+  // The tokens of each sequence one rank holds: seq_len / parallel.context.
+  int64_t local_seq_len() const { return model.seq_len / parallel.context; }
   CheckpointingConfig checkpointing;
   double gradient_clipping = 0.0;  // 0: off
   OptimizerConfig optimizer;

@@ -125,7 +125,7 @@ std::vector<ConfigKey> model_and_job_keys() {
       key("parallel.data", KeyKind::kInt)
           .range(1, 1 << 20)
           .resolved([](const Config& c) { return json(c.data_parallel); })
-          .doc("int >= 1", "ranks / (tensor x pipeline)", "data-parallel size"),
+          .doc("int >= 1", "ranks / (tensor x context x pipeline)", "data-parallel size"),
       key("parallel.tensor", KeyKind::kInt)
           .range(1, 1 << 20)
           .or_else(1)
@@ -134,6 +134,32 @@ std::vector<ConfigKey> model_and_job_keys() {
                "tensor-parallel size: each block, the embedding and the LM head split across this "
                "many ranks ([parallel.md](parallel.md#tensor-parallelism)); `n_head` must be "
                "divisible by it; the vocabulary is padded to a multiple of 128 x it"),
+      key("parallel.context", KeyKind::kInt)
+          .range(1, 1 << 20)
+          .or_else(1)
+          .lands(LOOM_FIELD(c.parallel.context, int))
+          .doc("int >= 1", "1",
+               "context-parallel size: each sequence is cut into 2 x context chunks and rank r of "
+               "the group holds chunks r and 2 x context - 1 - r (equal causal attention work), "
+               "so activations per rank shrink with it "
+               "([parallel.md](parallel.md#context-parallelism)); `seq_len` must divide by 2 x "
+               "context (with `sequence_parallel`, by context x lcm(2, tensor)). The grid puts it "
+               "between tensor and data"),
+      key("parallel.context_comm", KeyKind::kString)
+          .one_of({"p2p", "all_gather", "a2a"})
+          .or_else("p2p")
+          .lands(LOOM_FIELD(c.parallel.context_comm, std::string))
+          .doc("`p2p`, `all_gather`, `a2a`", "`p2p`",
+               "how attention reaches the other chunks' keys and values: a ring passing them on "
+               "while the attention runs on the ones held (overlapped); all-gathered before the "
+               "attention; all-to-all turning the sequence split into a head split (`n_head` / "
+               "`tensor` must divide by `context`)"),
+      key("parallel.context_balance", KeyKind::kBool)
+          .or_else(true)
+          .lands(LOOM_FIELD(c.parallel.context_balance, bool))
+          .doc("bool", "true",
+               "false: rank r holds the r-th contiguous piece of each sequence instead (the last "
+               "rank then does the most causal attention work; for measuring the balance)"),
       key("parallel.sequence_parallel", KeyKind::kBool)
           .or_else(false)
           .lands(LOOM_FIELD(c.parallel.sequence_parallel, bool))
@@ -151,7 +177,7 @@ std::vector<ConfigKey> model_and_job_keys() {
                "`virtual_stages` chunks), the embedding on the first, the head on the last "
                "([parallel.md](parallel.md#pipeline-parallelism)); the micro-batches of a step "
                "(`gradient_accumulation_steps`) flow through them. Rank grid in Megatron-LM's "
-               "order: tensor fastest, then data, then pipeline"),
+               "order: tensor fastest, then context, then data, then pipeline"),
       key("parallel.schedule", KeyKind::kString)
           .one_of({"gpipe", "1f1b", "interleaved", "zero_bubble"})
           .or_else("1f1b")

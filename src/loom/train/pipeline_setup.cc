@@ -114,7 +114,7 @@ PartitionReport resolve_partition(const Config& config, const ParallelContext& c
   if (ctx.rank == 0) {
     try {
       const pp::ModelCosts costs =
-          measure_model_costs(config.model, config.micro_batch, config.model.seq_len, 3,
+          measure_model_costs(config.model, config.micro_batch, config.local_seq_len(), 3,
                               config.checkpointing.policy.records, backend);
       r.counts = pp::balanced_partition(costs, parts, in_flight,
                                         static_cast<double>(p.stage_memory_bytes));

@@ -661,7 +661,7 @@ void RunProfiler::add(StepEngine& engine, const StepResult& r, const MemStats& m
     if (mine_.chunks.size() <= static_cast<size_t>(c)) {
       ChunkProfile cp{st.first(), st.last(), {}};
       const std::vector<size_t> kept =
-          st.piece_record_bytes(config_.micro_batch, config_.model.seq_len);
+          st.piece_record_bytes(config_.micro_batch, config_.local_seq_len());
       for (size_t k = 0; k < pieces.size(); ++k) {
         PieceProfile q{pieces[k].name, pieces[k].params};
         q.record_bytes = k < kept.size() ? double(kept[k]) : 0;

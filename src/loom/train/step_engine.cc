@@ -27,14 +27,23 @@ namespace {
 // single-process layers.
 std::unique_ptr<LayerFactory<float>> layers_for(
     const tp::Group& g, bool sequence_parallel, bool moe_split,
-    const std::shared_ptr<ep::AllToAllDispatcher>& experts) {
+    const std::shared_ptr<ep::AllToAllDispatcher>& experts,
+    const std::shared_ptr<context::ContextAttention>& context) {
   std::unique_ptr<LayerFactory<float>> f;
   if (g.size() > 1)
     f = std::make_unique<tp::TensorParallelFactory>(g, sequence_parallel, moe_split);
-  else if (experts)
+  else if (experts || context)
     f = std::make_unique<LayerFactory<float>>();
   if (f && experts) f->set_expert_dispatcher(experts);
+  if (f && context) f->set_attention_core(context, context->split());
   return f;
+}
+
+std::shared_ptr<context::ContextAttention> context_for(const Config& c,
+                                                       const ParallelContext& ctx) {
+  if (!ctx.cp || ctx.cp->size() == 1) return nullptr;
+  return std::make_shared<context::ContextAttention>(
+      ctx.cp, context::parse_context_comm(c.parallel.context_comm), c.parallel.context_balance);
 }
 
 // The type the layers' tensors cross ranks in (comm.payloads): a bf16
@@ -58,11 +67,12 @@ StepEngine::StepEngine(const Config& config, ParallelContext ctx, const Backend<
       backend_(backend),
       tp_(ctx_.tp, payload_type(config), &backend),
       experts_(experts_for(config, ctx_, backend)),
+      context_(context_for(config, ctx_)),
       // Under tensor parallelism the MoE layers split a micro-batch's
       // sequences over the group when they divide evenly.
       moe_split_(tp_.size() > 1 && config.model.moe_experts > 0 &&
                  config.micro_batch % tp_.size() == 0),
-      layers_(layers_for(tp_, config.parallel.sequence_parallel, moe_split_, experts_)) {
+      layers_(layers_for(tp_, config.parallel.sequence_parallel, moe_split_, experts_, context_)) {
   if (config_.precision == DType::kF16)
     scaler_ = std::make_unique<LossScaler>(config_.loss_scaling);
   set_fault_rank(ctx_.launch_rank);
@@ -75,15 +85,19 @@ StepEngine::StepEngine(const Config& config, ParallelContext ctx, const Backend<
   LOOM_CHECK_KIND(kConfig, config_.parallel.pipeline == p,
                   "the config's parallel.pipeline {} differs from the job's pipeline group of {}",
                   config_.parallel.pipeline, p);
-  LOOM_CHECK_KIND(kConfig, config_.data_parallel == ctx_.dp_size(),
+  LOOM_CHECK_KIND(kConfig, config_.parallel.context == ctx_.cp_size(),
+                  "the config's parallel.context {} differs from the job's context-parallel group "
+                  "of {}",
+                  config_.parallel.context, ctx_.cp_size());
+  LOOM_CHECK_KIND(kConfig, config_.data_parallel == ctx_.replicas(),
                   "the config's data-parallel size {} differs from the job's {}",
-                  config_.data_parallel, ctx_.dp_size());
+                  config_.data_parallel, ctx_.replicas());
   const int ep = ctx_.ep ? ctx_.ep->size() : 1;
   LOOM_CHECK_KIND(kConfig, config_.parallel.expert == ep,
                   "the config's parallel.expert {} differs from the job's expert-parallel group "
                   "of {}",
                   config_.parallel.expert, ep);
-  const int64_t B = config_.micro_batch, Tn = config_.model.seq_len, m = config_.grad_accum;
+  const int64_t B = config_.micro_batch, Tn = config_.local_seq_len(), m = config_.grad_accum;
   const pp::ScheduleKind kind = pp::parse_schedule(config_.parallel.schedule);
   const int v = kind == pp::ScheduleKind::kInterleaved ? config_.parallel.virtual_stages : 1;
   const int stage = ctx_.coord().pp;
@@ -140,13 +154,28 @@ const std::vector<pp::TraceSlice>& StepEngine::trace() const {
 }
 
 int64_t StepEngine::first_sample(int64_t micro) const {
-  return (micro * ctx_.dp_size() + ctx_.dp_rank()) * config_.micro_batch;
+  return (micro * ctx_.replicas() + ctx_.replica()) * config_.micro_batch;
 }
 
 void StepEngine::fill(const BatchSource& data, uint64_t step, int64_t sample0, int64_t micro) {
-  const size_t at = static_cast<size_t>(micro * config_.micro_batch * config_.model.seq_len);
-  data.fill(step, static_cast<uint64_t>(sample0), config_.micro_batch, config_.model.seq_len,
-            inputs_.data() + at, targets_.data() + at);
+  const int64_t B = config_.micro_batch, T = config_.model.seq_len, Tl = config_.local_seq_len();
+  const size_t at = static_cast<size_t>(micro * B * Tl);
+  if (!context_) {
+    data.fill(step, static_cast<uint64_t>(sample0), B, T, inputs_.data() + at,
+              targets_.data() + at);
+    return;
+  }
+  // Context parallelism: the whole sequences, then this rank's two chunks
+  // of each (inputs and targets alike; positions follow from the split).
+  std::vector<int32_t> in(static_cast<size_t>(B * T)), tg(in.size());
+  data.fill(step, static_cast<uint64_t>(sample0), B, T, in.data(), tg.data());
+  const ContextSplit cs = context_->split();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < Tl; ++t) {
+      const size_t from = static_cast<size_t>(b * T + cs.position(t, Tl));
+      const size_t to = at + static_cast<size_t>(b * Tl + t);
+      inputs_[to] = in[from], targets_[to] = tg[from];
+    }
 }
 
 StepStats StepEngine::step(const BatchSource& data, int64_t step, double lr) {
@@ -161,6 +190,7 @@ StepStats StepEngine::step(const BatchSource& data, int64_t step, double lr) {
   zero.zero_grads();
   stage.take_recompute_seconds();
   tp_.take_traffic();  // evaluation's does not count
+  if (context_) context_->take_stats();
   double loss_sum = 0;
   for (int64_t micro = 0; micro < accum; ++micro) {
     // Samples and dropout masks are keyed on the global sample index, so
@@ -203,7 +233,18 @@ StepStats StepEngine::step(const BatchSource& data, int64_t step, double lr) {
   r.comm.comm_s += t.seconds;
   r.comm.exposed_s += t.seconds;
   take_all_to_all(r);
+  take_context(r);
   return r;
+}
+
+void StepEngine::take_context(StepStats& r) {
+  if (!context_) return;
+  const context::ContextStats s = context_->take_stats();
+  r.t_context_attention = s.attention_s;
+  r.t_context_comm = s.comm_s;
+  r.t_context_exposed = s.exposed_s;
+  r.comm.comm_s += s.comm_s;
+  r.comm.exposed_s += s.exposed_s;
 }
 
 void StepEngine::take_compression(StepStats& r) {
@@ -275,10 +316,11 @@ StepStats StepEngine::step_pipelined(const BatchSource& data, int64_t step, doub
   using clock = std::chrono::steady_clock;
   StepStats r;
   r.loss_scale = scaler_ ? scaler_->scale() : 1.0;
-  const int64_t m = config_.grad_accum, BT = config_.micro_batch * config_.model.seq_len;
+  const int64_t m = config_.grad_accum, BT = config_.micro_batch * config_.local_seq_len();
   for (Chunk& c : chunks_) c.zero->zero_grads();
   drop_moe_stats();
   tp_.take_traffic();  // evaluation's does not count
+  if (context_) context_->take_stats();
   std::vector<pp::MicroBatch> mbs(static_cast<size_t>(m));
   for (int64_t micro = 0; micro < m; ++micro) {
     // Samples and dropout masks are keyed on the global sample index, as
@@ -351,6 +393,7 @@ StepStats StepEngine::step_pipelined(const BatchSource& data, int64_t step, doub
   r.comm.comm_s += t.seconds + st.wait;
   r.comm.exposed_s += t.seconds + st.wait;
   take_all_to_all(r);
+  take_context(r);
   return r;
 }
 
@@ -466,7 +509,7 @@ double StepEngine::agree_norm(double norm) const {
 }
 
 double StepEngine::evaluate_pipelined(const BatchSource& data, int64_t batches) {
-  const int64_t m = config_.grad_accum, BT = config_.micro_batch * config_.model.seq_len;
+  const int64_t m = config_.grad_accum, BT = config_.micro_batch * config_.local_seq_len();
   double sum = 0;
   std::vector<pp::MicroBatch> mbs(static_cast<size_t>(m));
   for (int64_t s = 0; s < batches; ++s) {

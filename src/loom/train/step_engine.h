@@ -17,6 +17,7 @@
 #include "loom/data/batch_source.h"
 #include "loom/model/gpt_stage.h"
 #include "loom/optim/loss_scaler.h"
+#include "loom/parallel/context/context_attention.h"
 #include "loom/parallel/expert/all_to_all.h"
 #include "loom/parallel/pipeline/executor.h"
 #include "loom/parallel/tensor/regions.h"
@@ -39,6 +40,9 @@ struct StepStats {
   // Expert parallelism: seconds of the MoE layers' all-to-alls
   // (also in comm; they block the layers, so all of it is exposed).
   double t_all_to_all = 0;
+  // Context parallelism: seconds in the attention kernels and in the
+  // keys' and values' collectives (also in comm), and their exposed part.
+  double t_context_attention = 0, t_context_comm = 0, t_context_exposed = 0;
   // Pipelined: over the pipeline's span (the first rank's start to the last
   // rank's last compute), the most idle rank's seconds without compute, the
   // mean idle share over the ranks; and this rank's seconds blocked on
@@ -139,6 +143,8 @@ class StepEngine {
   void drop_moe_stats();
   // The all-to-alls since the last call into r (its comm too).
   void take_all_to_all(StepStats& r);
+  // The context-parallel attention's collectives and kernel time into r.
+  void take_context(StepStats& r);
   // Every chunk's comm.compression stats of the step into r.
   void take_compression(StepStats& r);
   // After the gradient norm of step `step` (0-based): whether to update.
@@ -173,6 +179,7 @@ class StepEngine {
   double origin_s_ = 0;
   tp::Group tp_;                                     // the tensor-parallel group (traffic counted)
   std::shared_ptr<ep::AllToAllDispatcher> experts_;  // expert parallelism; null: none
+  std::shared_ptr<context::ContextAttention> context_;  // context parallelism; null: none
   bool moe_split_ = false;                           // tensor ranks split the MoE layers' sequences
   std::unique_ptr<LayerFactory<float>> layers_;      // parallel layers; null: one process's
   PartitionReport partition_;

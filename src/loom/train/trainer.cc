@@ -764,7 +764,7 @@ void Trainer::describe_run() const {
 void Trainer::describe_checkpointing() const {
   const CheckpointingConfig& a = config_.checkpointing;
   const GptStage<float>& s = engine_->stage();
-  const int64_t B = config_.micro_batch, Tn = config_.model.seq_len;
+  const int64_t B = config_.micro_batch, Tn = config_.local_seq_len();
   if (a.policy.kind != CheckpointPolicy::kNone || a.policy.records != DType::kF32)
     std::printf(
         "loom: activation checkpointing %s: %s; activations %.1f MB per micro-batch + %.1f MB "

@@ -194,12 +194,207 @@ void attention_backward(const GemmConfig& g, T* dqkv, const T* dout, const T* qk
   }
 }
 
+namespace {
+
+// One (batch, head) pair of a chunk pair: q (scaled) (Tq, hs), k and v (Tk, hs).
+template <typename T>
+struct ChunkTiles {
+  std::vector<T> q, k, v;
+  void load(const T* qp, const T* kvp, const AttentionChunk& a, int64_t b, int64_t h, int64_t hs,
+            T scale) {
+    q.resize(static_cast<size_t>(a.Tq * hs));
+    k.resize(static_cast<size_t>(a.Tk * hs)), v.resize(static_cast<size_t>(a.Tk * hs));
+    for (int64_t i = 0; i < a.Tq; ++i) {
+      const T* row = qp + b * a.q_batch + i * a.q_row + h * hs;
+      for (int64_t d = 0; d < hs; ++d) q[i * hs + d] = row[d] * scale;
+    }
+    for (int64_t j = 0; j < a.Tk; ++j) {
+      const T* row = kvp + b * a.kv_batch + j * a.kv_row + h * hs;
+      for (int64_t d = 0; d < hs; ++d) k[j * hs + d] = row[d], v[j * hs + d] = row[a.v_col + d];
+    }
+  }
+};
+
+// Keep mask (nq, kBlock) for global queries [qp0, qp0 + nq) and global keys
+// [kp0, kp0 + nk): the masks attention_forward draws at those positions
+// (drawn from the aligned channel below kp0, as the stream draws in fours).
+template <typename T>
+void chunk_keep(T* keep, std::vector<T>& tmp, const DropoutSpec& dropout, int64_t b, int64_t h,
+                int64_t qp0, int64_t nq, int64_t kp0, int64_t nk) {
+  const int64_t a0 = kp0 / 4 * 4;
+  tmp.resize(static_cast<size_t>(kp0 + nk - a0));
+  for (int64_t i = 0; i < nq; ++i) {
+    T* ki = keep + i * kBlock;
+    if (!dropout.active()) {
+      std::fill(ki, ki + nk, T(1));
+      continue;
+    }
+    dropout.stream->row(dropout.sample0 + b, dropout.site + static_cast<uint32_t>(h),
+                        static_cast<uint32_t>(qp0 + i), a0, kp0 + nk, tmp.data());
+    std::copy(tmp.begin() + (kp0 - a0), tmp.begin() + (kp0 - a0 + nk), ki);
+  }
+}
+
+// Keys of the block at global kp0 visible to the query at global qp.
+inline int64_t visible_at(int64_t qp, int64_t kp0, int64_t nk) {
+  return std::max<int64_t>(0, std::min(nk, qp - kp0 + 1));
+}
+
+}  // namespace
+
+template <typename T>
+void attention_chunk_forward(const GemmConfig& g, T* out, T* lse, const T* q, const T* kv,
+                             const AttentionChunk& a, const DropoutSpec& dropout) {
+  if (!a.visible()) return;
+  const int64_t hs = a.C / a.NH;
+  const T scale = T(1) / std::sqrt(T(hs));
+#pragma omp parallel
+  {
+    ChunkTiles<T> tiles;
+    std::vector<T> s(kBlock * kBlock), keep(kBlock * kBlock), acc(kBlock * hs), tmp;
+    std::vector<T> m(kBlock), l(kBlock);
+#pragma omp for collapse(2) schedule(static)
+    for (int64_t b = 0; b < a.B; ++b) {
+      for (int64_t h = 0; h < a.NH; ++h) {
+        tiles.load(q, kv, a, b, h, hs, scale);
+        for (int64_t i0 = 0; i0 < a.Tq; i0 += kBlock) {
+          const int64_t nq = std::min(kBlock, a.Tq - i0), qp0 = a.q_pos + i0;
+          std::fill(m.begin(), m.end(), -std::numeric_limits<T>::infinity());
+          std::fill(l.begin(), l.end(), T(0));
+          std::fill(acc.begin(), acc.end(), T(0));
+          for (int64_t j0 = 0; j0 < a.Tk && a.k_pos + j0 <= qp0 + nq - 1; j0 += kBlock) {
+            const int64_t nk = std::min(kBlock, a.Tk - j0), kp0 = a.k_pos + j0;
+            gemm<T>(g, false, true, nq, nk, hs, T(1), tiles.q.data() + i0 * hs, hs,
+                    tiles.k.data() + j0 * hs, hs, T(0), s.data(), kBlock);
+            chunk_keep(keep.data(), tmp, dropout, b, h, qp0, nq, kp0, nk);
+            for (int64_t i = 0; i < nq; ++i) {
+              T* si = s.data() + i * kBlock;
+              const int64_t jmax = visible_at(qp0 + i, kp0, nk);
+              T bmax = m[i];
+              for (int64_t j = 0; j < jmax; ++j) bmax = std::max(bmax, si[j]);
+              const T corr = jmax > 0 ? vexp(m[i] - bmax) : T(1);
+              T sum = 0;
+              const T* ki = keep.data() + i * kBlock;
+              for (int64_t j = 0; j < nk; ++j) {
+                T p = j < jmax ? vexp(si[j] - bmax) : T(0);
+                sum += p;
+                si[j] = p * ki[j];
+              }
+              if (jmax > 0) m[i] = bmax;
+              l[i] = l[i] * corr + sum;
+              T* ai = acc.data() + i * hs;
+              for (int64_t d = 0; d < hs; ++d) ai[d] *= corr;
+            }
+            gemm<T>(g, false, false, nq, hs, nk, T(1), s.data(), kBlock, tiles.v.data() + j0 * hs,
+                    hs, T(1), acc.data(), hs);
+          }
+          // Merge: out and lse over the keys before, and these keys'
+          // acc / l with log-sum-exp m + log l.
+          for (int64_t i = 0; i < nq; ++i) {
+            if (l[i] == T(0)) continue;  // no key of this chunk visible
+            T* o = out + b * a.o_batch + (i0 + i) * a.o_row + h * hs;
+            T& li = lse[b * a.lse_batch + h * a.lse_head + i0 + i];
+            const T lb = m[i] + std::log(l[i]);
+            const bool first = li == -std::numeric_limits<T>::infinity();
+            const T ln = first ? lb : std::max(li, lb) + std::log1p(std::exp(-std::abs(li - lb)));
+            const T wo = first ? T(0) : std::exp(li - ln), wb = std::exp(m[i] - ln);
+            for (int64_t d = 0; d < hs; ++d) o[d] = o[d] * wo + acc[i * hs + d] * wb;
+            li = ln;
+          }
+        }
+      }
+    }
+  }
+}
+
+template <typename T>
+void attention_chunk_backward(const GemmConfig& g, T* dq, T* dkv, const T* dout, const T* q,
+                              const T* kv, const T* out, const T* lse, const AttentionChunk& a,
+                              const DropoutSpec& dropout) {
+  if (!a.visible()) return;
+  const int64_t hs = a.C / a.NH;
+  const T scale = T(1) / std::sqrt(T(hs));
+#pragma omp parallel
+  {
+    ChunkTiles<T> tiles;
+    std::vector<T> s(kBlock * kBlock), dp(kBlock * kBlock), keep(kBlock * kBlock), tmp;
+    std::vector<T> gq, gk, gv, dO, D;
+#pragma omp for collapse(2) schedule(static)
+    for (int64_t b = 0; b < a.B; ++b) {
+      for (int64_t h = 0; h < a.NH; ++h) {
+        tiles.load(q, kv, a, b, h, hs, scale);
+        gq.assign(static_cast<size_t>(a.Tq * hs), T(0));
+        gk.assign(static_cast<size_t>(a.Tk * hs), T(0));
+        gv.assign(static_cast<size_t>(a.Tk * hs), T(0));
+        dO.resize(static_cast<size_t>(a.Tq * hs)), D.resize(static_cast<size_t>(a.Tq));
+        // D_i = dO_i . O_i over the final output (every key's share).
+        for (int64_t i = 0; i < a.Tq; ++i) {
+          const T* gi = dout + b * a.o_batch + i * a.o_row + h * hs;
+          const T* oi = out + b * a.o_batch + i * a.o_row + h * hs;
+          T acc = 0;
+          for (int64_t d = 0; d < hs; ++d) {
+            dO[i * hs + d] = gi[d];
+            acc += gi[d] * oi[d];
+          }
+          D[i] = acc;
+        }
+        const T* row_lse = lse + b * a.lse_batch + h * a.lse_head;
+        for (int64_t i0 = 0; i0 < a.Tq; i0 += kBlock) {
+          const int64_t nq = std::min(kBlock, a.Tq - i0), qp0 = a.q_pos + i0;
+          for (int64_t j0 = 0; j0 < a.Tk && a.k_pos + j0 <= qp0 + nq - 1; j0 += kBlock) {
+            const int64_t nk = std::min(kBlock, a.Tk - j0), kp0 = a.k_pos + j0;
+            gemm<T>(g, false, true, nq, nk, hs, T(1), tiles.q.data() + i0 * hs, hs,
+                    tiles.k.data() + j0 * hs, hs, T(0), s.data(), kBlock);
+            gemm<T>(g, false, true, nq, nk, hs, T(1), dO.data() + i0 * hs, hs,
+                    tiles.v.data() + j0 * hs, hs, T(0), dp.data(), kBlock);
+            chunk_keep(keep.data(), tmp, dropout, b, h, qp0, nq, kp0, nk);
+            for (int64_t i = 0; i < nq; ++i) {
+              const int64_t jmax = visible_at(qp0 + i, kp0, nk);
+              T* si = s.data() + i * kBlock;
+              T* dpi = dp.data() + i * kBlock;
+              const T* ki = keep.data() + i * kBlock;
+              const T li = row_lse[i0 + i], Di = D[i0 + i];
+              for (int64_t j = 0; j < nk; ++j) {
+                T p = j < jmax ? vexp(si[j] - li) : T(0);
+                si[j] = p * ki[j];
+                dpi[j] = p * (dpi[j] * ki[j] - Di);
+              }
+            }
+            gemm<T>(g, true, false, nk, hs, nq, T(1), s.data(), kBlock, dO.data() + i0 * hs, hs,
+                    T(1), gv.data() + j0 * hs, hs);
+            gemm<T>(g, false, false, nq, hs, nk, T(1), dp.data(), kBlock, tiles.k.data() + j0 * hs,
+                    hs, T(1), gq.data() + i0 * hs, hs);
+            gemm<T>(g, true, false, nk, hs, nq, T(1), dp.data(), kBlock, tiles.q.data() + i0 * hs,
+                    hs, T(1), gk.data() + j0 * hs, hs);
+          }
+        }
+        for (int64_t i = 0; i < a.Tq; ++i) {
+          T* r = dq + b * a.q_batch + i * a.q_row + h * hs;
+          for (int64_t d = 0; d < hs; ++d) r[d] += gq[i * hs + d] * scale;
+        }
+        for (int64_t j = 0; j < a.Tk; ++j) {
+          T* r = dkv + b * a.kv_batch + j * a.kv_row + h * hs;
+          for (int64_t d = 0; d < hs; ++d) {
+            r[d] += gk[j * hs + d];
+            r[a.v_col + d] += gv[j * hs + d];
+          }
+        }
+      }
+    }
+  }
+}
+
 #define LOOM_INSTANTIATE(T)                                                                 \
   template void attention_forward<T>(const GemmConfig&, T*, T*, const T*, int64_t, int64_t, \
                                      int64_t, int64_t, const DropoutSpec&);                 \
   template void attention_backward<T>(const GemmConfig&, T*, const T*, const T*, const T*,  \
                                       const T*, int64_t, int64_t, int64_t, int64_t,         \
-                                      const DropoutSpec&);
+                                      const DropoutSpec&);                                  \
+  template void attention_chunk_forward<T>(const GemmConfig&, T*, T*, const T*, const T*,    \
+                                           const AttentionChunk&, const DropoutSpec&);       \
+  template void attention_chunk_backward<T>(const GemmConfig&, T*, T*, const T*, const T*,   \
+                                            const T*, const T*, const T*,                    \
+                                            const AttentionChunk&, const DropoutSpec&);
 LOOM_INSTANTIATE(float)
 LOOM_INSTANTIATE(double)
 #undef LOOM_INSTANTIATE

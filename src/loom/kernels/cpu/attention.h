@@ -23,4 +23,16 @@ void attention_backward(const GemmConfig& g, T* dqkv, const T* dout, const T* qk
                         const T* lse, int64_t B, int64_t Tn, int64_t C, int64_t NH,
                         const DropoutSpec& dropout);
 
+// Context parallelism's chunk pair (Backend::attention_chunk_forward):
+// merges the attention of a.Tq queries over a.Tk keys into out and lse.
+template <typename T>
+void attention_chunk_forward(const GemmConfig& g, T* out, T* lse, const T* q, const T* kv,
+                             const AttentionChunk& a, const DropoutSpec& dropout);
+
+// Accumulates dq and dkv of one chunk pair given the final out and lse.
+template <typename T>
+void attention_chunk_backward(const GemmConfig& g, T* dq, T* dkv, const T* dout, const T* q,
+                              const T* kv, const T* out, const T* lse, const AttentionChunk& a,
+                              const DropoutSpec& dropout);
+
 }  // namespace loom::cpu

@@ -98,6 +98,20 @@ void CpuBackend<T>::attention_forward(T* out, T* lse, const T* qkv, int64_t B, i
   cpu::attention_forward<T>(g_, out, lse, qkv, B, Tn, C, NH, dropout);
 }
 template <typename T>
+void CpuBackend<T>::attention_chunk_forward(T* out, T* lse, const T* q, const T* kv,
+                                            const AttentionChunk& a,
+                                            const DropoutSpec& dropout) const {
+  cpu::attention_chunk_forward<T>(g_, out, lse, q, kv, a, dropout);
+}
+
+template <typename T>
+void CpuBackend<T>::attention_chunk_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv,
+                                             const T* out, const T* lse, const AttentionChunk& a,
+                                             const DropoutSpec& dropout) const {
+  cpu::attention_chunk_backward<T>(g_, dq, dkv, dout, q, kv, out, lse, a, dropout);
+}
+
+template <typename T>
 void CpuBackend<T>::attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out,
                                        const T* lse, int64_t B, int64_t Tn, int64_t C, int64_t NH,
                                        const DropoutSpec& dropout) const {
@@ -127,14 +141,15 @@ void CpuBackend<T>::vocab_sum_exp(T* sum, const T* logits, const T* mx, int64_t 
 }
 template <typename T>
 void CpuBackend<T>::encoder_forward(T* out, const int32_t* tokens, WeightArg<T> wte,
-                                    WeightArg<T> wpe, int64_t B, int64_t Tn, int64_t C) const {
-  cpu::encoder_forward<T>(out, tokens, wte, wpe, B, Tn, C);
+                                    WeightArg<T> wpe, int64_t B, int64_t Tn, int64_t C,
+                                    const int32_t* pos) const {
+  cpu::encoder_forward<T>(out, tokens, wte, wpe, B, Tn, C, pos);
 }
 template <typename T>
 void CpuBackend<T>::encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens,
-                                     int64_t B, int64_t Tn, int64_t C, int64_t v0,
-                                     int64_t v1) const {
-  cpu::encoder_backward<T>(dwte, dwpe, dout, tokens, B, Tn, C, v0, v1);
+                                     int64_t B, int64_t Tn, int64_t C, int64_t v0, int64_t v1,
+                                     const int32_t* pos) const {
+  cpu::encoder_backward<T>(dwte, dwpe, dout, tokens, B, Tn, C, v0, v1, pos);
 }
 template <typename T>
 void CpuBackend<T>::embedding_lookup(T* out, const int32_t* tokens, WeightArg<T> wte, int64_t N,
@@ -143,8 +158,8 @@ void CpuBackend<T>::embedding_lookup(T* out, const int32_t* tokens, WeightArg<T>
 }
 template <typename T>
 void CpuBackend<T>::add_positions(T* out, WeightArg<T> wpe, int64_t Tn, int64_t C, int64_t row0,
-                                  int64_t n) const {
-  cpu::add_positions<T>(out, wpe, Tn, C, row0, n);
+                                  int64_t n, const int32_t* pos) const {
+  cpu::add_positions<T>(out, wpe, Tn, C, row0, n, pos);
 }
 template <typename T>
 void CpuBackend<T>::adamw(T* params, const T* grads, T* m, T* v, int64_t n,

@@ -99,8 +99,8 @@ void dropout_rows(T* x, const DropoutSpec& spec, int64_t Tn, int64_t C, int64_t 
 #pragma omp for
     for (int64_t i = 0; i < n; ++i) {
       const int64_t b = (row0 + i) / Tn, t = (row0 + i) % Tn;
-      spec.stream->row(spec.sample0 + static_cast<uint64_t>(b), spec.site, static_cast<uint32_t>(t),
-                       0, C, keep.data());
+      spec.stream->row(spec.sample0 + static_cast<uint64_t>(b), spec.site, spec.position(t), 0, C,
+                       keep.data());
       T* row = x + i * C;
       for (int64_t c = 0; c < C; ++c) row[c] *= keep[c];
     }

@@ -7,13 +7,14 @@ namespace loom::cpu {
 
 template <typename T>
 void encoder_forward(T* out, const int32_t* tokens, WeightArg<T> wte, WeightArg<T> wpe, int64_t B,
-                     int64_t Tn, int64_t C) {
+                     int64_t Tn, int64_t C, const int32_t* pos) {
   const bool f32 = wte.w16 == nullptr && wpe.w16 == nullptr;
 #pragma omp parallel for collapse(2)
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t t = 0; t < Tn; ++t) {
       T* o = out + (b * Tn + t) * C;
-      const int64_t e = static_cast<int64_t>(tokens[b * Tn + t]) * C, p = t * C;
+      const int64_t e = static_cast<int64_t>(tokens[b * Tn + t]) * C;
+      const int64_t p = (pos ? int64_t{pos[t]} : t) * C;
       if (f32) {
         for (int64_t c = 0; c < C; ++c) o[c] = wte.data[e + c] + wpe.data[p + c];
       } else {
@@ -25,7 +26,7 @@ void encoder_forward(T* out, const int32_t* tokens, WeightArg<T> wte, WeightArg<
 
 template <typename T>
 void encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t B, int64_t Tn,
-                      int64_t C, int64_t v0, int64_t v1) {
+                      int64_t C, int64_t v0, int64_t v1, const int32_t* pos) {
   // Each row's contributions are summed apart (positions in order) and added
   // to the gradient once, so a micro-batch's lookup gradient does not depend
   // on what the buffer held before: with the tied head's part already in it
@@ -61,7 +62,7 @@ void encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, in
         const T* d = dout + (b * Tn + t) * C + c0;
         for (int64_t c = 0; c < n; ++c) acc[c] += d[c];
       }
-      T* p = dwpe + t * C + c0;
+      T* p = dwpe + (pos ? int64_t{pos[t]} : t) * C + c0;
       for (int64_t c = 0; c < n; ++c) p[c] += acc[c];
     }
   }
@@ -84,24 +85,26 @@ void embedding_lookup(T* out, const int32_t* tokens, WeightArg<T> wte, int64_t N
 }
 
 template <typename T>
-void add_positions(T* out, WeightArg<T> wpe, int64_t Tn, int64_t C, int64_t row0, int64_t n) {
+void add_positions(T* out, WeightArg<T> wpe, int64_t Tn, int64_t C, int64_t row0, int64_t n,
+                   const int32_t* pos) {
 #pragma omp parallel for
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t t = (row0 + i) % Tn;
+    const int64_t local = (row0 + i) % Tn, t = pos ? int64_t{pos[local]} : local;
     for (int64_t c = 0; c < C; ++c) out[i * C + c] += wpe[t * C + c];
   }
 }
 
 template void encoder_forward<float>(float*, const int32_t*, WeightArg<float>, WeightArg<float>,
-                                     int64_t, int64_t, int64_t);
+                                     int64_t, int64_t, int64_t, const int32_t*);
 template void encoder_forward<double>(double*, const int32_t*, WeightArg<double>, WeightArg<double>,
-                                      int64_t, int64_t, int64_t);
+                                      int64_t, int64_t, int64_t, const int32_t*);
 #define LOOM_INSTANTIATE(T)                                                                      \
   template void encoder_backward<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t, int64_t, \
-                                    int64_t, int64_t);                                           \
+                                    int64_t, int64_t, const int32_t*);                           \
   template void embedding_lookup<T>(T*, const int32_t*, WeightArg<T>, int64_t, int64_t, int64_t, \
                                     int64_t);                                                    \
-  template void add_positions<T>(T*, WeightArg<T>, int64_t, int64_t, int64_t, int64_t);
+  template void add_positions<T>(T*, WeightArg<T>, int64_t, int64_t, int64_t, int64_t, \
+                                 const int32_t*);
 LOOM_INSTANTIATE(float)
 LOOM_INSTANTIATE(double)
 #undef LOOM_INSTANTIATE

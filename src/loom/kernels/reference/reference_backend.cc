@@ -215,8 +215,8 @@ void ReferenceBackend<T>::dropout(T* x, const DropoutSpec& spec, int64_t Tn, int
   std::vector<T> keep(static_cast<size_t>(C));
   for (int64_t i = 0; i < n; ++i) {
     const int64_t b = (row0 + i) / Tn, t = (row0 + i) % Tn;
-    spec.stream->row(spec.sample0 + static_cast<uint64_t>(b), spec.site, static_cast<uint32_t>(t),
-                     0, C, keep.data());
+    spec.stream->row(spec.sample0 + static_cast<uint64_t>(b), spec.site, spec.position(t), 0, C,
+                     keep.data());
     for (int64_t c = 0; c < C; ++c) x[i * C + c] *= keep[static_cast<size_t>(c)];
   }
 }
@@ -265,6 +265,103 @@ void ReferenceBackend<T>::attention_forward(T* out, T* lse, const T* qkv, int64_
             acc += std::exp(s[j] - mx) / sum * double(keep[j]) *
                    double(qkv[(b * Tn + j) * 3 * C + 2 * C + h * hs + d]);
           out[(b * Tn + i) * C + h * hs + d] = T(acc);
+        }
+      }
+}
+
+// The plain definition of a chunk pair: for each query, the scores of the
+// keys it sees, their log-sum-exp lb and output ob, merged with what out
+// and lse held: lse' = log(e^lse + e^lb), out' = out e^(lse - lse') + ob e^(lb - lse').
+template <typename T>
+void ReferenceBackend<T>::attention_chunk_forward(T* out, T* lse, const T* q, const T* kv,
+                                                  const AttentionChunk& a,
+                                                  const DropoutSpec& dropout) const {
+  const int64_t hs = a.C / a.NH;
+  const double scale = 1.0 / std::sqrt(double(hs));
+  std::vector<double> s(static_cast<size_t>(a.Tk));
+  std::vector<T> keep(static_cast<size_t>(a.Tk));
+  for (int64_t b = 0; b < a.B; ++b)
+    for (int64_t h = 0; h < a.NH; ++h)
+      for (int64_t i = 0; i < a.Tq; ++i) {
+        const int64_t n = std::min(a.Tk, a.q_pos + i - a.k_pos + 1);  // keys seen
+        if (n <= 0) continue;
+        const T* qi = q + b * a.q_batch + i * a.q_row + h * hs;
+        double mx = -std::numeric_limits<double>::infinity();
+        for (int64_t j = 0; j < n; ++j) {
+          const T* k = kv + b * a.kv_batch + j * a.kv_row + h * hs;
+          double dot = 0;
+          for (int64_t d = 0; d < hs; ++d) dot += double(qi[d]) * double(k[d]);
+          s[j] = dot * scale;
+          mx = std::max(mx, s[j]);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j < n; ++j) sum += std::exp(s[j] - mx);
+        const double lb = mx + std::log(sum);
+        std::fill(keep.begin(), keep.end(), T(1));
+        if (dropout.active()) {  // the row's masks from key 0, read at the global positions
+          std::vector<T> row(static_cast<size_t>(a.k_pos + n));
+          dropout.stream->row(dropout.sample0 + static_cast<uint64_t>(b),
+                              dropout.site + static_cast<uint32_t>(h),
+                              static_cast<uint32_t>(a.q_pos + i), 0, a.k_pos + n, row.data());
+          for (int64_t j = 0; j < n; ++j) keep[j] = row[static_cast<size_t>(a.k_pos + j)];
+        }
+        T& li = lse[b * a.lse_batch + h * a.lse_head + i];
+        const double lo = double(li);
+        const double ln = std::isinf(lo) && lo < 0 ? lb : std::log(std::exp(lo) + std::exp(lb));
+        const double wo = std::isinf(lo) && lo < 0 ? 0.0 : std::exp(lo - ln);
+        T* o = out + b * a.o_batch + i * a.o_row + h * hs;
+        for (int64_t d = 0; d < hs; ++d) {
+          double ob = 0;
+          for (int64_t j = 0; j < n; ++j)
+            ob += std::exp(s[j] - lb) * double(keep[j]) *
+                  double(kv[b * a.kv_batch + j * a.kv_row + a.v_col + h * hs + d]);
+          o[d] = T(double(o[d]) * wo + ob * std::exp(lb - ln));
+        }
+        li = T(ln);
+      }
+}
+
+template <typename T>
+void ReferenceBackend<T>::attention_chunk_backward(T* dq, T* dkv, const T* dout, const T* q,
+                                                   const T* kv, const T* out, const T* lse,
+                                                   const AttentionChunk& a,
+                                                   const DropoutSpec& dropout) const {
+  const int64_t hs = a.C / a.NH;
+  const double scale = 1.0 / std::sqrt(double(hs));
+  for (int64_t b = 0; b < a.B; ++b)
+    for (int64_t h = 0; h < a.NH; ++h)
+      for (int64_t i = 0; i < a.Tq; ++i) {
+        const int64_t n = std::min(a.Tk, a.q_pos + i - a.k_pos + 1);
+        if (n <= 0) continue;
+        const T* qi = q + b * a.q_batch + i * a.q_row + h * hs;
+        const T* g = dout + b * a.o_batch + i * a.o_row + h * hs;
+        const T* oi = out + b * a.o_batch + i * a.o_row + h * hs;
+        const double l = double(lse[b * a.lse_batch + h * a.lse_head + i]);
+        double D = 0;  // dO_i . O_i: the row term over every key
+        for (int64_t d = 0; d < hs; ++d) D += double(g[d]) * double(oi[d]);
+        std::vector<T> row(static_cast<size_t>(a.k_pos + n), T(1));
+        if (dropout.active())
+          dropout.stream->row(dropout.sample0 + static_cast<uint64_t>(b),
+                              dropout.site + static_cast<uint32_t>(h),
+                              static_cast<uint32_t>(a.q_pos + i), 0, a.k_pos + n, row.data());
+        for (int64_t j = 0; j < n; ++j) {
+          const T* k = kv + b * a.kv_batch + j * a.kv_row + h * hs;
+          const T* v = k + a.v_col;
+          double dot = 0, gv = 0;
+          for (int64_t d = 0; d < hs; ++d) {
+            dot += double(qi[d]) * double(k[d]);
+            gv += double(g[d]) * double(v[d]);
+          }
+          const double keep = double(row[static_cast<size_t>(a.k_pos + j)]);
+          const double p = std::exp(dot * scale - l);
+          const double ds = p * (keep * gv - D);
+          T* gk = dkv + b * a.kv_batch + j * a.kv_row + h * hs;
+          T* gq = dq + b * a.q_batch + i * a.q_row + h * hs;
+          for (int64_t d = 0; d < hs; ++d) {
+            gq[d] = T(double(gq[d]) + ds * double(k[d]) * scale);
+            gk[d] = T(double(gk[d]) + ds * double(qi[d]) * scale);
+            gk[a.v_col + d] = T(double(gk[a.v_col + d]) + p * keep * double(g[d]));
+          }
         }
       }
 }
@@ -374,25 +471,25 @@ void ReferenceBackend<T>::vocab_sum_exp(T* sum, const T* logits, const T* mx, in
 
 template <typename T>
 void ReferenceBackend<T>::encoder_forward(T* out, const int32_t* tokens, WeightArg<T> wte,
-                                          WeightArg<T> wpe, int64_t B, int64_t Tn,
-                                          int64_t C) const {
+                                          WeightArg<T> wpe, int64_t B, int64_t Tn, int64_t C,
+                                          const int32_t* pos) const {
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < Tn; ++t) {
-      const int64_t tok = tokens[b * Tn + t];
+      const int64_t tok = tokens[b * Tn + t], p = pos ? pos[t] : t;
       for (int64_t c = 0; c < C; ++c)
-        out[(b * Tn + t) * C + c] = T(double(wte[tok * C + c]) + double(wpe[t * C + c]));
+        out[(b * Tn + t) * C + c] = T(double(wte[tok * C + c]) + double(wpe[p * C + c]));
     }
 }
 
 template <typename T>
 void ReferenceBackend<T>::encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens,
-                                           int64_t B, int64_t Tn, int64_t C, int64_t v0,
-                                           int64_t v1) const {
+                                           int64_t B, int64_t Tn, int64_t C, int64_t v0, int64_t v1,
+                                           const int32_t* pos) const {
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < Tn; ++t) {
-      const int64_t tok = tokens[b * Tn + t];
+      const int64_t tok = tokens[b * Tn + t], p = pos ? pos[t] : t;
       const T* d = dout + (b * Tn + t) * C;
-      for (int64_t c = 0; c < C; ++c) dwpe[t * C + c] += d[c];
+      for (int64_t c = 0; c < C; ++c) dwpe[p * C + c] += d[c];
       if (tok < v0 || tok >= v1) continue;
       for (int64_t c = 0; c < C; ++c) dwte[(tok - v0) * C + c] += d[c];
     }
@@ -410,9 +507,11 @@ void ReferenceBackend<T>::embedding_lookup(T* out, const int32_t* tokens, Weight
 
 template <typename T>
 void ReferenceBackend<T>::add_positions(T* out, WeightArg<T> wpe, int64_t Tn, int64_t C,
-                                        int64_t row0, int64_t n) const {
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t c = 0; c < C; ++c) out[i * C + c] += wpe[((row0 + i) % Tn) * C + c];
+                                        int64_t row0, int64_t n, const int32_t* pos) const {
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t local = (row0 + i) % Tn, t = pos ? pos[local] : local;
+    for (int64_t c = 0; c < C; ++c) out[i * C + c] += wpe[t * C + c];
+  }
 }
 
 namespace {

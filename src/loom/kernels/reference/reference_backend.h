@@ -44,6 +44,11 @@ class ReferenceBackend final : public Backend<T> {
   void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse,
                           int64_t B, int64_t Tn, int64_t C, int64_t NH,
                           const DropoutSpec& dropout) const override;
+  void attention_chunk_forward(T* out, T* lse, const T* q, const T* kv, const AttentionChunk& a,
+                               const DropoutSpec& dropout) const override;
+  void attention_chunk_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv,
+                                const T* out, const T* lse, const AttentionChunk& a,
+                                const DropoutSpec& dropout) const override;
   void cross_entropy_forward(T* losses, T* lse, const T* logits, const int32_t* targets, int64_t N,
                              int64_t V, int64_t Vp) const override;
   void cross_entropy_backward(T* logits, const T* lse, const int32_t* targets, const T* dloss,
@@ -53,13 +58,14 @@ class ReferenceBackend final : public Backend<T> {
   void vocab_sum_exp(T* sum, const T* logits, const T* mx, int64_t N, int64_t V,
                      int64_t Vp) const override;
   void encoder_forward(T* out, const int32_t* tokens, WeightArg<T> wte, WeightArg<T> wpe, int64_t B,
-                       int64_t Tn, int64_t C) const override;
+                       int64_t Tn, int64_t C, const int32_t* pos) const override;
   void encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t B,
-                        int64_t Tn, int64_t C, int64_t v0, int64_t v1) const override;
+                        int64_t Tn, int64_t C, int64_t v0, int64_t v1,
+                        const int32_t* pos) const override;
   void embedding_lookup(T* out, const int32_t* tokens, WeightArg<T> wte, int64_t N, int64_t C,
                         int64_t v0, int64_t v1) const override;
-  void add_positions(T* out, WeightArg<T> wpe, int64_t Tn, int64_t C, int64_t row0,
-                     int64_t n) const override;
+  void add_positions(T* out, WeightArg<T> wpe, int64_t Tn, int64_t C, int64_t row0, int64_t n,
+                     const int32_t* pos) const override;
   void adamw(T* params, const T* grads, T* m, T* v, int64_t n,
              const AdamWParams& hp) const override;
   void adamw_16(float* master, const uint16_t* grads, float grad_scale, float* m, float* v,

@@ -15,7 +15,7 @@ std::unique_ptr<AttentionLayer<float>> TensorParallelFactory::attention(ParamLay
                                                                         const std::string& prefix,
                                                                         const GptConfig& c,
                                                                         float proj_std) const {
-  return std::make_unique<ParallelAttention>(layout, prefix, c, proj_std, g_);
+  return std::make_unique<ParallelAttention>(layout, prefix, c, proj_std, g_, core_);
 }
 
 namespace {

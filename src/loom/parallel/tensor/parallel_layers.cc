@@ -6,13 +6,15 @@
 namespace loom::tp {
 
 ParallelAttention::ParallelAttention(ParamLayout& layout, const std::string& prefix,
-                                     const GptConfig& c, float proj_std, const Group& g)
+                                     const GptConfig& c, float proj_std, const Group& g,
+                                     std::shared_ptr<const AttentionCore<float>> core)
     : g_(g),
       C_(c.n_embd),
       Cl_(c.n_embd / g.size()),
       NHl_(c.n_head / g.size()),
       c_attn_(layout, prefix + ".c_attn", c.n_embd, 3 * int64_t{c.n_embd}, kInitStd, g, 3),
-      c_proj_(layout, prefix + ".c_proj", c.n_embd, c.n_embd, proj_std, g) {
+      c_proj_(layout, prefix + ".c_proj", c.n_embd, c.n_embd, proj_std, g),
+      core_(std::move(core)) {
   LOOM_CHECK_KIND(kConfig, c.n_head % g.size() == 0,
                   "model.n_head {} is not divisible by parallel.tensor {}", c.n_head, g.size());
 }
@@ -70,7 +72,7 @@ void ParallelAttention::forward(const ParamStore<float>& ps, float* record, bool
     x = all.as<float>();
   }
   c_attn_.forward(ps, r.qkv, x, BT);
-  be.attention_forward(r.y, r.lse, r.qkv, B, Tn, Cl_, NHl_, local_heads(probs));
+  attention_core_forward(core_.get(), be, r.y, r.lse, r.qkv, B, Tn, Cl_, NHl_, local_heads(probs));
   if (rows.split())
     c_proj_.forward_rows(ps, out, r.y, BT, all.as<float>());
   else
@@ -88,11 +90,14 @@ void ParallelAttention::backward(const ParamStore<float>& ps, float* record, boo
   float* d_qkv = a.take(BT * 3 * Cl_);
   float* d_x = a.take(BT * C_);
   gather_for_backward(g_, rows, C_, dout, x, a);
-  if (selective) be.attention_forward(r.y, r.lse, r.qkv, B, Tn, Cl_, NHl_, local_heads(probs));
+  if (selective)
+    attention_core_forward(core_.get(), be, r.y, r.lse, r.qkv, B, Tn, Cl_, NHl_,
+                           local_heads(probs));
   be.fill(d_y, BT * Cl_, 0);
   c_proj_.backward(ps, d_y, dout, r.y, BT);
   be.fill(d_qkv, BT * 3 * Cl_, 0);
-  be.attention_backward(d_qkv, d_y, r.qkv, r.y, r.lse, B, Tn, Cl_, NHl_, local_heads(probs));
+  attention_core_backward(core_.get(), be, d_qkv, d_y, r.qkv, r.y, r.lse, B, Tn, Cl_, NHl_,
+                          local_heads(probs));
   be.fill(d_x, BT * C_, 0);
   c_attn_.backward(ps, d_x, d_qkv, x, BT);
   add_input_gradient(be, g_, rows, C_, dx, d_x, a);

@@ -28,7 +28,8 @@ namespace loom::tp {
 class ParallelAttention final : public AttentionLayer<float> {
  public:
   ParallelAttention(ParamLayout& layout, const std::string& prefix, const GptConfig& c,
-                    float proj_std, const Group& g);
+                    float proj_std, const Group& g,
+                    std::shared_ptr<const AttentionCore<float>> core = nullptr);
   int64_t record_elems(const Rows& rows, bool selective) const override;
   int64_t recompute_elems(const Rows& rows, bool selective) const override;
   std::vector<RecordRange> exact_ranges(const Rows& rows, bool selective) const override;
@@ -50,6 +51,7 @@ class ParallelAttention final : public AttentionLayer<float> {
   int64_t C_, Cl_, NHl_;  // width, this rank's width and heads
   ColumnParallelLinear c_attn_;
   RowParallelLinear c_proj_;
+  std::shared_ptr<const AttentionCore<float>> core_;  // null: the backend's
 };
 
 class ParallelMlp final : public FeedForward<float> {

@@ -49,7 +49,7 @@ void VocabParallelEmbedding::forward(const ParamStore<float>& ps, float* out, co
     g_.reduce_scatter(look, out, rows.count * C_);
   else
     reduce_from_region_forward(g_, out, BT * C_);
-  be.add_positions(out, ps.weight(wpe_), Tn, C_, rows.first, rows.count);
+  be.add_positions(out, ps.weight(wpe_), Tn, C_, rows.first, rows.count, rows.pos);
   drop.apply(be, out, -1, DropoutSite::kEmbedding, rows, C_);
 }
 
@@ -69,15 +69,16 @@ void VocabParallelEmbedding::backward(const ParamStore<float>& ps, float* dout,
   // wpe is whole on every rank and every rank has the whole gradient.
   const int64_t C = C_, v0 = v0_, v1 = v1_;
   const ParamId wte = wte_, wpe = wpe_;
+  const int32_t* pos = rows.pos;  // the stage's, alive as long as the stage
   if (DeferredGrads<float>* d = ps.deferral()) {
     const float* dy = d->keep(static_cast<const float*>(dout), BT * C);
     const int32_t* tok = d->keep(tokens, BT);
     d->add([=](const ParamStore<float>& s) {
-      s.backend().encoder_backward(s.grad(wte), s.grad(wpe), dy, tok, B, Tn, C, v0, v1);
+      s.backend().encoder_backward(s.grad(wte), s.grad(wpe), dy, tok, B, Tn, C, v0, v1, pos);
     });
     return;
   }
-  be.encoder_backward(ps.grad(wte), ps.grad(wpe), dout, tokens, B, Tn, C, v0, v1);
+  be.encoder_backward(ps.grad(wte), ps.grad(wpe), dout, tokens, B, Tn, C, v0, v1, pos);
 }
 
 VocabParallelHead::VocabParallelHead(std::unique_ptr<LayerNorm<float>> ln, const GptConfig& c,
