@@ -209,6 +209,19 @@ std::vector<Layout> layouts(int world) {
   data.push_back(
       {"moe, hash router, tp, sequences split, zero-1", {tpw, "zero_optimization.stage=1"}, hash});
   data.push_back({"moe, tag router, zero-1", {dp, "zero_optimization.stage=1"}, tag});
+  // Under context parallelism every rank routes the whole sequences (the
+  // routers' logits or ids gathered over the group): the same capacity
+  // drops, balancing losses and tag lookbacks as one process.
+  const std::string cpn = "parallel.context=" + std::to_string(world);
+  data.push_back({"moe, cp, capacity 1.25 (dropping)", {cpn}, moe_drop});
+  data.push_back({"moe, cp, bias balancing, zero-2", {cpn, "zero_optimization.stage=2"}, moe_bias});
+  data.push_back({"moe, hash router, capacity 1.25, cp, a2a",
+                  {cpn, "parallel.context_comm=a2a"},
+                  hash});
+  data.push_back({"moe, tag router, cp", {cpn}, tag});
+  data.push_back({"moe, cp, ep " + std::to_string(world) + ", capacity 1.25",
+                  {cpn, "parallel.expert=" + std::to_string(world)},
+                  moe_drop});
   if (world == 4) {
     data.push_back({"moe, tag router, ep 2 x pp 2", {"parallel.pipeline=2", acc4, ep2}, tag});
     data.push_back({"moe, ep 4", {dp, "parallel.expert=4"}, moe});
@@ -232,6 +245,12 @@ std::vector<Layout> layouts(int world) {
                     {"parallel.tensor=2", ep2, "zero_optimization.stage=2"},
                     moe_drop});
     data.push_back({"moe, ep 2 x pp 2", {"parallel.pipeline=2", acc4, ep2}, moe});
+    data.push_back({"moe, cp 2 x dp 2, ep 2, zero-3",
+                    {"parallel.context=2", ep2, "zero_optimization.stage=3"},
+                    moe});
+    data.push_back({"moe, cp 2 x tp 2, capacity 1.25, sequences split",
+                    {"parallel.context=2", "parallel.tensor=2"},
+                    moe_drop});
     data.push_back({"moe, ep 2 x pp 2, capacity 1.25, 1f1b, full recompute",
                     {"parallel.pipeline=2", acc4, ep2, "activation_checkpointing.policy=full"},
                     moe_drop});

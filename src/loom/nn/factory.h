@@ -43,7 +43,9 @@ class LayerFactory {
       m.z_loss_coef = c.moe_z_loss_coef;
       m.bias_balancing = c.moe_bias_balancing;
       m.bias_update_rate = c.moe_bias_update_rate;
-      return std::make_unique<MoeLayer<T>>(layout, prefix, c.n_embd, proj_std, m, experts_);
+      auto layer = std::make_unique<MoeLayer<T>>(layout, prefix, c.n_embd, proj_std, m, experts_);
+      if (sequences_) layer->set_sequence_gather(sequences_);
+      return layer;
     }
     return std::make_unique<Mlp<T>>(layout, prefix, c.n_embd, proj_std);
   }
@@ -74,14 +76,16 @@ class LayerFactory {
   void set_expert_dispatcher(std::shared_ptr<ExpertDispatcher<T>> d) { experts_ = std::move(d); }
   // Context parallelism: every attention layer runs `core`, each sequence
   // split as `split` says.
-  void set_attention_core(std::shared_ptr<const AttentionCore<T>> core, ContextSplit split) {
-    core_ = std::move(core), context_ = split;
+  void set_attention_core(std::shared_ptr<const AttentionCore<T>> core, ContextSplit split,
+                          std::shared_ptr<SequenceGather<T>> sequences) {
+    core_ = std::move(core), context_ = split, sequences_ = std::move(sequences);
   }
 
  protected:
   std::shared_ptr<ExpertDispatcher<T>> experts_;
   std::shared_ptr<const AttentionCore<T>> core_;
   ContextSplit context_;
+  std::shared_ptr<SequenceGather<T>> sequences_;  // MoE layers' routing over the whole sequences
 };
 
 }  // namespace loom

@@ -56,7 +56,8 @@ int64_t MoeLayer<T>::expert_rows(const Rows& rows) const {
   if (c.capacity_factor > 0) {
     // route()'s capacity per expert and sequence.
     const int64_t capacity = static_cast<int64_t>(
-        std::ceil(c.capacity_factor * double(rows.Tn) * double(c.top_k) / double(c.num_experts)));
+        std::ceil(c.capacity_factor * double(group_tokens(rows)) * double(c.top_k) /
+                  double(c.num_experts)));
     most = std::min(most, local * capacity * (rows.count / rows.Tn));
   }
   return most * dispatcher_->ranks();
@@ -103,10 +104,80 @@ int64_t MoeLayer<T>::scratch_elems(const Rows& all) const {
 }
 
 template <typename T>
+std::vector<int64_t> MoeLayer<T>::own_index(const Rows& rows) const {
+  const ContextSplit cs = context_->split();
+  const int64_t Tl = rows.Tn, Tw = Tl * cs.size;
+  std::vector<int64_t> at(static_cast<size_t>(rows.count));
+  for (int64_t i = 0; i < rows.count; ++i)
+    at[static_cast<size_t>(i)] = (i / Tl) * Tw + cs.position(i % Tl, Tl);
+  return at;
+}
+
+template <typename T>
+Routing<T> MoeLayer<T>::whole_routing(const T* logits, const Rows& rows, const T* bias,
+                                      int64_t row0) const {
+  const ContextSplit cs = context_->split();
+  const int P = cs.size, E = config_.router.num_experts;
+  const int64_t Tl = rows.Tn, Tw = Tl * P, N = rows.count, S = N / Tl;
+  // Rank s's local token (b, t) sits at (b, position_s(t)) of the whole.
+  auto place = [&](auto* whole, const auto* every, int64_t w) {
+    for (int s = 0; s < P; ++s) {
+      const ContextSplit from{s, P, cs.balanced};
+      for (int64_t b = 0; b < S; ++b)
+        for (int64_t t = 0; t < Tl; ++t)
+          std::copy(every + ((s * S + b) * Tl + t) * w, every + ((s * S + b) * Tl + t + 1) * w,
+                    whole + (b * Tw + from.position(t, Tl)) * w);
+    }
+  };
+  if (learned()) {
+    std::vector<T> every(static_cast<size_t>(P * N * E)), whole(every.size());
+    context_->gather(logits, N * E, every.data());
+    place(whole.data(), every.data(), E);
+    return route(whole.data(), S * Tw, Tw, config_.router, bias);
+  }
+  LOOM_CHECK(ids_ != nullptr, "a {} router needs the micro-batch's token ids (set_tokens)",
+             config_.router.kind == RouterKind::kHash ? "hash" : "tag");
+  std::vector<int32_t> every(static_cast<size_t>(P * N)), whole(every.size());
+  context_->gather_ids(ids_ + row0 + rows.first, N, every.data());
+  place(whole.data(), every.data(), 1);
+  std::vector<int32_t> experts(static_cast<size_t>(S * Tw * config_.router.top_k));
+  fixed_experts(whole.data(), S * Tw, Tw, config_.router, experts.data(), 0);
+  return route_fixed<T>(experts.data(), S * Tw, Tw, config_.router);
+}
+
+template <typename T>
+Routing<T> MoeLayer<T>::own_part(const Routing<T>& w, const Rows& rows) const {
+  const int k = w.k, E = w.experts;
+  Routing<T> r;
+  r.tokens = rows.count, r.group = rows.Tn, r.k = k, r.experts = E, r.capacity = w.capacity;
+  r.aux = w.aux, r.z = w.z;  // the whole sequences' losses, the same on every rank
+  r.load.assign(static_cast<size_t>(E), 0);
+  const std::vector<int64_t> at = own_index(rows);
+  for (int64_t i = 0; i < rows.count; ++i) {
+    const size_t f = static_cast<size_t>(at[static_cast<size_t>(i)]);
+    for (int j = 0; j < k; ++j) {
+      const size_t s = f * k + static_cast<size_t>(j);
+      r.expert.push_back(w.expert[s]);
+      r.gate.push_back(w.gate[s]);
+      r.kept.push_back(w.kept[s]);
+      ++r.load[static_cast<size_t>(w.expert[s])];
+      r.dropped += w.kept[s] ? 0 : 1;
+    }
+    if (!w.probs.empty()) {
+      r.probs.insert(r.probs.end(), w.probs.begin() + static_cast<int64_t>(f) * E,
+                     w.probs.begin() + static_cast<int64_t>(f + 1) * E);
+      r.lse.push_back(w.lse[f]);
+    }
+  }
+  return r;
+}
+
+template <typename T>
 Routing<T> MoeLayer<T>::routing(const T* logits, const Rows& rows, const T* bias,
                                 int64_t row0) const {
   LOOM_CHECK_KIND(kUnsupported, !rows.split(),
                   "mixture-of-experts layers do not run under sequence parallelism yet");
+  if (context_) return own_part(whole_routing(logits, rows, bias, row0), rows);
   if (learned()) return route(logits, rows.count, rows.Tn, config_.router, bias);
   LOOM_CHECK(ids_ != nullptr, "a {} router needs the micro-batch's token ids (set_tokens)",
              config_.router.kind == RouterKind::kHash ? "hash" : "tag");
@@ -247,7 +318,9 @@ void MoeLayer<T>::backward_rows(const ParamStore<T>& ps, T* record, bool selecti
   T* mlp_scratch = dispatcher_ ? dxe + R * C_ : dlogits + L;
   // The routing again from the recorded logits (deterministic; the bias
   // moves only between steps).
-  const Routing<T> r = routing(logits, rows, router_b.valid() ? ps.param(router_b) : nullptr, row0);
+  const T* bias = router_b.valid() ? ps.param(router_b) : nullptr;
+  const Routing<T> whole = context_ ? whole_routing(logits, rows, bias, row0) : Routing<T>{};
+  const Routing<T> r = context_ ? own_part(whole, rows) : routing(logits, rows, bias, row0);
   const Dispatch d = dispatch_order(r);
   combine_rows_backward(d, r, y, dout, C_, dy, dgate);
   if (!dispatcher_) {
@@ -263,8 +336,28 @@ void MoeLayer<T>::backward_rows(const ParamStore<T>& ps, T* record, bool selecti
   if (!learned()) return;  // fixed gates: nothing reaches a router
   // Under a row split the router's gradients are summed over the ranks, so
   // each rank's means over its share of the sequences count that share.
-  route_backward(r, dgate, config_.aux_loss_coef * loss_weight_ * share,
-                 config_.z_loss_coef * loss_weight_ * share, dlogits);
+  if (context_) {
+    // The whole sequences' router gradient, this rank's gates' terms in
+    // place (the others' zero: a token's row depends on its own gates and
+    // the shared loads alone), and this rank's rows of it. The ranks'
+    // gradients are averaged over dp x cp: the losses' terms, each counted
+    // on the one rank holding its token, carry cp to make up for it.
+    const int P = context_->split().size;
+    const std::vector<int64_t> at = own_index(rows);
+    std::vector<T> dg(static_cast<size_t>(whole.tokens * k), T(0));
+    std::vector<T> dl(static_cast<size_t>(whole.tokens * E));
+    for (int64_t i = 0; i < N; ++i)
+      for (int j = 0; j < k; ++j)
+        dg[static_cast<size_t>(at[static_cast<size_t>(i)] * k + j)] = dgate[i * k + j];
+    route_backward(whole, dg.data(), config_.aux_loss_coef * loss_weight_ * share * P,
+                   config_.z_loss_coef * loss_weight_ * share * P, dl.data());
+    for (int64_t i = 0; i < N; ++i)
+      std::copy(dl.begin() + at[static_cast<size_t>(i)] * E,
+                dl.begin() + (at[static_cast<size_t>(i)] + 1) * E, dlogits + i * E);
+  } else {
+    route_backward(r, dgate, config_.aux_loss_coef * loss_weight_ * share,
+                   config_.z_loss_coef * loss_weight_ * share, dlogits);
+  }
   linear_backward(ps, dx, router_w, ParamId{}, dlogits, x, N, C_, static_cast<int64_t>(E));
 }
 

@@ -89,6 +89,21 @@ class RowSplit {
   virtual void gather(const T* mine, int64_t n, T* all) = 0;
 };
 
+// Context parallelism's token split (parallel/context): each rank of the
+// context-parallel group holds two chunks of every sequence (ContextSplit).
+// A routing group is a whole sequence, so the routers' inputs (logits, or
+// token ids) are gathered over the group, every rank routes the whole
+// sequences alike, and each keeps its own tokens' part.
+template <typename T>
+class SequenceGather {
+ public:
+  virtual ~SequenceGather() = default;
+  virtual ContextSplit split() const = 0;
+  // all (ranks x n) = every rank's mine (n), in rank order (collective).
+  virtual void gather(const T* mine, int64_t n, T* all) = 0;
+  virtual void gather_ids(const int32_t* mine, int64_t n, int32_t* all) = 0;
+};
+
 struct MoeStats {
   std::vector<int64_t> load;  // per expert: assignments chosen, before dropping
   int64_t assignments = 0, dropped = 0;
@@ -105,6 +120,8 @@ class MoeLayer final : public FeedForward<T> {
   // Splits the sequences of each micro-batch over `split`'s ranks (they
   // must divide evenly).
   void set_row_split(std::shared_ptr<RowSplit<T>> split) { split_ = std::move(split); }
+  // Routes whole sequences split over a context-parallel group.
+  void set_sequence_gather(std::shared_ptr<SequenceGather<T>> g) { context_ = std::move(g); }
   ParamId router_w, router_b;  // router_b: with bias balancing
   const MoeConfig& config() const { return config_; }
   // Local expert e (global index first_expert() + e).
@@ -142,6 +159,16 @@ class MoeLayer final : public FeedForward<T> {
   // The learned router's from its logits, or a fixed router's from the ids
   // (those of rows `row0` on of the micro-batch).
   Routing<T> routing(const T* logits, const Rows& rows, const T* bias, int64_t row0) const;
+  // Context parallelism: the routing of the whole sequences the rows are
+  // part of (every rank's logits or ids gathered), and this rank's part of
+  // it; own_index[i] is local token i's index in the whole.
+  Routing<T> whole_routing(const T* logits, const Rows& rows, const T* bias, int64_t row0) const;
+  Routing<T> own_part(const Routing<T>& whole, const Rows& rows) const;
+  std::vector<int64_t> own_index(const Rows& rows) const;
+  // The tokens of a routing group: a whole sequence.
+  int64_t group_tokens(const Rows& rows) const {
+    return context_ ? rows.Tn * context_->split().size : rows.Tn;
+  }
   // The rows this rank routes: with a row split, its part of the sequences
   // (from row `*row0` of the micro-batch), else all of them.
   Rows local_rows(const Rows& rows, int64_t* row0 = nullptr) const;
@@ -170,6 +197,7 @@ class MoeLayer final : public FeedForward<T> {
   MoeConfig config_;
   std::shared_ptr<ExpertDispatcher<T>> dispatcher_;
   std::shared_ptr<RowSplit<T>> split_;
+  std::shared_ptr<SequenceGather<T>> context_;
   int first_ = 0;
   std::vector<std::unique_ptr<Mlp<T>>> experts_;
   double loss_weight_ = 1.0;

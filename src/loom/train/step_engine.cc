@@ -35,7 +35,10 @@ std::unique_ptr<LayerFactory<float>> layers_for(
   else if (experts || context)
     f = std::make_unique<LayerFactory<float>>();
   if (f && experts) f->set_expert_dispatcher(experts);
-  if (f && context) f->set_attention_core(context, context->split());
+  if (f && context)
+    f->set_attention_core(context, context->split(),
+                          std::make_shared<context::ContextGather>(context->group(),
+                                                                   context->split().balanced));
   return f;
 }
 

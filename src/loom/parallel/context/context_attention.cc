@@ -358,4 +358,14 @@ void ContextAttention::backward_a2a(const Backend<float>& be, float* dqkv, const
   be.add(dqkv, d_local, B * Tn * 3 * C);
 }
 
+void ContextGather::gather(const float* mine, int64_t n, float* all) {
+  group_->all_gather(mine, all, static_cast<size_t>(n), DType::kF32)->wait();
+}
+
+// Token ids travel as 4-byte words: an all-gather copies them unchanged.
+void ContextGather::gather_ids(const int32_t* mine, int64_t n, int32_t* all) {
+  static_assert(sizeof(int32_t) == sizeof(float));
+  group_->all_gather(mine, all, static_cast<size_t>(n), DType::kF32)->wait();
+}
+
 }  // namespace loom::context

@@ -26,6 +26,7 @@
 
 #include "loom/comm/process_group.h"
 #include "loom/nn/attention.h"
+#include "loom/nn/moe.h"
 
 namespace loom::context {
 
@@ -47,6 +48,7 @@ class ContextAttention final : public AttentionCore<float> {
   // group: the context-parallel group (ParallelContext::cp), more than one rank.
   ContextAttention(std::shared_ptr<ProcessGroup> group, ContextComm comm, bool balanced = true);
   ContextSplit split() const { return split_of(group_->rank()); }
+  const std::shared_ptr<ProcessGroup>& group() const { return group_; }
 
   void forward(const Backend<float>& be, float* y, float* lse, const float* qkv, int64_t B,
                int64_t Tn, int64_t C, int64_t NH, const DropoutSpec& probs) const override;
@@ -95,6 +97,24 @@ class ContextAttention final : public AttentionCore<float> {
   ContextComm comm_;
   bool balanced_;
   mutable ContextStats stats_;
+};
+
+// The MoE layers' routing under context parallelism: every rank's router
+// logits (or token ids) gathered over the context-parallel group, so each
+// routes whole sequences (nn/moe.h, SequenceGather).
+class ContextGather final : public SequenceGather<float> {
+ public:
+  ContextGather(std::shared_ptr<ProcessGroup> group, bool balanced)
+      : group_(std::move(group)), balanced_(balanced) {}
+  ContextSplit split() const override {
+    return ContextSplit{group_->rank(), group_->size(), balanced_};
+  }
+  void gather(const float* mine, int64_t n, float* all) override;
+  void gather_ids(const int32_t* mine, int64_t n, int32_t* all) override;
+
+ private:
+  std::shared_ptr<ProcessGroup> group_;
+  bool balanced_;
 };
 
 }  // namespace loom::context
