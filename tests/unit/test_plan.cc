@@ -192,8 +192,12 @@ TEST(Plan, EnginesRefuseWhatTheyCannotRun) {
   const ModelShape dense = gpt(24, 2304, 24);
   Layout l;
   l.tp = 2, l.cp = 2, l.dp = 2;
+  EXPECT_NO_THROW(estimate(dense, c, 8, l));
+  EXPECT_EQ(test::error_of([&] { estimate(dense, c, 8, l, engine_named("megatron-2021")); }),
+            l.describe() + ": the megatron-2021 engine has no context parallelism");
+  l.cp = 3, l.dp = 1;  // loom's chunks: seq_len in 2 x cp of them
   EXPECT_EQ(test::error_of([&] { estimate(dense, c, 8, l); }),
-            l.describe() + ": the loom engine has no context parallelism");
+            l.describe() + ": seq_len 2048 does not divide into 2 x cp = 6 chunks");
   ModelShape moe = dense;
   moe.experts = 8, moe.top_k = 2;
   l.cp = 1, l.sp = true;

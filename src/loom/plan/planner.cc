@@ -1,6 +1,7 @@
 #include "loom/plan/planner.h"
 
 #include <algorithm>
+#include <numeric>
 #include <cctype>
 #include <cmath>
 #include <map>
@@ -206,6 +207,7 @@ Engine engine_named(const std::string& name) {
   e.zero_bubble = false;
   e.gpipe = false;
   e.sequence_parallel = false;
+  e.context_parallel = false;
   e.interleave_min_pp = 3;  // Megatron-LM interleaves only past two stages
   e.max_zero = 0;
   return e;
@@ -248,11 +250,18 @@ std::string invalid_reason(const ModelShape& m, int64_t batch, const Layout& l,
   if (!divides(l.tp, m.heads)) return format("tp {} does not divide {} heads", l.tp, m.heads);
   if (!divides(int64_t(l.pp) * l.v, m.n_layer))
     return format("pp x v = {} does not divide {} layers", int64_t(l.pp) * l.v, m.n_layer);
-  if (!divides(l.cp, m.seq)) return format("cp {} does not divide seq_len {}", l.cp, m.seq);
+  // loom's causal balance: each sequence in 2 x cp chunks, and with the
+  // sequence split over tp too, each rank's pair in tp pieces.
+  if (l.cp > 1 && !divides(2 * l.cp, m.seq))
+    return format("seq_len {} does not divide into 2 x cp = {} chunks", m.seq, 2 * l.cp);
+  if (l.cp > 1 && l.sp && !divides(int64_t(l.cp) * std::lcm(2, l.tp), m.seq))
+    return format("seq_len {} does not divide into cp x lcm(2, tp) = {} pieces", m.seq,
+                  int64_t(l.cp) * std::lcm(2, l.tp));
   if (!divides(int64_t(l.dp) * l.micro, batch))
     return format("dp x micro = {} does not divide the batch {}", int64_t(l.dp) * l.micro, batch);
-  if (l.ep > 1 && !(m.experts > 0 && divides(l.ep, m.experts) && divides(l.ep, l.dp)))
-    return format("ep {} must divide the experts ({}) and dp ({})", l.ep, m.experts, l.dp);
+  if (l.ep > 1 && !(m.experts > 0 && divides(l.ep, m.experts) && divides(l.ep, l.dp * l.cp)))
+    return format("ep {} must divide the experts ({}) and dp x cp ({})", l.ep, m.experts,
+                  l.dp * l.cp);
   if (l.sp && l.tp == 1) return "sequence parallelism needs tp > 1";
   if (l.pp == 1 && l.schedule != "1f1b") return "a schedule needs pp > 1";
   if ((l.v > 1) != (l.schedule == "interleaved"))

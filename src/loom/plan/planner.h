@@ -84,7 +84,8 @@ struct Estimate {
 // precision, all-reduced beside the last micro-batch's backward (stages
 // 0-1) or reduce-scattered beside every micro-batch's (stages 2-3), the
 // updated parameters all-gathered after the step (stages 1-2); every
-// schedule; no context parallelism, no sequence parallelism with experts.
+// schedule; context parallelism (2 x cp chunks of each sequence); no
+// sequence parallelism with experts.
 // `megatron-2021` (the engine of Megatron-LM's published 2021 runs): fp16
 // parameters with fp32 gradients, masters and moments (18 bytes a
 // parameter), fp32 gradients all-reduced after the backward, no ZeRO, the
@@ -96,7 +97,7 @@ struct Engine {
   bool dp_overlap = true;
   bool zero_bubble = true, gpipe = true, sequence_parallel = true;
   bool sequence_parallel_moe = false;  // sequence parallelism with expert layers
-  bool context_parallel = false;
+  bool context_parallel = true;
   int interleave_min_pp = 2;  // the interleaved schedule from this many stages
   int max_zero = 3;
 };
