@@ -69,6 +69,10 @@ void MetricsLog::write(const StepResult& r) {
               {"bubble", r.t_bubble},
               {"p2p_wait", r.t_p2p_wait}}}};
   j["bubble_fraction"] = r.bubble_fraction;
+  if (r.context)
+    j["context"] = {{"comm", r.t_context_comm},
+                    {"exposed", r.t_context_exposed},
+                    {"attention", r.context_attention}};
   if (r.val_loss) j["val_loss"] = *r.val_loss;
   j["comm_bytes"] = r.comm_bytes;
   if (!r.compression.empty() && r.compression != "none")

@@ -47,6 +47,13 @@ struct StepResult {
   bool compressed = false;
   double compressed_bytes = 0, uncompressed_bytes = 0, error_norm = 0;
   double t_all_to_all = 0;  // of it, the MoE layers' all-to-alls (expert parallelism)
+  // Context parallelism (parallel.context > 1): this rank's seconds in the
+  // keys' and values' collectives and the part of them waited for (the rest
+  // ran beside the attention), and every rank's seconds in the attention
+  // kernels, in grid order (the causal balance).
+  bool context = false;
+  double t_context_comm = 0, t_context_exposed = 0;
+  std::vector<double> context_attention;
   // Pipelined: seconds the most idle stage waited in the schedule, that
   // stage's idle share, and seconds this rank blocked on pipeline messages.
   double t_bubble = 0, bubble_fraction = 0, t_p2p_wait = 0;

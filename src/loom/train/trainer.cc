@@ -218,6 +218,13 @@ StepResult Trainer::train_step() {
   r.t_comm = s.comm.comm_s;
   r.t_comm_exposed = s.comm.exposed_s;
   r.t_all_to_all = s.t_all_to_all;
+  if (options_.parallel.cp_size() > 1) {
+    // Every rank's attention time (a step's one small all-gather).
+    r.context = true;
+    r.t_context_comm = s.t_context_comm;
+    r.t_context_exposed = s.t_context_exposed;
+    r.context_attention = all_gather_words(*options_.parallel.world, &s.t_context_attention, 1);
+  }
   r.compression =
       config_.optimizer.one_bit() ? config_.optimizer.type : config_.zero.compression.type;
   r.compressed = s.compression.compressed;
@@ -734,6 +741,19 @@ void Trainer::describe_run() const {
         config_.parallel.tensor, m.n_head / config_.parallel.tensor, m.n_head,
         4 * m.n_embd / config_.parallel.tensor, 4 * m.n_embd,
         m.padded_vocab() / config_.parallel.tensor, m.padded_vocab(), config_.parallel.tensor);
+  if (const ParallelConfig& p = config_.parallel; p.context > 1) {
+    const int64_t Tc = m.seq_len / (2 * p.context);
+    std::printf(
+        "loom: context parallel over %d ranks: each sequence of %d tokens in %d chunks of %ld, "
+        "rank r holding %s; keys and values by %s%s\n",
+        p.context, m.seq_len, 2 * p.context, long(Tc),
+        p.context_balance ? "chunks r and 2 x cp - 1 - r (equal causal work)"
+                          : "chunks 2r and 2r + 1 (one contiguous piece)",
+        p.context_comm == "p2p"          ? "a ring overlapped with the attention"
+        : p.context_comm == "all_gather" ? "an all-gather before the attention"
+                                         : "all-to-all to whole sequences of a share of the heads",
+        m.moe_experts > 0 ? "; MoE layers route whole sequences (router inputs gathered)" : "");
+  }
   if (engine_->pipelined()) {
     const ParallelConfig& p = config_.parallel;
     const pp::ScheduleKind kind = pp::parse_schedule(p.schedule);
@@ -848,8 +868,14 @@ void Trainer::describe_compression() const {
 void Trainer::describe_zero() const {
   const ZeroConfig& z = config_.zero;
   if (options_.parallel.dp || z.stage > 0) {
-    std::printf("loom: data parallel over %d ranks, ZeRO stage %d (%s), shard %.2fM elements",
-                options_.parallel.dp_size(), z.stage,
+    std::printf("loom: data parallel over %d ranks%s, ZeRO stage %d (%s), shard %.2fM elements",
+                options_.parallel.dp_size(),
+                options_.parallel.cp_size() > 1
+                    ? format(" (data {} x context {})", options_.parallel.replicas(),
+                             options_.parallel.cp_size())
+                          .c_str()
+                    : "",
+                z.stage,
                 z.stage == 0   ? "replicated"
                 : z.stage == 1 ? "optimizer state sharded"
                 : z.stage == 2 ? "optimizer state and gradients sharded"
