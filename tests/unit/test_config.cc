@@ -306,6 +306,49 @@ TEST(Config, MixtureOfExpertsKeys) {
             2);
 }
 
+// Context parallelism's checks name the numbers and the nearest valid
+// choices; a valid cp resolves with dp from what is left.
+TEST(Config, ContextParallelism) {
+  const Config c = parse_config(kBase, "cfg.json", {"parallel.context=2"}, 4);
+  EXPECT_EQ(c.parallel.context, 2);
+  EXPECT_EQ(c.data_parallel, 2);
+  EXPECT_EQ(c.local_seq_len(), 16);
+  EXPECT_EQ(c.parallel.context_comm, "p2p");
+  EXPECT_HAS(error_of(kBase, {"parallel.context=4"}, 6),
+             "the job's 6 rank(s) do not divide into parallel.tensor 1 x parallel.context 4 x "
+             "parallel.pipeline 1");
+  EXPECT_HAS(error_of(kBase, {"parallel.context=2", "model.seq_len=30"}, 2),
+             "model.seq_len 30 does not divide into 2 x parallel.context 2 = 4 chunks; nearest "
+             "valid seq_len: 28 or 32");
+  EXPECT_HAS(error_of(kBase, {"parallel.context=8", "model.seq_len=12"}, 8),
+             "model.seq_len 12 does not divide into 2 x parallel.context 8 = 16 chunks; nearest "
+             "valid seq_len: 16");
+  EXPECT_HAS(error_of(kBase,
+                      {"parallel.context=2", "parallel.tensor=4", "parallel.sequence_parallel=true",
+                       "model.seq_len=36"},
+                      8),
+             "model.seq_len 36 does not divide into parallel.context 2 x lcm(2, parallel.tensor "
+             "4) = 8 (2 x context chunks, each rank's pair split over the tensor group); nearest "
+             "valid seq_len: 32 or 40");
+  EXPECT_HAS(error_of(kBase, {"parallel.context=8", "parallel.context_comm=a2a"}, 8),
+             "parallel.context_comm a2a gives each rank n_head / parallel.tensor / "
+             "parallel.context heads, but model.n_head 4 / tensor 1 = 4 heads do not divide by "
+             "parallel.context 8; valid context sizes for a2a: 1, 2, 4 (or context_comm p2p / "
+             "all_gather, which split no heads)");
+  EXPECT_HAS(error_of(kBase, {"parallel.context=2", "parallel.context_comm=ring"}, 2),
+             "parallel.context_comm: unknown value \"ring\" (expected one of p2p, all_gather, "
+             "a2a)");
+  EXPECT_HAS(error_of(kBase, {"model.moe.num_experts=8", "parallel.context=2",
+                              "parallel.expert=8"},
+                      4),
+             "parallel.expert 8 does not divide the data-parallel x context-parallel size 2 x 2 "
+             "= 4");
+  EXPECT_EQ(parse_config(kBase, "cfg.json",
+                         {"model.moe.num_experts=4", "parallel.context=2", "parallel.expert=4"}, 4)
+                .parallel.expert,
+            4);
+}
+
 // DeepSpeed's fp16 section as users bring it parses, its keys recorded in
 // the resolved config.
 TEST(Config, DeepSpeedLossScalingKeys) {
