@@ -58,6 +58,15 @@ TEST(Launch, RestartKeepsTheGlobalBatchAndRaisesAccumulation) {
   BatchLayout il{12, 2, 1, 2, 1, true};
   EXPECT_EQ(fit_layout(il, 12)->world, 6);
   EXPECT_EQ(fit_layout(il, 12)->accumulation, 2);
+  // Context parallel 2 x tp 2: multiples of 4; batch 8 with micro 2 at dp 1
+  // is accumulation 4; experts 4 come out of dp x cp = 4.
+  BatchLayout cp{8, 2, 2, 1, 4, false, 2};
+  EXPECT_FALSE(fit_layout(cp, 7));  // dp 1 x cp 2 = 2 ranks hold no 4 experts' groups
+  BatchLayout cp2{8, 2, 2, 1, 2, false, 2};
+  EXPECT_EQ(fit_layout(cp2, 7)->world, 4);
+  EXPECT_EQ(fit_layout(cp2, 7)->accumulation, 4);
+  EXPECT_EQ(fit_layout(cp2, 9)->world, 8);
+  EXPECT_EQ(fit_layout(cp2, 9)->dp, 2);
 }
 
 TEST(Stragglers, ASlowRankScoresBelowTheThresholdAndRecoversWithHysteresis) {

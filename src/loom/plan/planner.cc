@@ -1,10 +1,10 @@
 #include "loom/plan/planner.h"
 
 #include <algorithm>
-#include <numeric>
 #include <cctype>
 #include <cmath>
 #include <map>
+#include <numeric>
 #include <set>
 
 #include "loom/core/error.h"
@@ -378,7 +378,8 @@ Estimate estimate(const ModelShape& m, const ClusterSpec& c, int64_t batch, cons
       l.cp > 1 ? (l.cp - 1) * (2 * b * s * h / t * act / cp_link.bandwidth + cp_link.latency) : 0;
   const double cp_exposed = 3 * std::max(0.0, kv - gemm_s(attn, 2 * b * s * S * h / t));
   // Expert parallelism: dispatch and combine forward, and backward.
-  const Link& ep_link = link_for(c, l.gpus(), int64_t(l.tp) * l.cp, l.ep);
+  // Expert groups are consecutive dp x cp indices (cp fastest): stride tp.
+  const Link& ep_link = link_for(c, l.gpus(), l.tp, l.ep);
   const double a2a =
       l.ep > 1 ? 4 * (b * s * h * double(m.top_k) * act * (l.ep - 1) / l.ep / ep_link.bandwidth +
                       (l.ep - 1) * ep_link.latency)
@@ -407,7 +408,7 @@ Estimate estimate(const ModelShape& m, const ClusterSpec& c, int64_t batch, cons
   // step; stage 3 gathers parameters ahead of each use, forward and
   // backward, hidden behind the compute it precedes.
   const Link& dense_link = link_for(c, l.gpus(), l.tp, dense_dp);
-  const Link& expert_link = link_for(c, l.gpus(), int64_t(l.tp) * l.cp * l.ep, expert_dp);
+  const Link& expert_link = link_for(c, l.gpus(), int64_t(l.tp) * l.ep, expert_dp);
   const double wire = engine.grad_wire_bytes > 0 ? engine.grad_wire_bytes : g_bytes;
   auto over_dp = [&](double bytes_a_param) {  // a ring all-reduce of the stage's parameters
     return allreduce_s(psi_dense * bytes_a_param, dense_dp, dense_link) +

@@ -72,11 +72,11 @@ int total_slots(const std::vector<HostSlots>& hosts) {
 }
 
 std::optional<RestartLayout> fit_layout(const BatchLayout& b, int slots) {
-  const int mp = b.tp * b.pp;
+  const int mp = b.tp * b.pp * b.cp;
   for (int world = slots; world >= mp; --world) {
     if (world % mp != 0) continue;
-    const int dp = world / mp;
-    if (dp % b.ep != 0 || b.train_batch_size % (b.micro_batch * dp) != 0) continue;
+    const int dp = world / mp;  // experts come out of the dp x cp ranks
+    if ((dp * b.cp) % b.ep != 0 || b.train_batch_size % (b.micro_batch * dp) != 0) continue;
     const int64_t accumulation = b.train_batch_size / (b.micro_batch * dp);
     if (b.interleaved && accumulation % b.pp != 0) continue;
     return RestartLayout{world, dp, accumulation};
@@ -527,6 +527,7 @@ class Launcher {
     b.tp = j.at("parallel").at("tensor").get<int>();
     b.pp = j.at("parallel").at("pipeline").get<int>();
     b.ep = j.at("parallel").value("expert", 1);
+    b.cp = j.at("parallel").value("context", 1);
     b.interleaved = j.at("parallel").value("schedule", std::string()) == "interleaved";
     return b;
   }
@@ -539,8 +540,8 @@ class Launcher {
     auto fit = fit_layout(b, slots);
     LOOM_CHECK_KIND(kComm, fit.has_value(),
                     "no layout of at most {} ranks keeps train_batch_size {} with micro-batch {}, "
-                    "tensor {} x pipeline {} (expert {})",
-                    slots, b.train_batch_size, b.micro_batch, b.tp, b.pp, b.ep);
+                    "tensor {} x context {} x pipeline {} (expert {})",
+                    slots, b.train_batch_size, b.micro_batch, b.tp, b.cp, b.pp, b.ep);
     return *fit;
   }
 

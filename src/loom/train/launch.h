@@ -32,6 +32,7 @@ struct BatchLayout {
   int64_t train_batch_size = 1, micro_batch = 1;
   int tp = 1, pp = 1, ep = 1;
   bool interleaved = false;  // the interleaved schedule: accumulation a multiple of pp
+  int cp = 1;                // context parallel
 };
 
 struct RestartLayout {
@@ -40,7 +41,7 @@ struct RestartLayout {
 };
 
 // The largest job of at most `slots` ranks that keeps the global batch and
-// the micro-batch: world a multiple of tp x pp, dp a multiple of ep,
+// the micro-batch: world a multiple of tp x cp x pp, dp x cp a multiple of ep,
 // train_batch_size divisible by micro-batch x dp (and, interleaved, the
 // accumulation a multiple of pp). None when no such job exists.
 std::optional<RestartLayout> fit_layout(const BatchLayout& b, int slots);

@@ -72,6 +72,7 @@ void MetricsLog::write(const StepResult& r) {
   if (r.context)
     j["context"] = {{"comm", r.t_context_comm},
                     {"exposed", r.t_context_exposed},
+                    {"sent_bytes", r.context_sent_bytes},
                     {"attention", r.context_attention}};
   if (r.val_loss) j["val_loss"] = *r.val_loss;
   j["comm_bytes"] = r.comm_bytes;

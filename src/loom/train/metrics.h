@@ -53,6 +53,7 @@ struct StepResult {
   // kernels, in grid order (the causal balance).
   bool context = false;
   double t_context_comm = 0, t_context_exposed = 0;
+  int64_t context_sent_bytes = 0;
   std::vector<double> context_attention;
   // Pipelined: seconds the most idle stage waited in the schedule, that
   // stage's idle share, and seconds this rank blocked on pipeline messages.

@@ -331,10 +331,11 @@ Finding comm_finding(const JobProfile& p) {
   // shape (the grid dimension that is the whole job); messages are the
   // pipeline's whatever their group.
   auto role = [&](const CommProfile& c) -> std::string {
+    if (c.group == "cp") return "cp";  // the context ring's messages and collectives
     if (c.kind == "send" || c.kind == "recv") return "pp";
     if (c.kind == "alltoall") return "ep";
     if (c.group != "world") return c.group;
-    const int world = s.tp * s.pp * s.dp;
+    const int world = s.tp * s.pp * s.dp * s.cp;
     return s.tp == world ? "tp" : s.pp == world ? "pp" : "dp";
   };
   // The role carrying most of a rank's bytes (or time).
@@ -370,6 +371,10 @@ Finding comm_finding(const JobProfile& p) {
       f.suggestion =
           "waiting on the pipeline's messages: more micro-batches per step "
           "(gradient_accumulation_steps) or a balanced parallel.partition";
+    else if (g == "cp")
+      f.suggestion =
+          "the context-parallel keys and values are exposed: parallel.context_comm p2p overlaps "
+          "them with the attention; keep parallel.context within a host, or a smaller one";
     else if (g == "ep")
       f.suggestion =
           "the MoE all-to-alls are exposed: keep parallel.expert within a host, or a smaller "
@@ -432,6 +437,7 @@ json to_json(const JobProfile& p) {
   json shape = {{"tp", s.tp},
                 {"pp", s.pp},
                 {"dp", s.dp},
+                {"cp", s.cp},
                 {"ep", s.ep},
                 {"virtual_stages", s.virtual_stages},
                 {"micro_batch", s.micro_batch},
@@ -470,22 +476,25 @@ json to_json(const JobProfile& p) {
     for (int c = 0; c < kNumMemCategories; ++c)
       mem[std::string(mem_category_name(static_cast<MemCategory>(c)))] =
           r.mem_peak[static_cast<size_t>(c)];
-    ranks.push_back(
-        {{"rank", r.rank},
-         {"coord",
-          {{"tp", r.coord.tp}, {"dp", r.coord.dp}, {"pp", r.coord.pp}, {"ep", r.coord.ep}}},
-         {"host", r.host},
-         {"chunks", chunks},
-         {"comm", comm},
-         {"step_s", r.step_s},
-         {"compute_s", r.compute_s()},
-         {"optimizer_s", r.optimizer_s},
-         {"comm_s", r.comm_s},
-         {"exposed_s", r.exposed_s},
-         {"bubble_s", r.bubble_s},
-         {"bubble_fraction", r.bubble_fraction},
-         {"comm_bytes", r.comm_bytes},
-         {"mem_peak_bytes", mem}});
+    ranks.push_back({{"rank", r.rank},
+                     {"coord",
+                      {{"tp", r.coord.tp},
+                       {"cp", r.coord.cp},
+                       {"dp", r.coord.dp},
+                       {"pp", r.coord.pp},
+                       {"ep", r.coord.ep}}},
+                     {"host", r.host},
+                     {"chunks", chunks},
+                     {"comm", comm},
+                     {"step_s", r.step_s},
+                     {"compute_s", r.compute_s()},
+                     {"optimizer_s", r.optimizer_s},
+                     {"comm_s", r.comm_s},
+                     {"exposed_s", r.exposed_s},
+                     {"bubble_s", r.bubble_s},
+                     {"bubble_fraction", r.bubble_fraction},
+                     {"comm_bytes", r.comm_bytes},
+                     {"mem_peak_bytes", mem}});
   }
   return {{"shape", shape}, {"ranks", ranks}};
 }
@@ -497,6 +506,7 @@ JobProfile job_profile_from_json(const json& j) {
   p.shape.pp = s.at("pp");
   p.shape.dp = s.at("dp");
   p.shape.ep = s.at("ep");
+  p.shape.cp = s.value("cp", 1);
   p.shape.virtual_stages = s.at("virtual_stages");
   p.shape.micro_batch = s.at("micro_batch");
   p.shape.micro_batches = s.at("micro_batches");
@@ -513,6 +523,7 @@ JobProfile job_profile_from_json(const json& j) {
     const json& c = r.at("coord");
     k.coord.tp = c.at("tp"), k.coord.dp = c.at("dp"), k.coord.pp = c.at("pp");
     k.coord.ep = c.at("ep");
+    k.coord.cp = c.value("cp", 0);
     k.host = r.at("host");
     for (const json& ch : r.at("chunks")) {
       ChunkProfile cp{ch.at("first"), ch.at("last"), {}};
@@ -597,13 +608,17 @@ std::string imbalance_text(const JobProfile& p, const std::vector<Finding>& f) {
 
 std::string profile_text(const JobProfile& p, const std::vector<Finding>& f) {
   std::string out = profile_table(p) + "\n";
+  const bool cp = p.shape.cp > 1;
   out += printf_string("%-5s %-12s %-14s %10s %10s %10s %10s %9s %10s\n", "rank", "host",
-                       "pp tp dp ep", "step ms", "compute ms", "optim ms", "comm ms", "exposed",
-                       "sent MB");
+                       cp ? "pp tp cp dp ep" : "pp tp dp ep", "step ms", "compute ms", "optim ms",
+                       "comm ms", "exposed", "sent MB");
   for (const RankProfile& r : p.ranks)
     out += printf_string(
         "%-5d %-12s %-14s %10.2f %10.2f %10.2f %10.2f %9.2f %10.3f\n", r.rank, r.host.c_str(),
-        printf_string("%d %d %d %d", r.coord.pp, r.coord.tp, r.coord.dp, r.coord.ep).c_str(),
+        (cp ? printf_string("%d %d %d %d %d", r.coord.pp, r.coord.tp, r.coord.cp, r.coord.dp,
+                            r.coord.ep)
+            : printf_string("%d %d %d %d", r.coord.pp, r.coord.tp, r.coord.dp, r.coord.ep))
+            .c_str(),
         ms(r.step_s), ms(r.compute_s()), ms(r.optimizer_s), ms(r.comm_s), ms(r.exposed_s),
         mb(r.comm_bytes));
   out += "\npeak memory per rank, MB:\n";
@@ -704,7 +719,8 @@ JobProfile RunProfiler::gather(const ParallelContext& ctx, bool writer) const {
   const double n = std::max<int64_t>(1, steps_);
   const Config& c = config_;
   const int tp = std::max(1, ctx.grid.shape().tp);
-  const double tokens = double(c.micro_batch) * double(c.grad_accum) * double(c.model.seq_len);
+  // This rank's tokens: its share of each sequence under context parallelism.
+  const double tokens = double(c.micro_batch) * double(c.grad_accum) * double(c.local_seq_len());
   for (ChunkProfile& ch : r.chunks)
     for (PieceProfile& q : ch.pieces) {
       q.forward /= n, q.backward /= n, q.recompute /= n;
@@ -727,6 +743,7 @@ JobProfile RunProfiler::gather(const ParallelContext& ctx, bool writer) const {
   p.shape.pp = ctx.grid.shape().pp;
   p.shape.dp = ctx.grid.shape().dp();
   p.shape.ep = ctx.grid.shape().ep;
+  p.shape.cp = ctx.grid.shape().cp;
   p.shape.virtual_stages = c.parallel.pipeline > 1 ? c.parallel.virtual_stages : 1;
   p.shape.micro_batch = c.micro_batch;
   p.shape.micro_batches = c.grad_accum;

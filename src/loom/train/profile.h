@@ -77,6 +77,7 @@ struct RankProfile {
 // What the report needs to know of the job.
 struct JobShape {
   int tp = 1, pp = 1, dp = 1, ep = 1, virtual_stages = 1;
+  int cp = 1;                                  // context parallel
   int64_t micro_batch = 1, micro_batches = 1;  // per rank and step
   int64_t seq_len = 0;
   std::string schedule;  // pipelined: the schedule; else ""

@@ -37,8 +37,7 @@ std::unique_ptr<LayerFactory<float>> layers_for(
   if (f && experts) f->set_expert_dispatcher(experts);
   if (f && context)
     f->set_attention_core(context, context->split(),
-                          std::make_shared<context::ContextGather>(context->group(),
-                                                                   context->split().balanced));
+                          std::make_shared<context::ContextGather>(context));
   return f;
 }
 
@@ -246,6 +245,7 @@ void StepEngine::take_context(StepStats& r) {
   r.t_context_attention = s.attention_s;
   r.t_context_comm = s.comm_s;
   r.t_context_exposed = s.exposed_s;
+  r.context_sent_bytes = s.sent_bytes;
   r.comm.comm_s += s.comm_s;
   r.comm.exposed_s += s.exposed_s;
 }

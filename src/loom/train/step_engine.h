@@ -43,6 +43,7 @@ struct StepStats {
   // Context parallelism: seconds in the attention kernels and in the
   // keys' and values' collectives (also in comm), and their exposed part.
   double t_context_attention = 0, t_context_comm = 0, t_context_exposed = 0;
+  int64_t context_sent_bytes = 0;
   // Pipelined: over the pipeline's span (the first rank's start to the last
   // rank's last compute), the most idle rank's seconds without compute, the
   // mean idle share over the ranks; and this rank's seconds blocked on
@@ -180,8 +181,8 @@ class StepEngine {
   tp::Group tp_;                                     // the tensor-parallel group (traffic counted)
   std::shared_ptr<ep::AllToAllDispatcher> experts_;  // expert parallelism; null: none
   std::shared_ptr<context::ContextAttention> context_;  // context parallelism; null: none
-  bool moe_split_ = false;                           // tensor ranks split the MoE layers' sequences
-  std::unique_ptr<LayerFactory<float>> layers_;      // parallel layers; null: one process's
+  bool moe_split_ = false;                       // tensor ranks split the MoE layers' sequences
+  std::unique_ptr<LayerFactory<float>> layers_;  // parallel layers; null: one process's
   PartitionReport partition_;
   std::vector<Chunk> chunks_;
   std::unique_ptr<pp::Executor> executor_;  // null without a pipeline

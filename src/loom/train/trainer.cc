@@ -223,6 +223,7 @@ StepResult Trainer::train_step() {
     r.context = true;
     r.t_context_comm = s.t_context_comm;
     r.t_context_exposed = s.t_context_exposed;
+    r.context_sent_bytes = s.context_sent_bytes;
     r.context_attention = all_gather_words(*options_.parallel.world, &s.t_context_attention, 1);
   }
   r.compression =

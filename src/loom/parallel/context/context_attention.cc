@@ -56,11 +56,11 @@ ContextStats ContextAttention::take_stats() const {
   return s;
 }
 
-void ContextAttention::wait(const WorkPtr& w) const {
+void ContextAttention::wait(const WorkPtr& w, bool transfer) const {
   const auto t0 = Clock::now();
   w->wait();
   stats_.exposed_s += since(t0);
-  stats_.comm_s += w->seconds();
+  if (transfer) stats_.comm_s += w->seconds();
 }
 
 void ContextAttention::attend(const Backend<float>& be, float* y, float* lse, const float* qkv,
@@ -124,8 +124,7 @@ void ContextAttention::forward(const Backend<float>& be, float* y, float* lse, c
 
 void ContextAttention::backward(const Backend<float>& be, float* dqkv, const float* dy,
                                 const float* qkv, const float* y, const float* lse, int64_t B,
-                                int64_t Tn, int64_t C, int64_t NH,
-                                const DropoutSpec& probs) const {
+                                int64_t Tn, int64_t C, int64_t NH, const DropoutSpec& probs) const {
   switch (comm_) {
     case ContextComm::kP2p:
       return backward_ring(be, dqkv, dy, qkv, y, lse, B, Tn, C, NH, probs);
@@ -141,8 +140,8 @@ void ContextAttention::backward(const Backend<float>& be, float* dqkv, const flo
 // Step s: this rank holds the keys and values of rank (r - s) mod cp, sends
 // them on to r + 1 and receives the next from r - 1 while it attends.
 void ContextAttention::forward_ring(const Backend<float>& be, float* y, float* lse,
-                                    const float* qkv, int64_t B, int64_t Tn, int64_t C,
-                                    int64_t NH, const DropoutSpec& probs) const {
+                                    const float* qkv, int64_t B, int64_t Tn, int64_t C, int64_t NH,
+                                    const DropoutSpec& probs) const {
   const int P = group_->size(), r = group_->rank();
   const int next = (r + 1) % P, prev = (r + P - 1) % P;
   const int64_t n = B * Tn * 2 * C;
@@ -164,7 +163,7 @@ void ContextAttention::forward_ring(const Backend<float>& be, float* y, float* l
     attend(be, y, lse, qkv, cur, (r - s + P) % P, B, Tn, C, NH, probs);
     if (s + 1 < P) {
       wait(got);
-      wait(sent);
+      wait(sent, false);
       std::swap(cur, nxt);
     }
   }
@@ -174,8 +173,8 @@ void ContextAttention::forward_ring(const Backend<float>& be, float* y, float* l
 // gradient of the keys and values it holds is added to what came with them
 // and passed on, so after the last step every rank receives its own.
 void ContextAttention::backward_ring(const Backend<float>& be, float* dqkv, const float* dy,
-                                     const float* qkv, const float* y, const float* lse,
-                                     int64_t B, int64_t Tn, int64_t C, int64_t NH,
+                                     const float* qkv, const float* y, const float* lse, int64_t B,
+                                     int64_t Tn, int64_t C, int64_t NH,
                                      const DropoutSpec& probs) const {
   const int P = group_->size(), r = group_->rank();
   const int next = (r + 1) % P, prev = (r + P - 1) % P;
@@ -197,7 +196,7 @@ void ContextAttention::backward_ring(const Backend<float>& be, float* dqkv, cons
       stats_.sent_bytes += n * 4;
     }
     float* g = mine[s % 2];
-    if (grad_sent[s % 2]) wait(grad_sent[s % 2]);
+    if (grad_sent[s % 2]) wait(grad_sent[s % 2], false);
     be.fill(g, n, 0.0f);
     attend_backward(be, dqkv, g, dy, qkv, cur, y, lse, (r - s + P) % P, B, Tn, C, NH, probs);
     if (s > 0) {
@@ -211,14 +210,14 @@ void ContextAttention::backward_ring(const Backend<float>& be, float* dqkv, cons
     stats_.sent_bytes += n * 4;
     if (s + 1 < P) {
       wait(got);
-      wait(sent);
+      wait(sent, false);
       std::swap(cur, nxt);
     }
   }
   wait(grad_got);  // this rank's own, complete
   add_kv(be, dqkv, in, B, Tn, C);
   for (const WorkPtr& w : grad_sent)
-    if (w) wait(w);
+    if (w) wait(w, false);
 }
 
 // ---- all_gather -------------------------------------------------------------
@@ -283,8 +282,7 @@ void ContextAttention::to_heads(const Backend<float>& be, const float* local, fl
     const ContextSplit from = split_of(s);
     for (int64_t b = 0; b < B; ++b)
       for (int64_t t = 0; t < Tn; ++t)
-        be.copy(heads + (b * T + from.position(t, Tn)) * w, recv + s * block + (b * Tn + t) * w,
-                w);
+        be.copy(heads + (b * T + from.position(t, Tn)) * w, recv + s * block + (b * Tn + t) * w, w);
   }
 }
 
@@ -313,8 +311,8 @@ void ContextAttention::to_rows(const Backend<float>& be, const float* heads, flo
 
 // This rank runs heads [r NH / cp, (r + 1) NH / cp) of this rank's NH over
 // the whole sequence; lse holds their (B, NH / cp, cp Tn) log-sum-exps.
-void ContextAttention::forward_a2a(const Backend<float>& be, float* y, float* lse,
-                                   const float* qkv, int64_t B, int64_t Tn, int64_t C, int64_t NH,
+void ContextAttention::forward_a2a(const Backend<float>& be, float* y, float* lse, const float* qkv,
+                                   int64_t B, int64_t Tn, int64_t C, int64_t NH,
                                    const DropoutSpec& probs) const {
   const int P = group_->size();
   LOOM_CHECK_KIND(kConfig, NH % P == 0,
@@ -359,13 +357,20 @@ void ContextAttention::backward_a2a(const Backend<float>& be, float* dqkv, const
 }
 
 void ContextGather::gather(const float* mine, int64_t n, float* all) {
-  group_->all_gather(mine, all, static_cast<size_t>(n), DType::kF32)->wait();
+  const auto t0 = Clock::now();
+  const auto& g = attention_->group();
+  g->all_gather(mine, all, static_cast<size_t>(n), DType::kF32)->wait();
+  attention_->add_blocking(since(t0), n * 4 * (g->size() - 1));
 }
 
-// Token ids travel as 4-byte words: an all-gather copies them unchanged.
+// Token ids travel as 4-byte words: an all-gather moves bytes and never
+// does arithmetic on them, so they arrive unchanged.
 void ContextGather::gather_ids(const int32_t* mine, int64_t n, int32_t* all) {
   static_assert(sizeof(int32_t) == sizeof(float));
-  group_->all_gather(mine, all, static_cast<size_t>(n), DType::kF32)->wait();
+  const auto t0 = Clock::now();
+  const auto& g = attention_->group();
+  g->all_gather(mine, all, static_cast<size_t>(n), DType::kF32)->wait();
+  attention_->add_blocking(since(t0), n * 4 * (g->size() - 1));
 }
 
 }  // namespace loom::context

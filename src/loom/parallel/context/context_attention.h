@@ -34,8 +34,10 @@ enum class ContextComm { kP2p, kAllGather, kA2a };
 ContextComm parse_context_comm(const std::string& s);  // "p2p", "all_gather", "a2a"
 
 // What the attention cores did since the last take_stats(): time in the
-// attention kernels, in collectives, and the part of that spent waiting
-// (with p2p the rest ran under the attention); bytes this rank sent.
+// attention kernels; time the keys' and values' transfers were under way
+// (a ring step's receive, a collective; the MoE layers' routing gathers
+// too) and the part of it spent waiting (with p2p the rest ran beside the
+// attention); bytes this rank sent.
 struct ContextStats {
   double attention_s = 0;
   double comm_s = 0;
@@ -57,6 +59,10 @@ class ContextAttention final : public AttentionCore<float> {
                 const DropoutSpec& probs) const override;
 
   ContextStats take_stats() const;
+  // A collective of the MoE layers' routing (ContextGather), counted in.
+  void add_blocking(double seconds, int64_t sent_bytes) const {
+    stats_.comm_s += seconds, stats_.exposed_s += seconds, stats_.sent_bytes += sent_bytes;
+  }
 
  private:
   ContextSplit split_of(int rank) const { return ContextSplit{rank, group_->size(), balanced_}; }
@@ -66,14 +72,14 @@ class ContextAttention final : public AttentionCore<float> {
               int src, int64_t B, int64_t Tn, int64_t C, int64_t NH,
               const DropoutSpec& probs) const;
   void attend_backward(const Backend<float>& be, float* dqkv, float* dkv, const float* dy,
-                       const float* qkv, const float* kv, const float* y, const float* lse,
-                       int src, int64_t B, int64_t Tn, int64_t C, int64_t NH,
+                       const float* qkv, const float* kv, const float* y, const float* lse, int src,
+                       int64_t B, int64_t Tn, int64_t C, int64_t NH,
                        const DropoutSpec& probs) const;
   void forward_ring(const Backend<float>& be, float* y, float* lse, const float* qkv, int64_t B,
                     int64_t Tn, int64_t C, int64_t NH, const DropoutSpec& probs) const;
   void backward_ring(const Backend<float>& be, float* dqkv, const float* dy, const float* qkv,
-                     const float* y, const float* lse, int64_t B, int64_t Tn, int64_t C,
-                     int64_t NH, const DropoutSpec& probs) const;
+                     const float* y, const float* lse, int64_t B, int64_t Tn, int64_t C, int64_t NH,
+                     const DropoutSpec& probs) const;
   void forward_gather(const Backend<float>& be, float* y, float* lse, const float* qkv, int64_t B,
                       int64_t Tn, int64_t C, int64_t NH, const DropoutSpec& probs) const;
   void backward_gather(const Backend<float>& be, float* dqkv, const float* dy, const float* qkv,
@@ -82,8 +88,8 @@ class ContextAttention final : public AttentionCore<float> {
   void forward_a2a(const Backend<float>& be, float* y, float* lse, const float* qkv, int64_t B,
                    int64_t Tn, int64_t C, int64_t NH, const DropoutSpec& probs) const;
   void backward_a2a(const Backend<float>& be, float* dqkv, const float* dy, const float* qkv,
-                    const float* y, const float* lse, int64_t B, int64_t Tn, int64_t C,
-                    int64_t NH, const DropoutSpec& probs) const;
+                    const float* y, const float* lse, int64_t B, int64_t Tn, int64_t C, int64_t NH,
+                    const DropoutSpec& probs) const;
   // a2a: local rows (B, Tn, W) holding `parts` blocks of width W / parts
   // side by side (q | k | v: 3) to this rank's head share of every rank's
   // rows in sequence order (B, cp Tn, W / cp), and back.
@@ -91,7 +97,9 @@ class ContextAttention final : public AttentionCore<float> {
                 int64_t W, int parts) const;
   void to_rows(const Backend<float>& be, const float* heads, float* local, int64_t B, int64_t Tn,
                int64_t W, int parts) const;
-  void wait(const WorkPtr& w) const;
+  // Waits for w (exposed time); its duration counts as transfer time
+  // unless it is the send of a pair whose receive is counted.
+  void wait(const WorkPtr& w, bool transfer = true) const;
 
   std::shared_ptr<ProcessGroup> group_;
   ContextComm comm_;
@@ -104,17 +112,15 @@ class ContextAttention final : public AttentionCore<float> {
 // routes whole sequences (nn/moe.h, SequenceGather).
 class ContextGather final : public SequenceGather<float> {
  public:
-  ContextGather(std::shared_ptr<ProcessGroup> group, bool balanced)
-      : group_(std::move(group)), balanced_(balanced) {}
-  ContextSplit split() const override {
-    return ContextSplit{group_->rank(), group_->size(), balanced_};
-  }
+  // Over the attention's group, its time counted in the attention's stats.
+  explicit ContextGather(std::shared_ptr<const ContextAttention> attention)
+      : attention_(std::move(attention)) {}
+  ContextSplit split() const override { return attention_->split(); }
   void gather(const float* mine, int64_t n, float* all) override;
   void gather_ids(const int32_t* mine, int64_t n, int32_t* all) override;
 
  private:
-  std::shared_ptr<ProcessGroup> group_;
-  bool balanced_;
+  std::shared_ptr<const ContextAttention> attention_;
 };
 
 }  // namespace loom::context
