@@ -653,5 +653,45 @@ TEST(Checkpointing, PoliciesTrainBitwiseLikeNoneAtEveryZeroStage) {
   }
 }
 
+// Under context parallelism too, every policy recomputes bitwise what
+// forward computed: a recomputed attention runs its ring (or all-to-all)
+// again over the same keys and values, with the same masks.
+TEST(Checkpointing, PoliciesTrainBitwiseLikeNoneUnderContextParallelism) {
+  const int n = runtime().world_size();
+  const std::string cp = "parallel.context=" + std::to_string(n);
+  Config probe_config = parse_config(kBase, "harness", {cp}, n);
+  GptStage<float> probe(probe_config.model);
+  const int64_t B = probe_config.micro_batch, T = probe_config.local_seq_len();
+  CheckpointPolicy full;
+  full.kind = CheckpointPolicy::kFull;
+  probe.set_plan(probe.plan(full, B, T));
+  const size_t budget =
+      probe.store_bytes(B, T) + probe.room_bytes(B, T) +
+      2 * (probe.block_bytes(B, T, Recompute::kNone) - probe.block_bytes(B, T, Recompute::kFull));
+  for (const char* comm : {"p2p", "a2a"}) {
+    auto run = [&](std::vector<std::string> policy) {
+      policy.insert(policy.end(), {cp, std::string("parallel.context_comm=") + comm,
+                                   "train.steps=6", "zero_optimization.stage=2"});
+      return train(policy, runtime().world(CommOptions{}));
+    };
+    const RunResult ref = run({"activation_checkpointing.policy=none"});
+    for (const auto& policy : std::vector<std::vector<std::string>>{
+             {"activation_checkpointing.policy=full"},
+             {"activation_checkpointing.policy=selective"},
+             {"activation_checkpointing.policy=every_n", "activation_checkpointing.every_n=3"},
+             {"activation_checkpointing.policy=budget",
+              "activation_checkpointing.budget_bytes=" + std::to_string(budget)}}) {
+      const RunResult got = run(policy);
+      EXPECT_EQ(got.losses, ref.losses) << policy[0] << ", " << comm;
+      EXPECT_TRUE(got.params == ref.params) << policy[0] << ", " << comm;
+    }
+    if (runtime().world_rank() == 0)
+      std::printf(
+          "[ recompute ] cp %d, %s: none, full, selective, every_n, budget bitwise equal over "
+          "%zu steps\n",
+          n, comm, ref.losses.size());
+  }
+}
+
 }  // namespace
 }  // namespace loom
