@@ -3,8 +3,9 @@
 # cluster (TCP between the hosts, shared memory inside), the ranks dealt
 # round-robin over the hosts (--map-by node) so that loom's placement must
 # move them to keep the tensor- and expert-parallel groups inside a host.
-# Data parallel, ZeRO-3, tp x dp, pp x dp, ep x dp and 16-bit layouts train
-# like one process, as on one host; so does compressed data parallelism.
+# Data parallel, ZeRO-3, tp x dp, pp x dp, ep x dp, context parallel (the
+# ring, all-gather and all-to-all crossing the hosts; cp x tp, cp x dp, MoE
+# under cp) and 16-bit layouts train like one process, as on one host; so does compressed data parallelism.
 # (And the cluster's hosts have no
 # address outside its /24 and no route out.)
 set -euo pipefail
@@ -17,13 +18,13 @@ for h in 0 1; do
   addrs=$(ip -n "loom-h$h" -4 -o addr show | awk '{print $4}' | sort | tr '\n' ' ')
   [[ $addrs == "10.233.7.$((h + 1))/24 127.0.0.1/8 " ]] || fail "host $h has addresses $addrs"
 done
-export LOOM_TEST_LAYOUTS="dp, one bucket per layer|zero-3, prefetch one unit|tp 2 x dp 2, zero-1|pp 2 x dp 2, zero-1|moe, ep 2 x dp 2, zero-3|records, zero-2"
+export LOOM_TEST_LAYOUTS="dp, one bucket per layer|zero-3, prefetch one unit|tp 2 x dp 2, zero-1|pp 2 x dp 2, zero-1|moe, ep 2 x dp 2, zero-3|records, zero-2|cp 4, p2p|cp 4, a2a|cp 4, all_gather|cp 2 x tp 2, p2p|cp 2 x dp 2, p2p, zero-2|moe, cp 2 x dp 2, ep 2"
 timeout -k 5 400 "$CLUSTER" mpirun --host node0:2,node1:2 -np 4 --map-by node -x OMP_NUM_THREADS \
   -x LOOM_TEST_LAYOUTS "$LAYOUT_TESTS" --gtest_filter=Layouts.TrainExactlyLikeOneProcess \
   > "$WORK/out.txt" 2>&1 || fail "the harness across hosts failed: $(cat "$WORK/out.txt")"
 grep "layout \]" "$WORK/out.txt"
 n=$(grep -c "layout \]" "$WORK/out.txt")
-((n >= 9)) || fail "only $n layouts ran: $(cat "$WORK/out.txt")"
+((n >= 18)) || fail "only $n layouts ran: $(cat "$WORK/out.txt")"
 # Compressed data parallelism across the hosts: PowerSGD and the 1-bit
 # optimizers under tp 2 x dp 2 and pp 2 x dp 2 train like one process, and
 # the 1-bit phase keeps a pipeline's tied copies equal.
