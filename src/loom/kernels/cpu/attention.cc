@@ -54,6 +54,52 @@ inline int64_t visible(int64_t i0, int64_t i, int64_t j0, int64_t nk) {
   return std::max<int64_t>(0, std::min(nk, i0 + i - j0 + 1));
 }
 
+// One key block of the online softmax for nq query rows: s (nq, kBlock)
+// holds the scores; rescales what acc (nq, hs) accumulated under the old
+// running maxima m, adds this block's exp(s - max) to l (zero past
+// seen(i) keys), and leaves s = p * keep for the product with v.
+template <typename T, typename Seen>
+void online_softmax_block(T* s, const T* keep, int64_t nq, int64_t nk, int64_t hs, Seen seen, T* m,
+                          T* l, T* acc) {
+  for (int64_t i = 0; i < nq; ++i) {
+    T* si = s + i * kBlock;
+    const int64_t jmax = seen(i);
+    T bmax = m[i];
+    for (int64_t j = 0; j < jmax; ++j) bmax = std::max(bmax, si[j]);
+    const T corr = jmax > 0 ? vexp(m[i] - bmax) : T(1);
+    T sum = 0;
+    const T* ki = keep + i * kBlock;
+    for (int64_t j = 0; j < nk; ++j) {
+      T p = j < jmax ? vexp(si[j] - bmax) : T(0);
+      sum += p;
+      si[j] = p * ki[j];
+    }
+    if (jmax > 0) m[i] = bmax;
+    l[i] = l[i] * corr + sum;
+    T* ai = acc + i * hs;
+    for (int64_t d = 0; d < hs; ++d) ai[d] *= corr;
+  }
+}
+
+// The backward's block: s (scores) := p * keep, for dV; dp (dO v^T) := dS =
+// p (keep dp - D_i), for dQ and dK; p = exp(s - lse_i), zero past seen(i).
+template <typename T, typename Seen>
+void softmax_backward_block(T* s, T* dp, const T* keep, int64_t nq, int64_t nk, Seen seen,
+                            const T* lse, const T* D) {
+  for (int64_t i = 0; i < nq; ++i) {
+    const int64_t jmax = seen(i);
+    T* si = s + i * kBlock;
+    T* dpi = dp + i * kBlock;
+    const T* ki = keep + i * kBlock;
+    const T li = lse[i], Di = D[i];
+    for (int64_t j = 0; j < nk; ++j) {
+      T p = j < jmax ? vexp(si[j] - li) : T(0);
+      si[j] = p * ki[j];
+      dpi[j] = p * (dpi[j] * ki[j] - Di);
+    }
+  }
+}
+
 }  // namespace
 
 // Inside the OpenMP region each thread owns whole (batch, head) pairs; the
@@ -83,26 +129,9 @@ void attention_forward(const GemmConfig& g, T* out, T* lse, const T* qkv, int64_
             gemm<T>(g, false, true, nq, nk, hs, T(1), tiles.q.data() + i0 * hs, hs,
                     tiles.k.data() + j0 * hs, hs, T(0), s.data(), kBlock);
             block_keep(keep.data(), dropout, b, h, i0, nq, j0, nk);
-            // Online softmax: rescale what was accumulated under the old
-            // running max, add this block's exp(s - max) (zero where masked).
-            for (int64_t i = 0; i < nq; ++i) {
-              T* si = s.data() + i * kBlock;
-              const int64_t jmax = visible(i0, i, j0, nk);
-              T bmax = m[i];
-              for (int64_t j = 0; j < jmax; ++j) bmax = std::max(bmax, si[j]);
-              const T corr = jmax > 0 ? vexp(m[i] - bmax) : T(1);
-              T sum = 0;
-              const T* ki = keep.data() + i * kBlock;
-              for (int64_t j = 0; j < nk; ++j) {
-                T p = j < jmax ? vexp(si[j] - bmax) : T(0);
-                sum += p;
-                si[j] = p * ki[j];
-              }
-              if (jmax > 0) m[i] = bmax;
-              l[i] = l[i] * corr + sum;
-              T* ai = acc.data() + i * hs;
-              for (int64_t d = 0; d < hs; ++d) ai[d] *= corr;
-            }
+            online_softmax_block(
+                s.data(), keep.data(), nq, nk, hs,
+                [&](int64_t i) { return visible(i0, i, j0, nk); }, m.data(), l.data(), acc.data());
             // acc (nq, hs) += (p * keep) v_j
             gemm<T>(g, false, false, nq, hs, nk, T(1), s.data(), kBlock, tiles.v.data() + j0 * hs,
                     hs, T(1), acc.data(), hs);
@@ -158,20 +187,9 @@ void attention_backward(const GemmConfig& g, T* dqkv, const T* dout, const T* qk
             gemm<T>(g, false, true, nq, nk, hs, T(1), dO.data() + i0 * hs, hs,
                     tiles.v.data() + j0 * hs, hs, T(0), dp.data(), kBlock);  // dp = dO_i v_j^T
             block_keep(keep.data(), dropout, b, h, i0, nq, j0, nk);
-            // p = exp(s - lse) (0 where masked); s := p * keep for dV;
-            // dp := dS = p (keep dp - D_i) for dQ and dK.
-            for (int64_t i = 0; i < nq; ++i) {
-              const int64_t jmax = visible(i0, i, j0, nk);
-              T* si = s.data() + i * kBlock;
-              T* dpi = dp.data() + i * kBlock;
-              const T* ki = keep.data() + i * kBlock;
-              const T li = row_lse[i0 + i], Di = D[i0 + i];
-              for (int64_t j = 0; j < nk; ++j) {
-                T p = j < jmax ? vexp(si[j] - li) : T(0);
-                si[j] = p * ki[j];
-                dpi[j] = p * (dpi[j] * ki[j] - Di);
-              }
-            }
+            softmax_backward_block(
+                s.data(), dp.data(), keep.data(), nq, nk,
+                [&](int64_t i) { return visible(i0, i, j0, nk); }, row_lse + i0, D.data() + i0);
             // dv_j += (p keep)^T dO_i; dq_i += dS k_j; dk_j += dS^T q_i
             gemm<T>(g, true, false, nk, hs, nq, T(1), s.data(), kBlock, dO.data() + i0 * hs, hs,
                     T(1), dv.data() + j0 * hs, hs);
@@ -267,24 +285,10 @@ void attention_chunk_forward(const GemmConfig& g, T* out, T* lse, const T* q, co
             gemm<T>(g, false, true, nq, nk, hs, T(1), tiles.q.data() + i0 * hs, hs,
                     tiles.k.data() + j0 * hs, hs, T(0), s.data(), kBlock);
             chunk_keep(keep.data(), tmp, dropout, b, h, qp0, nq, kp0, nk);
-            for (int64_t i = 0; i < nq; ++i) {
-              T* si = s.data() + i * kBlock;
-              const int64_t jmax = visible_at(qp0 + i, kp0, nk);
-              T bmax = m[i];
-              for (int64_t j = 0; j < jmax; ++j) bmax = std::max(bmax, si[j]);
-              const T corr = jmax > 0 ? vexp(m[i] - bmax) : T(1);
-              T sum = 0;
-              const T* ki = keep.data() + i * kBlock;
-              for (int64_t j = 0; j < nk; ++j) {
-                T p = j < jmax ? vexp(si[j] - bmax) : T(0);
-                sum += p;
-                si[j] = p * ki[j];
-              }
-              if (jmax > 0) m[i] = bmax;
-              l[i] = l[i] * corr + sum;
-              T* ai = acc.data() + i * hs;
-              for (int64_t d = 0; d < hs; ++d) ai[d] *= corr;
-            }
+            online_softmax_block(
+                s.data(), keep.data(), nq, nk, hs,
+                [&](int64_t i) { return visible_at(qp0 + i, kp0, nk); }, m.data(), l.data(),
+                acc.data());
             gemm<T>(g, false, false, nq, hs, nk, T(1), s.data(), kBlock, tiles.v.data() + j0 * hs,
                     hs, T(1), acc.data(), hs);
           }
@@ -348,18 +352,10 @@ void attention_chunk_backward(const GemmConfig& g, T* dq, T* dkv, const T* dout,
             gemm<T>(g, false, true, nq, nk, hs, T(1), dO.data() + i0 * hs, hs,
                     tiles.v.data() + j0 * hs, hs, T(0), dp.data(), kBlock);
             chunk_keep(keep.data(), tmp, dropout, b, h, qp0, nq, kp0, nk);
-            for (int64_t i = 0; i < nq; ++i) {
-              const int64_t jmax = visible_at(qp0 + i, kp0, nk);
-              T* si = s.data() + i * kBlock;
-              T* dpi = dp.data() + i * kBlock;
-              const T* ki = keep.data() + i * kBlock;
-              const T li = row_lse[i0 + i], Di = D[i0 + i];
-              for (int64_t j = 0; j < nk; ++j) {
-                T p = j < jmax ? vexp(si[j] - li) : T(0);
-                si[j] = p * ki[j];
-                dpi[j] = p * (dpi[j] * ki[j] - Di);
-              }
-            }
+            softmax_backward_block(
+                s.data(), dp.data(), keep.data(), nq, nk,
+                [&](int64_t i) { return visible_at(qp0 + i, kp0, nk); }, row_lse + i0,
+                D.data() + i0);
             gemm<T>(g, true, false, nk, hs, nq, T(1), s.data(), kBlock, dO.data() + i0 * hs, hs,
                     T(1), gv.data() + j0 * hs, hs);
             gemm<T>(g, false, false, nq, hs, nk, T(1), dp.data(), kBlock, tiles.k.data() + j0 * hs,
@@ -384,17 +380,17 @@ void attention_chunk_backward(const GemmConfig& g, T* dq, T* dkv, const T* dout,
   }
 }
 
-#define LOOM_INSTANTIATE(T)                                                                 \
-  template void attention_forward<T>(const GemmConfig&, T*, T*, const T*, int64_t, int64_t, \
-                                     int64_t, int64_t, const DropoutSpec&);                 \
-  template void attention_backward<T>(const GemmConfig&, T*, const T*, const T*, const T*,  \
-                                      const T*, int64_t, int64_t, int64_t, int64_t,         \
-                                      const DropoutSpec&);                                  \
-  template void attention_chunk_forward<T>(const GemmConfig&, T*, T*, const T*, const T*,    \
-                                           const AttentionChunk&, const DropoutSpec&);       \
-  template void attention_chunk_backward<T>(const GemmConfig&, T*, T*, const T*, const T*,   \
-                                            const T*, const T*, const T*,                    \
-                                            const AttentionChunk&, const DropoutSpec&);
+#define LOOM_INSTANTIATE(T)                                                                      \
+  template void attention_forward<T>(const GemmConfig&, T*, T*, const T*, int64_t, int64_t,      \
+                                     int64_t, int64_t, const DropoutSpec&);                      \
+  template void attention_backward<T>(const GemmConfig&, T*, const T*, const T*, const T*,       \
+                                      const T*, int64_t, int64_t, int64_t, int64_t,              \
+                                      const DropoutSpec&);                                       \
+  template void attention_chunk_forward<T>(const GemmConfig&, T*, T*, const T*, const T*,        \
+                                           const AttentionChunk&, const DropoutSpec&);           \
+  template void attention_chunk_backward<T>(const GemmConfig&, T*, T*, const T*, const T*,       \
+                                            const T*, const T*, const T*, const AttentionChunk&, \
+                                            const DropoutSpec&);
 LOOM_INSTANTIATE(float)
 LOOM_INSTANTIATE(double)
 #undef LOOM_INSTANTIATE

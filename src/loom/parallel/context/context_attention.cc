@@ -63,21 +63,30 @@ void ContextAttention::wait(const WorkPtr& w, bool transfer) const {
   if (transfer) stats_.comm_s += w->seconds();
 }
 
+// Chunk pair (this rank's query chunk qk, src's key chunk kk) of local
+// sequences of Tn tokens: q in qkv (B, Tn, 3C), keys and values in kv (B,
+// Tn, 2C), out (B, Tn, C), lse (B, NH, Tn), each at its chunk's rows.
+AttentionChunk ContextAttention::pair(int qk, int src, int kk, int64_t B, int64_t Tn, int64_t C,
+                                      int64_t NH) const {
+  const int64_t Tc = Tn / 2;
+  AttentionChunk a;
+  a.B = B, a.NH = NH, a.C = C, a.Tq = Tc, a.Tk = Tc;
+  a.q_pos = split().chunk(qk) * Tc, a.k_pos = split_of(src).chunk(kk) * Tc;
+  a.q_row = 3 * C, a.q_batch = Tn * 3 * C;
+  a.kv_row = 2 * C, a.kv_batch = Tn * 2 * C, a.v_col = C;
+  a.o_row = C, a.o_batch = Tn * C, a.lse_batch = NH * Tn, a.lse_head = Tn;
+  return a;
+}
+
 void ContextAttention::attend(const Backend<float>& be, float* y, float* lse, const float* qkv,
                               const float* kv, int src, int64_t B, int64_t Tn, int64_t C,
                               int64_t NH, const DropoutSpec& probs) const {
   const auto t0 = Clock::now();
   const int64_t Tc = Tn / 2;
-  const ContextSplit me = split(), other = split_of(src);
   for (int qk = 0; qk < 2; ++qk)
     for (int kk = 0; kk < 2; ++kk) {
-      AttentionChunk a;
-      a.B = B, a.NH = NH, a.C = C, a.Tq = Tc, a.Tk = Tc;
-      a.q_pos = me.chunk(qk) * Tc, a.k_pos = other.chunk(kk) * Tc;
+      const AttentionChunk a = pair(qk, src, kk, B, Tn, C, NH);
       if (!a.visible()) continue;
-      a.q_row = 3 * C, a.q_batch = Tn * 3 * C;
-      a.kv_row = 2 * C, a.kv_batch = Tn * 2 * C, a.v_col = C;
-      a.o_row = C, a.o_batch = Tn * C, a.lse_batch = NH * Tn, a.lse_head = Tn;
       be.attention_chunk_forward(y + qk * Tc * C, lse + qk * Tc, qkv + qk * Tc * 3 * C,
                                  kv + kk * Tc * 2 * C, a, probs);
     }
@@ -91,16 +100,10 @@ void ContextAttention::attend_backward(const Backend<float>& be, float* dqkv, fl
                                        const DropoutSpec& probs) const {
   const auto t0 = Clock::now();
   const int64_t Tc = Tn / 2;
-  const ContextSplit me = split(), other = split_of(src);
   for (int qk = 0; qk < 2; ++qk)
     for (int kk = 0; kk < 2; ++kk) {
-      AttentionChunk a;
-      a.B = B, a.NH = NH, a.C = C, a.Tq = Tc, a.Tk = Tc;
-      a.q_pos = me.chunk(qk) * Tc, a.k_pos = other.chunk(kk) * Tc;
+      const AttentionChunk a = pair(qk, src, kk, B, Tn, C, NH);
       if (!a.visible()) continue;
-      a.q_row = 3 * C, a.q_batch = Tn * 3 * C;
-      a.kv_row = 2 * C, a.kv_batch = Tn * 2 * C, a.v_col = C;
-      a.o_row = C, a.o_batch = Tn * C, a.lse_batch = NH * Tn, a.lse_head = Tn;
       be.attention_chunk_backward(dqkv + qk * Tc * 3 * C, dkv + kk * Tc * 2 * C, dy + qk * Tc * C,
                                   qkv + qk * Tc * 3 * C, kv + kk * Tc * 2 * C, y + qk * Tc * C,
                                   lse + qk * Tc, a, probs);

@@ -66,6 +66,7 @@ class ContextAttention final : public AttentionCore<float> {
 
  private:
   ContextSplit split_of(int rank) const { return ContextSplit{rank, group_->size(), balanced_}; }
+  AttentionChunk pair(int qk, int src, int kk, int64_t B, int64_t Tn, int64_t C, int64_t NH) const;
   // The attention of this rank's two query chunks against the two key
   // chunks of `src` held in kv (B, Tn, 2C; k | v).
   void attend(const Backend<float>& be, float* y, float* lse, const float* qkv, const float* kv,
