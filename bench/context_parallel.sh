@@ -122,7 +122,8 @@ print("\n## Step time by context_comm (8K tokens, two blocks, n_embd 128, 8 head
 print("Medians of steps 2.., rank 0. In flight: seconds the keys' and values' collectives were")
 print("under way (the ring's run beside the attention); exposed: the part waited for. all_gather")
 print("moves the ring's bytes (cp - 1 chunk pairs a rank, forward and backward) and waits for all")
-print("of them: hidden = 1 - p2p's exposed / all_gather's exposed.\n")
+print("of them: hidden = 1 - p2p's exposed / all_gather's exposed (the ring sends (3cp - 2) n")
+print("a rank a layer against all_gather's 3 (cp - 1) n: the figure errs low).\n")
 print("| placement | cp | context_comm | step (s) | vs p2p | in flight (s) | exposed (s) | hidden |")
 print("|---|---|---|---|---|---|---|---|")
 for place, title in (("one", "1 host"), ("hosts", "2 hosts, 1 Gbit/s")):

@@ -267,6 +267,11 @@ TEST(Profile, ExposedCommunicationIsNamedByWhatWaits) {
   EXPECT_NE(imbalance_report(q)[2].suggestion.find("gradient_accumulation_steps"),
             std::string::npos)
       << imbalance_report(q)[2].suggestion;
+  // The context ring's messages are the cp group's, not the pipeline's.
+  for (RankProfile& r : q.ranks)
+    r.comm = {{"cp", "send", 16, 1e6, 0.01}, {"cp", "recv", 16, 0, 0.03}};
+  EXPECT_NE(imbalance_report(q)[2].suggestion.find("parallel.context_comm p2p"), std::string::npos)
+      << imbalance_report(q)[2].suggestion;
 }
 
 TEST(Profile, JsonRoundTrips) {
@@ -277,6 +282,16 @@ TEST(Profile, JsonRoundTrips) {
   EXPECT_EQ(to_json(q), to_json(p));
   EXPECT_EQ(q.ranks[1].chunks[0].pieces[1].name, "h.2");
   EXPECT_EQ(q.shape.partition, (std::vector<int>{1, 3}));
+  // cp: written and read back; a file from before it reads as cp 1.
+  p.shape.cp = 2, p.ranks[1].coord.cp = 1;
+  nlohmann::json j = to_json(p);
+  EXPECT_EQ(job_profile_from_json(j).ranks[1].coord.cp, 1);
+  EXPECT_NE(profile_text(p, {}).find("pp tp cp dp ep"), std::string::npos);
+  j["shape"].erase("cp");
+  for (auto& r : j["ranks"]) r["coord"].erase("cp");
+  EXPECT_EQ(job_profile_from_json(j).shape.cp, 1);
+  EXPECT_EQ(job_profile_from_json(j).ranks[1].coord.cp, 0);
+  p.shape.cp = 1, p.ranks[1].coord.cp = 0;
   // The text names every piece and the report.
   const std::string text = profile_text(p, imbalance_report(p));
   for (const char* s : {"embeddings", "h.3", "lm_head", "load imbalance over 2 ranks",

@@ -81,17 +81,21 @@ ParallelContext make_parallel_context(std::shared_ptr<ProcessGroup> world, GridS
   }
   // own: a communicator of its own even when the group is the whole world
   // (its operations then never queue behind the world's on its worker).
-  auto group = [&](const std::string& kind, bool own = false) -> std::shared_ptr<ProcessGroup> {
+  // name: the communicator's, which the record of collectives and the
+  // metrics show (the kind's unless given).
+  auto group = [&](const std::string& kind, bool own = false,
+                   const std::string& name = {}) -> std::shared_ptr<ProcessGroup> {
     const std::vector<std::vector<int>> all = ctx.grid.all_groups(kind);
     if (all.front().size() == 1) return nullptr;
     if (static_cast<int>(all.front().size()) == world->size() && !own) return world;
     auto mpi = std::dynamic_pointer_cast<MpiProcessGroup>(world);
     LOOM_CHECK_KIND(kUnsupported, mpi != nullptr,
                     "process group backend '{}' cannot split off {} groups", world->name(), kind);
-    return mpi->split(all, kind);
+    return mpi->split(all, name.empty() ? kind : name);
   };
   ctx.tp = group("tp");
-  ctx.dp = group("dp_cp");
+  // (Named "dp": it is the data-parallel reduction's group, cp or not.)
+  ctx.dp = group("dp_cp", false, "dp");
   // The context-parallel ring runs inside each layer's forward and backward:
   // it must not queue behind gradient reductions on another group's worker.
   ctx.cp = group("cp", true);

@@ -402,7 +402,7 @@ Estimate estimate(const ModelShape& m, const ClusterSpec& c, int64_t batch, cons
     e.p2p_s = 2 * msg * (m_b + (p - 1)) * (l.schedule == "interleaved" ? l.v : 1);
   }
   // Data parallelism, dense parameters over the dp x cp ranks, experts
-  // over dp / ep: stages 0-1 all-reduce the gradients beside the last
+  // over dp x cp / ep: stages 0-1 all-reduce the gradients beside the last
   // micro-batch's backward, stages 2-3 reduce-scatter them beside every
   // micro-batch's; stages 1-2 all-gather the updated parameters after the
   // step; stage 3 gathers parameters ahead of each use, forward and
