@@ -143,9 +143,9 @@ void run_tune(const TuneArgs& a, MpiRuntime& rt, std::unique_ptr<Trainer>& holde
     }
     RunOptions ro;
     ro.quiet = true;
-    ro.parallel = make_parallel_context(
-        group, GridShape{world, c.parallel.tensor, c.parallel.pipeline, c.parallel.expert,
-                         c.parallel.context});
+    ro.parallel =
+        make_parallel_context(group, GridShape{world, c.parallel.tensor, c.parallel.pipeline,
+                                               c.parallel.expert, c.parallel.context});
     holder.reset();
     holder = std::make_unique<Trainer>(std::move(c), ro, threads);
     const std::vector<StepResult> r = holder->run();

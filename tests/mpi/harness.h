@@ -110,9 +110,8 @@ inline RunResult train(const std::vector<std::string>& overrides,
   RunOptions o;
   o.quiet = true;
   o.parallel = make_parallel_context(
-      std::move(group),
-      GridShape{world, c.parallel.tensor, c.parallel.pipeline, c.parallel.expert,
-                c.parallel.context});
+      std::move(group), GridShape{world, c.parallel.tensor, c.parallel.pipeline, c.parallel.expert,
+                                  c.parallel.context});
   const int64_t steps = c.train.steps;
   Trainer t(std::move(c), o, ThreadConfig{});
   RunResult r;

@@ -51,13 +51,14 @@ class Grid {
   std::vector<int> model_parallel_group(int rank) const;  // same dp, cp: tp x pp ranks
   std::vector<int> embedding_group(int rank) const;       // first and last stage of the pp group
   std::vector<int> ep_group(int rank) const;              // ep consecutive dp x cp ranks
-  std::vector<int> ep_dp_group(int rank) const;  // dp x cp ranks holding the same experts
+  std::vector<int> ep_dp_group(int rank) const;           // dp x cp ranks holding the same experts
 
   // All groups of one kind, each once, for creating communicators in the same
   // order on every rank. kind: "tp", "cp", "dp", "dp_cp", "pp", "mp", "embedding", "ep", "ep_dp".
   std::vector<std::vector<int>> all_groups(const std::string& kind) const;
 
-  std::string describe() const;  // "world 8 = tp 2 x dp 2 x pp 2 (ep 2)", "tp 2 x cp 2 x ..." with cp
+  std::string describe()
+      const;  // "world 8 = tp 2 x dp 2 x pp 2 (ep 2)", "tp 2 x cp 2 x ..." with cp
 
  private:
   GridShape shape_;

@@ -87,7 +87,8 @@ struct ContextSplit {
   }
   std::vector<int32_t> positions(int64_t Tl) const {
     std::vector<int32_t> p(static_cast<size_t>(Tl));
-    for (int64_t t = 0; t < Tl; ++t) p[static_cast<size_t>(t)] = static_cast<int32_t>(position(t, Tl));
+    for (int64_t t = 0; t < Tl; ++t)
+      p[static_cast<size_t>(t)] = static_cast<int32_t>(position(t, Tl));
     return p;
   }
 };

@@ -55,9 +55,8 @@ int64_t MoeLayer<T>::expert_rows(const Rows& rows) const {
   int64_t most = rows.count * std::min<int64_t>(c.top_k, local);
   if (c.capacity_factor > 0) {
     // route()'s capacity per expert and sequence.
-    const int64_t capacity = static_cast<int64_t>(
-        std::ceil(c.capacity_factor * double(group_tokens(rows)) * double(c.top_k) /
-                  double(c.num_experts)));
+    const int64_t capacity = static_cast<int64_t>(std::ceil(
+        c.capacity_factor * double(group_tokens(rows)) * double(c.top_k) / double(c.num_experts)));
     most = std::min(most, local * capacity * (rows.count / rows.Tn));
   }
   return most * dispatcher_->ranks();

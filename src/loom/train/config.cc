@@ -270,14 +270,13 @@ void resolve_parallel(Config& c, const json& j, int world_size, const std::strin
          format("parallel.tensor {} is larger than the job's {} rank(s)", p.tensor, world_size));
   const int64_t model = int64_t{p.tensor} * p.pipeline * p.context;
   if (world_size % model != 0)
-    fail(source,
-         p.context > 1
-             ? format("the job's {} rank(s) do not divide into parallel.tensor {} x "
-                      "parallel.context {} x parallel.pipeline {}",
-                      world_size, p.tensor, p.context, p.pipeline)
-             : format("the job's {} rank(s) do not divide into parallel.tensor {} x "
-                      "parallel.pipeline {}",
-                      world_size, p.tensor, p.pipeline));
+    fail(source, p.context > 1
+                     ? format("the job's {} rank(s) do not divide into parallel.tensor {} x "
+                              "parallel.context {} x parallel.pipeline {}",
+                              world_size, p.tensor, p.context, p.pipeline)
+                     : format("the job's {} rank(s) do not divide into parallel.tensor {} x "
+                              "parallel.pipeline {}",
+                              world_size, p.tensor, p.pipeline));
   const int tp = p.tensor;
   GptConfig& m = c.model;
   if (tp > 1) {

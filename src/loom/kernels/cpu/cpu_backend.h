@@ -49,8 +49,8 @@ class CpuBackend final : public Backend<T> {
                           const DropoutSpec& dropout) const override;
   void attention_chunk_forward(T* out, T* lse, const T* q, const T* kv, const AttentionChunk& a,
                                const DropoutSpec& dropout) const override;
-  void attention_chunk_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv,
-                                const T* out, const T* lse, const AttentionChunk& a,
+  void attention_chunk_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, const T* out,
+                                const T* lse, const AttentionChunk& a,
                                 const DropoutSpec& dropout) const override;
   void cross_entropy_forward(T* losses, T* lse, const T* logits, const int32_t* targets, int64_t N,
                              int64_t V, int64_t Vp) const override;

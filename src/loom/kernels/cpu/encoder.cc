@@ -103,7 +103,7 @@ template void encoder_forward<double>(double*, const int32_t*, WeightArg<double>
                                     int64_t, int64_t, const int32_t*);                           \
   template void embedding_lookup<T>(T*, const int32_t*, WeightArg<T>, int64_t, int64_t, int64_t, \
                                     int64_t);                                                    \
-  template void add_positions<T>(T*, WeightArg<T>, int64_t, int64_t, int64_t, int64_t, \
+  template void add_positions<T>(T*, WeightArg<T>, int64_t, int64_t, int64_t, int64_t,           \
                                  const int32_t*);
 LOOM_INSTANTIATE(float)
 LOOM_INSTANTIATE(double)
