@@ -215,9 +215,8 @@ std::vector<Layout> layouts(int world) {
   const std::string cpn = "parallel.context=" + std::to_string(world);
   data.push_back({"moe, cp, capacity 1.25 (dropping)", {cpn}, moe_drop});
   data.push_back({"moe, cp, bias balancing, zero-2", {cpn, "zero_optimization.stage=2"}, moe_bias});
-  data.push_back({"moe, hash router, capacity 1.25, cp, a2a",
-                  {cpn, "parallel.context_comm=a2a"},
-                  hash});
+  data.push_back(
+      {"moe, hash router, capacity 1.25, cp, a2a", {cpn, "parallel.context_comm=a2a"}, hash});
   data.push_back({"moe, tag router, cp", {cpn}, tag});
   data.push_back({"moe, cp, ep " + std::to_string(world) + ", capacity 1.25",
                   {cpn, "parallel.expert=" + std::to_string(world)},
@@ -276,7 +275,8 @@ std::vector<Layout> layouts(int world) {
                     {cpw, "zero_optimization.stage=2", "activation_checkpointing.policy=every_n",
                      "activation_checkpointing.every_n=2"}});
   if (world == 4) {
-    data.push_back({"cp 2 x dp 2, p2p, zero-2", {"parallel.context=2", "zero_optimization.stage=2"}});
+    data.push_back(
+        {"cp 2 x dp 2, p2p, zero-2", {"parallel.context=2", "zero_optimization.stage=2"}});
     data.push_back({"cp 2 x tp 2, p2p", {"parallel.context=2", "parallel.tensor=2"}});
     data.push_back({"cp 2 x tp 2, sequence parallel, a2a",
                     {"parallel.context=2", "parallel.tensor=2", "parallel.sequence_parallel=true",
@@ -602,10 +602,26 @@ TEST(Layouts8, PipelineTensorDataTrainLikeOneProcess) {
   expect_like_one_process({"cp 2 x tp 2 x dp 2, p2p, sequence parallel, zero-2",
                            {"parallel.context=2", "parallel.tensor=2",
                             "parallel.sequence_parallel=true", "zero_optimization.stage=2"}});
-  expect_like_one_process({"cp 2 x pp 2 x dp 2, a2a, zero-1",
-                           {"parallel.context=2", "parallel.pipeline=2",
-                            "gradient_accumulation_steps=2", "zero_optimization.stage=1",
-                            "parallel.context_comm=a2a"}});
+  expect_like_one_process(
+      {"cp 2 x pp 2 x dp 2, a2a, zero-1",
+       {"parallel.context=2", "parallel.pipeline=2", "gradient_accumulation_steps=2",
+        "zero_optimization.stage=1", "parallel.context_comm=a2a"}});
+}
+
+// An activation budget (policy budget) that keeps two of the model's four
+// blocks whole on a rank of the layout `set` gives on n ranks: every block's
+// input and the room, plus two blocks' records (at the rank's share of the
+// sequence).
+size_t two_blocks_whole(const std::vector<std::string>& set, int n) {
+  Config c = parse_config(kBase, "harness", set, n);
+  GptStage<float> probe(c.model);
+  const int64_t B = c.micro_batch, T = c.local_seq_len();
+  CheckpointPolicy full;
+  full.kind = CheckpointPolicy::kFull;
+  probe.set_plan(probe.plan(full, B, T));
+  return probe.store_bytes(B, T) + probe.room_bytes(B, T) +
+         2 * (probe.block_bytes(B, T, Recompute::kNone) -
+              probe.block_bytes(B, T, Recompute::kFull));
 }
 
 // Activation checkpointing recomputes in backward what forward computed, with
@@ -615,16 +631,7 @@ TEST(Layouts8, PipelineTensorDataTrainLikeOneProcess) {
 TEST(Checkpointing, PoliciesTrainBitwiseLikeNoneAtEveryZeroStage) {
   const int n = runtime().world_size();
   const std::string dp = "parallel.data=" + std::to_string(n);
-  // A budget that keeps two of the four blocks whole.
-  Config probe_config = parse_config(kBase, "harness", {dp}, n);
-  GptStage<float> probe(probe_config.model);
-  const int64_t B = probe_config.micro_batch, T = probe_config.model.seq_len;
-  CheckpointPolicy full;
-  full.kind = CheckpointPolicy::kFull;
-  probe.set_plan(probe.plan(full, B, T));
-  const size_t budget =
-      probe.store_bytes(B, T) + probe.room_bytes(B, T) +
-      2 * (probe.block_bytes(B, T, Recompute::kNone) - probe.block_bytes(B, T, Recompute::kFull));
+  const size_t budget = two_blocks_whole({dp}, n);
   for (int stage : {0, 1, 2, 3}) {
     auto run = [&](std::vector<std::string> policy) {
       policy.insert(policy.end(), {dp, "train.steps=10", "gradient_accumulation_steps=2",
@@ -659,15 +666,7 @@ TEST(Checkpointing, PoliciesTrainBitwiseLikeNoneAtEveryZeroStage) {
 TEST(Checkpointing, PoliciesTrainBitwiseLikeNoneUnderContextParallelism) {
   const int n = runtime().world_size();
   const std::string cp = "parallel.context=" + std::to_string(n);
-  Config probe_config = parse_config(kBase, "harness", {cp}, n);
-  GptStage<float> probe(probe_config.model);
-  const int64_t B = probe_config.micro_batch, T = probe_config.local_seq_len();
-  CheckpointPolicy full;
-  full.kind = CheckpointPolicy::kFull;
-  probe.set_plan(probe.plan(full, B, T));
-  const size_t budget =
-      probe.store_bytes(B, T) + probe.room_bytes(B, T) +
-      2 * (probe.block_bytes(B, T, Recompute::kNone) - probe.block_bytes(B, T, Recompute::kFull));
+  const size_t budget = two_blocks_whole({cp}, n);
   for (const char* comm : {"p2p", "a2a"}) {
     auto run = [&](std::vector<std::string> policy) {
       policy.insert(policy.end(), {cp, std::string("parallel.context_comm=") + comm,

@@ -14,25 +14,32 @@ namespace {
 
 constexpr int64_t kBlock = 64;  // query and key block size
 
-// One (batch, head) pair's q (scaled by 1/sqrt(hs)), k and v copied out of
-// the strided qkv rows into contiguous (T, hs) tiles, so that every block
-// product below is one small GEMM.
+// One (batch, head) pair of a chunk pair: q (scaled) (Tq, hs), k and v (Tk, hs).
 template <typename T>
-struct HeadTiles {
+struct ChunkTiles {
   std::vector<T> q, k, v;
-  void load(const T* qkv, int64_t b, int64_t h, int64_t Tn, int64_t C, int64_t hs, T scale) {
-    size_t n = static_cast<size_t>(Tn * hs);
-    q.resize(n), k.resize(n), v.resize(n);
-    for (int64_t t = 0; t < Tn; ++t) {
-      const T* row = qkv + (b * Tn + t) * 3 * C + h * hs;
-      for (int64_t d = 0; d < hs; ++d) {
-        q[t * hs + d] = row[d] * scale;
-        k[t * hs + d] = row[C + d];
-        v[t * hs + d] = row[2 * C + d];
-      }
+  void load(const T* qp, const T* kvp, const AttentionChunk& a, int64_t b, int64_t h, int64_t hs,
+            T scale) {
+    q.resize(static_cast<size_t>(a.Tq * hs));
+    k.resize(static_cast<size_t>(a.Tk * hs)), v.resize(static_cast<size_t>(a.Tk * hs));
+    for (int64_t i = 0; i < a.Tq; ++i) {
+      const T* row = qp + b * a.q_batch + i * a.q_row + h * hs;
+      for (int64_t d = 0; d < hs; ++d) q[i * hs + d] = row[d] * scale;
+    }
+    for (int64_t j = 0; j < a.Tk; ++j) {
+      const T* row = kvp + b * a.kv_batch + j * a.kv_row + h * hs;
+      for (int64_t d = 0; d < hs; ++d) k[j * hs + d] = row[d], v[j * hs + d] = row[a.v_col + d];
     }
   }
 };
+
+// The whole sequence as one chunk pair of itself: q, k, v in qkv (B, Tn, 3C).
+inline AttentionChunk whole_sequence(int64_t B, int64_t Tn, int64_t C, int64_t NH) {
+  AttentionChunk a;
+  a.B = B, a.NH = NH, a.C = C, a.Tq = Tn, a.Tk = Tn;
+  a.q_row = 3 * C, a.q_batch = Tn * 3 * C, a.kv_row = 3 * C, a.kv_batch = Tn * 3 * C, a.v_col = C;
+  return a;
+}
 
 // Keep mask (nq, kBlock) for queries [i0, i0+nq) and keys [j0, j0+nk), or all ones.
 template <typename T>
@@ -111,13 +118,14 @@ void attention_forward(const GemmConfig& g, T* out, T* lse, const T* qkv, int64_
   const T scale = T(1) / std::sqrt(T(hs));
 #pragma omp parallel
   {
-    HeadTiles<T> tiles;
+    ChunkTiles<T> tiles;
+    const AttentionChunk whole = whole_sequence(B, Tn, C, NH);
     std::vector<T> s(kBlock * kBlock), keep(kBlock * kBlock), acc(kBlock * hs);
     std::vector<T> m(kBlock), l(kBlock);
 #pragma omp for collapse(2) schedule(static)
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t h = 0; h < NH; ++h) {
-        tiles.load(qkv, b, h, Tn, C, hs, scale);
+        tiles.load(qkv, qkv + C, whole, b, h, hs, scale);
         for (int64_t i0 = 0; i0 < Tn; i0 += kBlock) {
           const int64_t nq = std::min(kBlock, Tn - i0);
           std::fill(m.begin(), m.end(), -std::numeric_limits<T>::infinity());
@@ -156,13 +164,14 @@ void attention_backward(const GemmConfig& g, T* dqkv, const T* dout, const T* qk
   const T scale = T(1) / std::sqrt(T(hs));
 #pragma omp parallel
   {
-    HeadTiles<T> tiles;
+    ChunkTiles<T> tiles;
+    const AttentionChunk whole = whole_sequence(B, Tn, C, NH);
     std::vector<T> s(kBlock * kBlock), dp(kBlock * kBlock), keep(kBlock * kBlock);
     std::vector<T> dq, dk, dv, dO, D;
 #pragma omp for collapse(2) schedule(static)
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t h = 0; h < NH; ++h) {
-        tiles.load(qkv, b, h, Tn, C, hs, scale);
+        tiles.load(qkv, qkv + C, whole, b, h, hs, scale);
         const size_t n = static_cast<size_t>(Tn * hs);
         dq.assign(n, T(0)), dk.assign(n, T(0)), dv.assign(n, T(0));
         dO.resize(n), D.resize(static_cast<size_t>(Tn));
@@ -213,25 +222,6 @@ void attention_backward(const GemmConfig& g, T* dqkv, const T* dout, const T* qk
 }
 
 namespace {
-
-// One (batch, head) pair of a chunk pair: q (scaled) (Tq, hs), k and v (Tk, hs).
-template <typename T>
-struct ChunkTiles {
-  std::vector<T> q, k, v;
-  void load(const T* qp, const T* kvp, const AttentionChunk& a, int64_t b, int64_t h, int64_t hs,
-            T scale) {
-    q.resize(static_cast<size_t>(a.Tq * hs));
-    k.resize(static_cast<size_t>(a.Tk * hs)), v.resize(static_cast<size_t>(a.Tk * hs));
-    for (int64_t i = 0; i < a.Tq; ++i) {
-      const T* row = qp + b * a.q_batch + i * a.q_row + h * hs;
-      for (int64_t d = 0; d < hs; ++d) q[i * hs + d] = row[d] * scale;
-    }
-    for (int64_t j = 0; j < a.Tk; ++j) {
-      const T* row = kvp + b * a.kv_batch + j * a.kv_row + h * hs;
-      for (int64_t d = 0; d < hs; ++d) k[j * hs + d] = row[d], v[j * hs + d] = row[a.v_col + d];
-    }
-  }
-};
 
 // Keep mask (nq, kBlock) for global queries [qp0, qp0 + nq) and global keys
 // [kp0, kp0 + nk): the masks attention_forward draws at those positions

@@ -140,13 +140,29 @@ void ContextAttention::backward(const Backend<float>& be, float* dqkv, const flo
 
 // ---- p2p: the ring ----------------------------------------------------------
 
+// mine (n) to rank r + 1 and the next (n) from rank r - 1, both started.
+ContextAttention::Pass ContextAttention::start_pass(const float* mine, float* next, int64_t n,
+                                                    int tag, const char* what) const {
+  const int P = group_->size(), r = group_->rank();
+  Pass p;
+  p.sent = group_->send(mine, static_cast<size_t>(n), DType::kF32, (r + 1) % P, tag, what);
+  p.got = group_->recv(next, static_cast<size_t>(n), DType::kF32, (r + P - 1) % P, tag, what);
+  stats_.sent_bytes += n * 4;
+  return p;
+}
+
+// The receive is the transfer; the send's wait is only exposed time.
+void ContextAttention::finish(const Pass& p) const {
+  wait(p.got);
+  wait(p.sent, false);
+}
+
 // Step s: this rank holds the keys and values of rank (r - s) mod cp, sends
 // them on to r + 1 and receives the next from r - 1 while it attends.
 void ContextAttention::forward_ring(const Backend<float>& be, float* y, float* lse,
                                     const float* qkv, int64_t B, int64_t Tn, int64_t C, int64_t NH,
                                     const DropoutSpec& probs) const {
   const int P = group_->size(), r = group_->rank();
-  const int next = (r + 1) % P, prev = (r + P - 1) % P;
   const int64_t n = B * Tn * 2 * C;
   Buffer bufs = workspace(be, 2 * n);
   float* cur = bufs.as<float>();
@@ -155,18 +171,12 @@ void ContextAttention::forward_ring(const Backend<float>& be, float* y, float* l
   be.fill(y, B * Tn * C, 0.0f);
   be.fill(lse, B * NH * Tn, -std::numeric_limits<float>::infinity());
   for (int s = 0; s < P; ++s) {
-    WorkPtr sent, got;
-    if (s + 1 < P) {
-      sent = group_->send(cur, static_cast<size_t>(n), DType::kF32, next, kKvTag,
-                          "the keys and values of the context ring");
-      got = group_->recv(nxt, static_cast<size_t>(n), DType::kF32, prev, kKvTag,
-                         "the keys and values of the context ring");
-      stats_.sent_bytes += n * 4;
-    }
+    const Pass pass =
+        s + 1 < P ? start_pass(cur, nxt, n, kKvTag, "the keys and values of the context ring")
+                  : Pass{};
     attend(be, y, lse, qkv, cur, (r - s + P) % P, B, Tn, C, NH, probs);
     if (s + 1 < P) {
-      wait(got);
-      wait(sent, false);
+      finish(pass);
       std::swap(cur, nxt);
     }
   }
@@ -180,7 +190,6 @@ void ContextAttention::backward_ring(const Backend<float>& be, float* dqkv, cons
                                      int64_t Tn, int64_t C, int64_t NH,
                                      const DropoutSpec& probs) const {
   const int P = group_->size(), r = group_->rank();
-  const int next = (r + 1) % P, prev = (r + P - 1) % P;
   const int64_t n = B * Tn * 2 * C;
   Buffer bufs = workspace(be, 5 * n);
   float* cur = bufs.as<float>();
@@ -190,14 +199,9 @@ void ContextAttention::backward_ring(const Backend<float>& be, float* dqkv, cons
   pack_kv(be, cur, qkv, B, Tn, C);
   WorkPtr grad_sent[2], grad_got;
   for (int s = 0; s < P; ++s) {
-    WorkPtr sent, got;
-    if (s + 1 < P) {
-      sent = group_->send(cur, static_cast<size_t>(n), DType::kF32, next, kKvTag,
-                          "the keys and values of the context ring (backward)");
-      got = group_->recv(nxt, static_cast<size_t>(n), DType::kF32, prev, kKvTag,
-                         "the keys and values of the context ring (backward)");
-      stats_.sent_bytes += n * 4;
-    }
+    const Pass pass = s + 1 < P ? start_pass(cur, nxt, n, kKvTag,
+                                             "the keys and values of the context ring (backward)")
+                                : Pass{};
     float* g = mine[s % 2];
     if (grad_sent[s % 2]) wait(grad_sent[s % 2], false);
     be.fill(g, n, 0.0f);
@@ -206,14 +210,12 @@ void ContextAttention::backward_ring(const Backend<float>& be, float* dqkv, cons
       wait(grad_got);
       be.add(g, in, n);
     }
-    grad_sent[s % 2] = group_->send(g, static_cast<size_t>(n), DType::kF32, next, kGradTag,
-                                    "the key and value gradients of the context ring");
-    grad_got = group_->recv(in, static_cast<size_t>(n), DType::kF32, prev, kGradTag,
-                            "the key and value gradients of the context ring");
-    stats_.sent_bytes += n * 4;
+    const Pass grads =
+        start_pass(g, in, n, kGradTag, "the key and value gradients of the context ring");
+    grad_sent[s % 2] = grads.sent;
+    grad_got = grads.got;
     if (s + 1 < P) {
-      wait(got);
-      wait(sent, false);
+      finish(pass);
       std::swap(cur, nxt);
     }
   }

@@ -101,6 +101,12 @@ class ContextAttention final : public AttentionCore<float> {
   // Waits for w (exposed time); its duration counts as transfer time
   // unless it is the send of a pair whose receive is counted.
   void wait(const WorkPtr& w, bool transfer = true) const;
+  // One hop of the ring: this rank's buffer on to r + 1, the next from r - 1.
+  struct Pass {
+    WorkPtr sent, got;
+  };
+  Pass start_pass(const float* mine, float* next, int64_t n, int tag, const char* what) const;
+  void finish(const Pass& p) const;
 
   std::shared_ptr<ProcessGroup> group_;
   ContextComm comm_;
