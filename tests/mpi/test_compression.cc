@@ -341,7 +341,13 @@ TEST(Compression, CompressingRunsResumeBitwise) {
        {with(powersgd, {"zero_optimization.stage=0"}),
         with(powersgd, {"zero_optimization.stage=1", "bf16.enabled=true"}),
         with(onebit, {"zero_optimization.stage=0"}), with(onebit, {"bf16.enabled=true"}),
-        with(zero_one, {"zero_optimization.stage=0"})}) {
+        with(zero_one, {"zero_optimization.stage=0"}),
+        // Local steps: frozen from step 2, intervals 1, 2, 4, 4, 4 at steps
+        // 2-6; step 5 local, step 3 too but that the checkpoint there
+        // synchronises it, as the end does step 6.
+        with(zero_one,
+             {"optimizer.params.var_freeze_step=1", "optimizer.params.local_step_scaler=1",
+              "optimizer.params.local_step_clipper=4"})}) {
     const std::string what = extra[0] + " " + extra.back();
     auto make = [&](int steps, const std::string& resume, const std::string& dir,
                     std::shared_ptr<ProcessGroup> group) {
@@ -352,8 +358,10 @@ TEST(Compression, CompressingRunsResumeBitwise) {
     };
     auto f = make(6, "", "f", world);
     const std::vector<StepResult> rf = f->run();
-    ASSERT_TRUE(rf[3].compressed && !rf[1].compressed) << what << ": compression from step 3";
+    ASSERT_TRUE(rf[3].compressed && !rf[0].compressed) << what << ": compression by step 4";
     EXPECT_GT(rf[5].error_norm, 0) << what;
+    const bool local = extra.back() == "optimizer.params.local_step_clipper=4";
+    for (size_t k = 0; k < 6; ++k) EXPECT_EQ(rf[k].local_step, local && k == 4) << what << k + 1;
     auto g = make(6, root + "/f/step-00000003", "g", world);
     const std::vector<StepResult> rg = g->run();
     ASSERT_EQ(rg.size(), 3u);
@@ -491,6 +499,169 @@ TEST(Compression, ZeroOneAdamTrainsLikeAdamWAndOneProcess) {
     EXPECT_LT(std::fabs(rc[k].loss - ra[k].loss), 0.02 * ra[k].loss) << "step " << k + 1;
   }
   EXPECT_EQ(compressed, 10 - 5) << "variance steps 1, 2, 4, 6, 10";
+}
+
+TEST(Compression, ZeroOneAdamLocalStepIntervalsDouble) {
+  // var_freeze_step 10, scaler 3, clipper 4: interval 1 for steps 11-13,
+  // 2 for 14-16, 4 from 17 on (clipped).
+  std::vector<int64_t> got;
+  for (int64_t t = 8; t <= 22; ++t) got.push_back(zero_one_local_interval(t, 10, 3, 4));
+  EXPECT_EQ(got, (std::vector<int64_t>{1, 1, 1, 1, 1, 1, 2, 2, 2, 4, 4, 4, 4, 4, 4}));
+  EXPECT_EQ(zero_one_local_interval(100000 + 32678, 100000, 32678, 16), 1);
+  EXPECT_EQ(zero_one_local_interval(100000 + 32679, 100000, 32678, 16), 2);
+  EXPECT_EQ(zero_one_local_interval(int64_t(1) << 40, 0, 1, 16), 16);
+}
+
+// 0/1 Adam's local steps against a reference that runs every rank's
+// optimizer in one process on the same known gradients (which do not depend
+// on the parameters): the variance steps on the averaged gradients, the
+// compressed steps averaging the momentum, then local steps that update each
+// rank's own parameters and synchronise at the interval (and where asked)
+// with the lr-weighted mean momentum and the interval's update from its
+// start. Identity codec: to f32 rounding; every rank's parameters equal
+// after a synchronising step, different between.
+TEST(Compression, ZeroOneAdamLocalStepsMatchAReference) {
+  auto world = runtime().world(CommOptions{});
+  const int W = world->size(), rank = world->rank();
+  ZeroConfig z;
+  z.stage = 0;
+  ParamStore<float> store;
+  store.build(small_layout(ZeroEngine::storage(z, W).unit_multiple), ZeroEngine::storage(z, W));
+  const ShardLayout shards(store.layout(), 0, world, ExpertGroups{});
+  OptimizerConfig o;
+  o.type = "ZeroOneAdam";
+  o.beta1 = 0.9;
+  o.beta2 = 0.99;
+  o.weight_decay = 0.1;
+  o.var_freeze_step = 6;
+  o.var_update_scaler = 2;  // variance steps 1, 2, 4, 6
+  o.local_step_scaler = 2;  // intervals: 1 at 7-8, 2 at 9-10, 4 from 11
+  o.local_step_clipper = 4;
+  const int T = 20;
+  auto asked = [](int t) { return t == 13; };  // a synchronisation asked between 12 and 16
+  setenv("LOOM_TEST_CODEC", "identity", 1);
+  OneBitAdam opt(shards, z, o, default_backend<float>());
+  unsetenv("LOOM_TEST_CODEC");
+
+  const ParamLayout& L = store.layout();
+  const int64_t n = L.total();
+  std::vector<char> decay(static_cast<size_t>(n), 0);
+  for (const AdamWSegment& sg : shards.segments())
+    for (int64_t i = 0; i < sg.length; ++i)
+      decay[static_cast<size_t>(sg.param_offset + i)] = sg.decay;
+  std::vector<float> p0(static_cast<size_t>(n), 0.0f);
+  for (const Param& p : L.params())
+    for (int64_t i = 0; i < p.numel; ++i)
+      p0[static_cast<size_t>(p.offset + i)] = 0.01f * float((i * 7 + p.offset) % 13) - 0.06f;
+  auto grads_of = [&](int r, int t) {
+    std::vector<float> g(static_cast<size_t>(n), 0.0f);
+    for (const Param& p : L.params())
+      for (int64_t i = 0; i < p.numel; ++i) g[static_cast<size_t>(p.offset + i)] = grad(p, r, t, i);
+    return g;
+  };
+  // Mine, through OneBitAdam (variance steps given the averaged gradients).
+  std::vector<float> params = p0, m(static_cast<size_t>(n), 0.0f), v(static_cast<size_t>(n), 0.0f);
+  // The reference, every rank's state in double.
+  std::vector<std::vector<double>> rp(static_cast<size_t>(W),
+                                      std::vector<double>(p0.begin(), p0.end()));
+  std::vector<std::vector<double>> rm(static_cast<size_t>(W),
+                                      std::vector<double>(static_cast<size_t>(n), 0.0));
+  std::vector<std::vector<double>> racc = rm;
+  std::vector<double> rv(static_cast<size_t>(n), 0.0), start(static_cast<size_t>(n), 0.0);
+  double lr_sum = 0;
+  bool open = false;
+  for (int t = 1; t <= T; ++t) {
+    const double lr = 1e-2 * (1 + 0.1 * t);
+    std::vector<std::vector<float>> g(static_cast<size_t>(W));
+    for (int r = 0; r < W; ++r) g[static_cast<size_t>(r)] = grads_of(r, t);
+    std::vector<float> mean(static_cast<size_t>(n), 0.0f);
+    for (int64_t i = 0; i < n; ++i) {
+      double s = 0;
+      for (int r = 0; r < W; ++r) s += g[static_cast<size_t>(r)][static_cast<size_t>(i)];
+      mean[static_cast<size_t>(i)] = static_cast<float>(s / W);
+    }
+    const bool vstep = zero_one_variance_step(t, o.var_freeze_step, o.var_update_scaler);
+    const bool sync = asked(t) || t == T;
+    opt.step(params.data(), vstep ? mean.data() : g[static_cast<size_t>(rank)].data(), m.data(),
+             v.data(), lr, t, sync);
+    // The reference.
+    const int64_t nv = zero_one_variance_updates(t, o.var_freeze_step, o.var_update_scaler);
+    const double c1 = 1 - std::pow(o.beta1, t), c2 = 1 - std::pow(o.beta2, double(nv));
+    auto dir = [&](double mi, int64_t i) {
+      return mi / c1 / (std::sqrt(rv[static_cast<size_t>(i)] / c2) + o.eps);
+    };
+    const int64_t interval =
+        zero_one_local_interval(t, o.var_freeze_step, o.local_step_scaler, o.local_step_clipper);
+    if (vstep) {
+      for (int64_t i = 0; i < n; ++i) {
+        const double gi = mean[static_cast<size_t>(i)];
+        for (int r = 0; r < W; ++r) {
+          double& mi = rm[static_cast<size_t>(r)][static_cast<size_t>(i)];
+          mi = o.beta1 * mi + (1 - o.beta1) * gi;
+        }
+        rv[static_cast<size_t>(i)] = o.beta2 * rv[static_cast<size_t>(i)] + (1 - o.beta2) * gi * gi;
+      }
+    }
+    if (vstep || interval == 1) {
+      for (int64_t i = 0; i < n; ++i) {
+        const size_t k = static_cast<size_t>(i);
+        if (!vstep) {
+          double s = 0;
+          for (int r = 0; r < W; ++r)
+            s += rv[k] == 0 ? 0
+                            : o.beta1 * rm[static_cast<size_t>(r)][k] +
+                                  (1 - o.beta1) * g[static_cast<size_t>(r)][k];
+          for (int r = 0; r < W; ++r) rm[static_cast<size_t>(r)][k] = s / W;
+        }
+        for (int r = 0; r < W; ++r) {
+          double& p = rp[static_cast<size_t>(r)][k];
+          p -= lr * (dir(rm[static_cast<size_t>(r)][k], i) + (decay[k] ? o.weight_decay * p : 0.0));
+        }
+      }
+    } else {
+      if (!open) start = rp[0], open = true;
+      lr_sum += lr;
+      const bool syncs = sync || t % interval == 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const size_t k = static_cast<size_t>(i);
+        for (int r = 0; r < W; ++r) {
+          double& mi = rm[static_cast<size_t>(r)][k];
+          mi = rv[k] == 0 ? 0 : o.beta1 * mi + (1 - o.beta1) * g[static_cast<size_t>(r)][k];
+          racc[static_cast<size_t>(r)][k] += lr * mi;
+          if (!syncs) {
+            double& p = rp[static_cast<size_t>(r)][k];
+            p -= lr * (dir(mi, i) + (decay[k] ? o.weight_decay * p : 0.0));
+          }
+        }
+        if (syncs) {
+          double s = 0;
+          for (int r = 0; r < W; ++r) s += racc[static_cast<size_t>(r)][k] / lr_sum;
+          const double mbar = s / W;
+          for (int r = 0; r < W; ++r) {
+            rm[static_cast<size_t>(r)][k] = mbar;
+            racc[static_cast<size_t>(r)][k] = 0;
+            rp[static_cast<size_t>(r)][k] =
+                start[k] - lr_sum * (dir(mbar, i) + (decay[k] ? o.weight_decay * start[k] : 0.0));
+          }
+        }
+      }
+      if (syncs) lr_sum = 0, open = false;
+      EXPECT_EQ(opt.last_local(), !syncs) << "step " << t;
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      const double want = rp[static_cast<size_t>(rank)][static_cast<size_t>(i)];
+      ASSERT_NEAR(params[static_cast<size_t>(i)], want, 2e-5 * (1 + std::fabs(want)))
+          << "step " << t << " element " << i << " rank " << rank;
+    }
+    // Every rank's parameters: equal after a synchronising step, apart in a
+    // local one (W > 1).
+    const uint64_t h = name_hash(std::string_view(reinterpret_cast<const char*>(params.data()),
+                                                  sizeof(float) * params.size()));
+    const std::vector<uint64_t> all = all_gather_words(*world, &h, 1);
+    bool equal = true;
+    for (uint64_t x : all) equal = equal && x == all[0];
+    if (W > 1) EXPECT_EQ(equal, !opt.last_local()) << "step " << t;
+  }
 }
 
 // Under tensor and pipeline parallelism only the data-parallel reduction is

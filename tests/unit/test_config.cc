@@ -205,10 +205,16 @@ TEST(Config, CompressionKeysAndTheirErrors) {
   EXPECT_HAS(
       error_of(kBase, {"optimizer.type=OneBitAdam", "optimizer.params.comm_backend_name=nccl"}),
       "optimizer.params.comm_backend_name: unknown value \"nccl\"");
-  EXPECT_HAS(error_of(kBase, {"optimizer.type=ZeroOneAdam", "optimizer.params.var_freeze_step=10",
-                              "optimizer.params.local_step_scaler=20", "train.steps=40"}),
-             "train.steps 40 reaches the local steps that begin local_step_scaler 20 steps after "
-             "var_freeze_step 10");
+  // 0/1 Adam's local steps run (they begin local_step_scaler steps after the freeze).
+  Config z = parse_config(kBase, "cfg.json",
+                          {"optimizer.type=ZeroOneAdam", "optimizer.params.var_freeze_step=10",
+                           "optimizer.params.local_step_scaler=20",
+                           "optimizer.params.local_step_clipper=4", "train.steps=80"});
+  EXPECT_EQ(z.optimizer.local_step_scaler, 20);
+  EXPECT_EQ(z.optimizer.local_step_clipper, 4);
+  EXPECT_HAS(
+      error_of(kBase, {"optimizer.type=ZeroOneAdam", "optimizer.params.local_step_clipper=0"}),
+      "optimizer.params.local_step_clipper");
 }
 
 TEST(Config, DataAndPrecisionErrors) {
@@ -338,11 +344,10 @@ TEST(Config, ContextParallelism) {
   EXPECT_HAS(error_of(kBase, {"parallel.context=2", "parallel.context_comm=ring"}, 2),
              "parallel.context_comm: unknown value \"ring\" (expected one of p2p, all_gather, "
              "a2a)");
-  EXPECT_HAS(error_of(kBase, {"model.moe.num_experts=8", "parallel.context=2",
-                              "parallel.expert=8"},
-                      4),
-             "parallel.expert 8 does not divide the data-parallel x context-parallel size 2 x 2 "
-             "= 4");
+  EXPECT_HAS(
+      error_of(kBase, {"model.moe.num_experts=8", "parallel.context=2", "parallel.expert=8"}, 4),
+      "parallel.expert 8 does not divide the data-parallel x context-parallel size 2 x 2 "
+      "= 4");
   EXPECT_EQ(parse_config(kBase, "cfg.json",
                          {"model.moe.num_experts=4", "parallel.context=2", "parallel.expert=4"}, 4)
                 .parallel.expert,

@@ -609,13 +609,6 @@ Config parse_config(const std::string& text, const std::string& source,
                           "compresses what it communicates itself; set comm.compression.type "
                           "none",
                           c.optimizer.type, cc.type));
-    const OptimizerConfig& o = c.optimizer;
-    if (o.zero_one() && c.train.steps > o.var_freeze_step + o.local_step_scaler)
-      fail(source, format("optimizer.type ZeroOneAdam: train.steps {} reaches the local steps "
-                          "that begin local_step_scaler {} steps after var_freeze_step {}, which "
-                          "loom does not run; raise optimizer.params.local_step_scaler or "
-                          "var_freeze_step",
-                          c.train.steps, o.local_step_scaler, o.var_freeze_step));
     if (c.checkpoint.format == "whole")
       fail(source, format("optimizer.type {} with checkpoint.format whole: the errors of its "
                           "compression are every rank's own, which only sharded checkpoints "

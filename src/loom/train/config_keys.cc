@@ -94,14 +94,14 @@ std::vector<ConfigKey> run_keys() {
           .lands(LOOM_FIELD(c.optimizer.local_step_scaler, int64_t))
           .when([](const Config& c) { return c.optimizer.zero_one(); })
           .doc("int >= 1", "32678",
-               "`ZeroOneAdam`: steps after `var_freeze_step` before local steps would begin "
-               "(loom refuses a run that reaches them)"),
+               "`ZeroOneAdam`: frozen steps at each local-step interval before it doubles (1, "
+               "2, 4, ... steps between synchronisations)"),
       key("optimizer.params.local_step_clipper", KeyKind::kInt)
           .range(1, kMaxInt)
           .or_else(16)
           .lands(LOOM_FIELD(c.optimizer.local_step_clipper, int64_t))
           .when([](const Config& c) { return c.optimizer.zero_one(); })
-          .doc("int >= 1", "16", "`ZeroOneAdam`: the largest local-step interval (accepted)"),
+          .doc("int >= 1", "16", "`ZeroOneAdam`: the largest local-step interval"),
       key("optimizer.params.comm_backend_name", KeyKind::kString)
           .one_of({"mpi"})
           .or_else("mpi")

@@ -79,9 +79,14 @@ void MetricsLog::write(const StepResult& r) {
   if (!r.compression.empty() && r.compression != "none")
     j["compression"] = {
         {"type", r.compression},
-        {"phase", r.compressed ? "compressed" : "warmup"},
+        {"phase", r.local_step   ? "local"
+                  : r.compressed ? "compressed"
+                                 : "warmup"},
         {"sent_bytes", r.compressed_bytes},
-        {"ratio", r.compressed_bytes > 0 ? r.uncompressed_bytes / r.compressed_bytes : 1.0},
+        // A local step sends nothing: no ratio.
+        {"ratio", r.compressed_bytes > 0 ? json(r.uncompressed_bytes / r.compressed_bytes)
+                  : r.local_step         ? json(nullptr)
+                                         : json(1.0)},
         {"error_norm", r.error_norm}};
   if (!r.comm_groups.empty()) {
     json groups = json::object();

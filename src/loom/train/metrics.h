@@ -45,6 +45,7 @@ struct StepResult {
   // this rank's error-feedback norm after the step.
   std::string compression;
   bool compressed = false;
+  bool local_step = false;  // 0/1 Adam: a local step (nothing sent)
   double compressed_bytes = 0, uncompressed_bytes = 0, error_norm = 0;
   double t_all_to_all = 0;  // of it, the MoE layers' all-to-alls (expert parallelism)
   // Context parallelism (parallel.context > 1): this rank's seconds in the

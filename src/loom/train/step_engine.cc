@@ -226,7 +226,7 @@ StepStats StepEngine::step(const BatchSource& data, int64_t step, double lr) {
   r.grad_norm = clip_global();
   r.skipped = !accept_update(step, r.grad_norm, &r.nonfinite);
   r.moe = moe_stats(!r.skipped);
-  if (!r.skipped) zero.step(lr, step + 1 - skipped_);
+  if (!r.skipped) zero.step(lr, step + 1 - skipped_, settles(step + 1));
   r.t_optimizer = seconds_since(t0);
   r.comm = zero.take_stats();
   take_compression(r);
@@ -250,10 +250,19 @@ void StepEngine::take_context(StepStats& r) {
   r.comm.exposed_s += s.exposed_s;
 }
 
+bool StepEngine::settles(int64_t step) const {
+  // Where the trainer evaluates, saves or stops (trainer.cc's run loop).
+  const TrainConfig& t = config_.train;
+  const int64_t every = config_.checkpoint.every;
+  return step >= t.steps || (t.eval_every > 0 && step % t.eval_every == 0) ||
+         (every > 0 && step % every == 0);
+}
+
 void StepEngine::take_compression(StepStats& r) {
   for (Chunk& c : chunks_) {
     const CompressionStats z = c.zero->take_compression();
     r.compression.compressed = r.compression.compressed || z.compressed;
+    r.compression.local = r.compression.local || z.local;
     r.compression.sent_bytes += z.sent_bytes;
     r.compression.plain_bytes += z.plain_bytes;
     r.compression.error_sum_squares += z.error_sum_squares;
@@ -348,7 +357,7 @@ StepStats StepEngine::step_pipelined(const BatchSource& data, int64_t step, doub
     r.skipped = !accept_update(step, r.grad_norm, &r.nonfinite);
     r.moe = moe_stats(!r.skipped);
     if (!r.skipped)
-      for (Chunk& c : chunks_) c.zero->step(lr, step + 1 - skipped_);
+      for (Chunk& c : chunks_) c.zero->step(lr, step + 1 - skipped_, settles(step + 1));
     r.t_optimizer = seconds_since(t0);
   };
   const pp::ExecStats st =

@@ -147,6 +147,10 @@ class StepEngine {
   // The context-parallel attention's collectives and kernel time into r.
   void take_context(StepStats& r);
   // Every chunk's comm.compression stats of the step into r.
+  // Whether training step `step` (1-based) must leave every data-parallel
+  // rank's parameters equal: the steps the trainer evaluates, checkpoints
+  // or ends at (0/1 Adam's local steps synchronise there).
+  bool settles(int64_t step) const;
   void take_compression(StepStats& r);
   // After the gradient norm of step `step` (0-based): whether to update.
   // Throws (train.on_nonfinite stop) or counts a skip when `norm` is not

@@ -229,6 +229,7 @@ StepResult Trainer::train_step() {
   r.compression =
       config_.optimizer.one_bit() ? config_.optimizer.type : config_.zero.compression.type;
   r.compressed = s.compression.compressed;
+  r.local_step = s.compression.local;
   r.compressed_bytes = s.compression.sent_bytes;
   r.uncompressed_bytes = s.compression.plain_bytes;
   r.error_norm = std::sqrt(s.compression.error_sum_squares);

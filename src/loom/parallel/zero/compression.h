@@ -46,6 +46,7 @@ inline double spread_volume(double bytes, int p) {
 // What the reducer's compression did in the steps since the last take.
 struct CompressionStats {
   bool compressed = false;  // the last step's reduction was compressed
+  bool local = false;       // 0/1 Adam: the last step was local (sent nothing)
   // Bytes this rank sent for the reduction, and what the plain reduction
   // in the run's gradient type would have sent, by the volume model of the
   // communication record (comm/record.h: an all-reduce of b bytes sends

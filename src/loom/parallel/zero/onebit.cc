@@ -36,6 +36,24 @@ bool zero_one_variance_step(int64_t t, int64_t var_freeze_step, int64_t scaler) 
                        zero_one_variance_updates(t - 1, var_freeze_step, scaler);
 }
 
+int64_t zero_one_local_interval(int64_t t, int64_t var_freeze_step, int64_t scaler,
+                                int64_t clipper) {
+  if (t <= var_freeze_step) return 1;
+  int64_t interval = 1;
+  for (int64_t doublings = (t - var_freeze_step - 1) / scaler; doublings > 0 && interval < clipper;
+       --doublings)
+    interval *= 2;
+  return std::min(interval, clipper);
+}
+
+bool OneBitAdam::local(int64_t step, bool sync) const {
+  if (!optimizer_.zero_one() || !compressed(step)) return false;
+  const int64_t interval =
+      zero_one_local_interval(step, optimizer_.var_freeze_step, optimizer_.local_step_scaler,
+                              optimizer_.local_step_clipper);
+  return interval > 1 && !sync && step % interval != 0;
+}
+
 bool OneBitAdam::compressed(int64_t step) const {
   if (!optimizer_.zero_one()) return step > optimizer_.freeze_step;
   return !zero_one_variance_step(step, optimizer_.var_freeze_step, optimizer_.var_update_scaler);
@@ -77,14 +95,18 @@ OneBitAdam::OneBitAdam(const ShardLayout& shards, const ZeroConfig& zero,
 }
 
 void OneBitAdam::compress(Segment& seg, const float* g, int64_t unit_begin, float* m,
-                          const float* v) {
+                          const float* v, const float* acc, float inv_l) {
   const float b1 = static_cast<float>(optimizer_.beta1), c = 1.0f - b1;
-  // This rank's momentum of the segment, gathered, masked where the second
-  // moment is zero.
+  // This rank's momentum of the segment (or its interval's lr-weighted
+  // mean), gathered, masked where the second moment is zero.
   Buffer xb = be_.alloc(f32_bytes(seg.size), MemCategory::kComm, false);
   float* x = xb.as<float>();
   int64_t k = 0;
   for (const auto& [lo, hi] : seg.ranges) {
+    if (acc) {
+      for (int64_t i = lo; i < hi; ++i, ++k) x[k] = v[i] == 0.0f ? 0.0f : acc[i] * inv_l;
+      continue;
+    }
     const float* gs = g + (lo - unit_begin);
     for (int64_t i = lo; i < hi; ++i, ++k) x[k] = v[i] == 0.0f ? 0.0f : b1 * m[i] + c * gs[i - lo];
   }
@@ -119,22 +141,11 @@ void OneBitAdam::compress(Segment& seg, const float* g, int64_t unit_begin, floa
   stats_.plain_bytes += all_reduce_volume(double(seg.size) * double(dtype_size(zero_.dtype)), W);
 }
 
-void OneBitAdam::unit_step(int u, const float* g, float* params, float* m, float* v, double lr,
-                           int64_t step) {
-  const Unit& un = shards_.unit(u);
-  const int64_t b = un.begin, n = un.size();
+void OneBitAdam::update(int u, float* params, const float* from, const float* m, const float* v,
+                        float lr, int64_t step) {
   const double b1 = optimizer_.beta1, b2 = optimizer_.beta2;
-  if (!compressed(step)) {
-    // 0/1 Adam's variance step: AdamW's moments from the reduced gradients.
-    for (int64_t i = 0; i < n; ++i) {
-      m[b + i] = static_cast<float>(b1 * m[b + i] + (1 - b1) * g[i]);
-      v[b + i] = static_cast<float>(b2 * v[b + i] + (1 - b2) * double(g[i]) * g[i]);
-    }
-  } else {
-    for (size_t k : of_unit_[static_cast<size_t>(u)]) compress(segments_[k], g, b, m, v);
-  }
-  // AdamW's update with the second moment as it stands: frozen at the
-  // freeze step (1-bit Adam), or after its updates so far (0/1 Adam).
+  // The second moment as it stands: frozen at the freeze step (1-bit Adam),
+  // or after its updates so far (0/1 Adam).
   const int64_t v_updates = optimizer_.zero_one()
                                 ? zero_one_variance_updates(step, optimizer_.var_freeze_step,
                                                             optimizer_.var_update_scaler)
@@ -145,35 +156,124 @@ void OneBitAdam::unit_step(int u, const float* g, float* params, float* m, float
   // In f32, as the AdamW kernels: m / c1 / (sqrt(v) / sqrt(c2) + eps).
   const float inv_c1 = static_cast<float>(1.0 / c1),
               inv_sqrt_c2 = static_cast<float>(1.0 / std::sqrt(c2));
-  const float eps = static_cast<float>(optimizer_.eps), lrf = static_cast<float>(lr);
+  const float eps = static_cast<float>(optimizer_.eps);
   const auto [first, last] = shards_.unit_segments(u);
   for (size_t k = first; k < last; ++k) {
     const AdamWSegment& s = shards_.segments()[k];
     const float wd = s.decay ? static_cast<float>(optimizer_.weight_decay) : 0.0f;
     float* p = params + s.param_offset;
+    const float* p0 = from + s.param_offset;
     const float* ms = m + s.state_offset;
     const float* vs = v + s.state_offset;
     for (int64_t i = 0; i < s.length; ++i)
-      p[i] -= lrf * (ms[i] * inv_c1 / (std::sqrt(vs[i]) * inv_sqrt_c2 + eps) + wd * p[i]);
+      p[i] = p0[i] - lr * (ms[i] * inv_c1 / (std::sqrt(vs[i]) * inv_sqrt_c2 + eps) + wd * p0[i]);
   }
 }
 
+void OneBitAdam::unit_step(int u, const float* g, float* params, float* m, float* v, double lr,
+                           int64_t step, bool sync) {
+  const Unit& un = shards_.unit(u);
+  const int64_t b = un.begin, n = un.size();
+  const double b1 = optimizer_.beta1, b2 = optimizer_.beta2;
+  if (optimizer_.zero_one() && compressed(step) &&
+      zero_one_local_interval(step, optimizer_.var_freeze_step, optimizer_.local_step_scaler,
+                              optimizer_.local_step_clipper) > 1) {
+    local_unit_step(u, g, params, m, v, lr, step, sync);
+    return;
+  }
+  if (!compressed(step)) {
+    // 0/1 Adam's variance step: AdamW's moments from the reduced gradients.
+    for (int64_t i = 0; i < n; ++i) {
+      m[b + i] = static_cast<float>(b1 * m[b + i] + (1 - b1) * g[i]);
+      v[b + i] = static_cast<float>(b2 * v[b + i] + (1 - b2) * double(g[i]) * g[i]);
+    }
+  } else {
+    for (size_t k : of_unit_[static_cast<size_t>(u)]) compress(segments_[k], g, b, m, v);
+  }
+  update(u, params, params, m, v, static_cast<float>(lr), step);
+}
+
+void OneBitAdam::local_unit_step(int u, const float* g, float* params, float* m, const float* v,
+                                 double lr, int64_t step, bool sync) {
+  const Unit& un = shards_.unit(u);
+  const int64_t b = un.begin, n = un.size();
+  const int64_t total = shards_.layout().total();
+  if (!start_.data()) {
+    start_ = be_.alloc(f32_bytes(total), MemCategory::kOptimizer);
+    acc_ = be_.alloc(f32_bytes(total), MemCategory::kOptimizer);
+  }
+  float* p0 = start_.as<float>();
+  float* acc = acc_.as<float>();
+  if (opens_) {
+    std::memcpy(p0 + b, params + b, f32_bytes(n));
+    std::memset(acc + b, 0, f32_bytes(n));
+  }
+  // This rank's momentum from its own gradients; masked elements keep none.
+  const float b1 = static_cast<float>(optimizer_.beta1), c = 1.0f - b1;
+  const float lrf = static_cast<float>(lr);
+  for (int64_t i = 0; i < n; ++i) {
+    m[b + i] = v[b + i] == 0.0f ? 0.0f : b1 * m[b + i] + c * g[i];
+    acc[b + i] += lrf * m[b + i];
+  }
+  if (!sync) {
+    update(u, params, params, m, v, lrf, step);
+    // What the plain reduction would have sent this step; nothing was.
+    const int W = shards_.group(u).size;
+    if (shards_.group(u).group)
+      for (size_t k : of_unit_[static_cast<size_t>(u)])
+        stats_.plain_bytes +=
+            all_reduce_volume(double(segments_[k].size) * double(dtype_size(zero_.dtype)), W);
+    return;
+  }
+  // The interval's lr-weighted mean momentum (the current one if every lr
+  // was zero).
+  const bool weighted = lr_sum_ > 0;
+  const float inv_l = weighted ? static_cast<float>(1.0 / lr_sum_) : 1.0f;
+  for (size_t k : of_unit_[static_cast<size_t>(u)])
+    compress(segments_[k], g, b, m, v, weighted ? acc : m, inv_l);
+  update(u, params, p0, m, v, static_cast<float>(lr_sum_), step);
+}
+
+bool OneBitAdam::begin_step(double lr, int64_t step, bool sync) {
+  const bool interval =
+      optimizer_.zero_one() && compressed(step) &&
+      zero_one_local_interval(step, optimizer_.var_freeze_step, optimizer_.local_step_scaler,
+                              optimizer_.local_step_clipper) > 1;
+  last_local_ = local(step, sync);
+  if (!interval) return false;
+  opens_ = !open_;
+  open_ = true;
+  lr_sum_ += lr;
+  return !last_local_;
+}
+
+void OneBitAdam::end_step(bool syncs) {
+  if (!syncs) return;
+  open_ = false;
+  lr_sum_ = 0;
+}
+
 void OneBitAdam::step(float* params, const float* grads, float* m, float* v, double lr,
-                      int64_t step) {
+                      int64_t step, bool sync) {
+  const bool syncs = begin_step(lr, step, sync);
   for (int u = 0; u < shards_.num_units(); ++u)
-    unit_step(u, grads + shards_.unit(u).begin, params, m, v, lr, step);
+    unit_step(u, grads + shards_.unit(u).begin, params, m, v, lr, step, syncs);
+  end_step(syncs);
 }
 
 void OneBitAdam::step_16(float* masters, uint16_t* params16, const uint16_t* grads16, DType t,
-                         float grad_factor, float* m, float* v, double lr, int64_t step) {
+                         float grad_factor, float* m, float* v, double lr, int64_t step,
+                         bool sync) {
+  const bool syncs = begin_step(lr, step, sync);
   for (int u = 0; u < shards_.num_units(); ++u) {
     const Unit& un = shards_.unit(u);
     Buffer g = be_.alloc(f32_bytes(un.size()), MemCategory::kComm, false);
     be_.widen_16(grads16 + un.begin, g.as<float>(), un.size(), t);
     if (grad_factor != 1.0f) be_.scale(g.as<float>(), un.size(), grad_factor);
-    unit_step(u, g.as<float>(), masters, m, v, lr, step);
+    unit_step(u, g.as<float>(), masters, m, v, lr, step, syncs);
     be_.round_16(masters + un.begin, params16 + un.begin, un.size(), t);
   }
+  end_step(syncs);
 }
 
 std::vector<CompressionState> OneBitAdam::state() {

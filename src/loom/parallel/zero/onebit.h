@@ -18,8 +18,23 @@
 // AdamW's update; at every other step the momentum is averaged by the
 // 1-bit compressed all-reduce as above, with v kept. After var_freeze_step
 // v is frozen and every step is compressed. The bias correction of v
-// counts its updates. (0/1 Adam's local steps, which begin
-// local_step_scaler steps after the freeze, are refused by the config.)
+// counts its updates.
+//
+// 0/1 Adam's local steps: the frozen steps synchronise at an interval that
+// starts at 1 and doubles every local_step_scaler steps after the freeze, up
+// to local_step_clipper (zero_one_local_interval); a step t synchronises
+// when t is a multiple of it, or when the caller asks (the trainer does at
+// every evaluation, checkpoint and the last step, so that what is evaluated
+// and saved is the same on every rank). Between synchronisations no rank
+// communicates: each forms its momentum from its own gradients, m_r = b1
+// m_r + (1 - b1) g_r, and updates its own copy of the parameters with it,
+// p_r -= lr (m_r / c1 / (sqrt(v / c2) + eps) + wd p_r); it also keeps
+// a_r = sum over the interval's steps of lr m_r and L = sum of lr. At a
+// synchronising step the lr-weighted mean momentum a_r / L goes through the
+// 1-bit all-reduce, every rank's momentum becomes that average m, and the
+// parameters the interval started from, p0, take the interval's update at
+// once: p = p0 - L (m / c1 / (sqrt(v / c2) + eps) + wd p0), the same bits on
+// every rank. At interval 1 that is the compressed step above, bit for bit.
 //
 // Each matrix is compressed on its own (its scale, its signs), and each
 // unit's other parameters together, so a tied matrix held by two pipeline
@@ -54,13 +69,22 @@ class OneBitAdam {
   // every step; 1-bit Adam: the compressed ones, AdamW the others).
   bool compressed(int64_t step) const;
   bool updates(int64_t step) const { return optimizer_.zero_one() || compressed(step); }
+  // 0/1 Adam: whether step `step` communicates nothing (a local step that
+  // does not synchronise; `sync` asks it to).
+  bool local(int64_t step, bool sync) const;
 
   // One update over the whole layout. f32: params and the gradients (this
   // rank's when compressed, else reduced). 16-bit mode: the masters from
   // grads16 times grad_factor, rounded into params16.
-  void step(float* params, const float* grads, float* m, float* v, double lr, int64_t step);
+  // `sync`: 0/1 Adam's local steps synchronise at this step whatever the
+  // interval (ignored otherwise).
+  void step(float* params, const float* grads, float* m, float* v, double lr, int64_t step,
+            bool sync = false);
   void step_16(float* masters, uint16_t* params16, const uint16_t* grads16, DType t,
-               float grad_factor, float* m, float* v, double lr, int64_t step);
+               float grad_factor, float* m, float* v, double lr, int64_t step, bool sync = false);
+
+  // Whether the last step() was a local step (0/1 Adam: nothing sent).
+  bool last_local() const { return last_local_; }
 
   // The worker and server errors, per parameter, for checkpoints.
   std::vector<CompressionState> state();
@@ -91,8 +115,25 @@ class OneBitAdam {
   // momentum of g averaged into m with the mask applied, segment by
   // segment; else (0/1 Adam's variance steps) m and v updated from the
   // reduced g. Then the parameters (indexed like m).
-  void unit_step(int u, const float* g, float* params, float* m, float* v, double lr, int64_t step);
-  void compress(Segment& s, const float* g, int64_t unit_begin, float* m, const float* v);
+  // A step's bookkeeping of 0/1 Adam's local intervals: begin_step returns
+  // whether the step synchronises an open interval; end_step closes it then.
+  bool begin_step(double lr, int64_t step, bool sync);
+  void end_step(bool syncs);
+  void unit_step(int u, const float* g, float* params, float* m, float* v, double lr, int64_t step,
+                 bool sync);
+  // 0/1 Adam's local steps (interval > 1): unit u's local update, or at a
+  // synchronising step its interval's update from the averaged momentum.
+  void local_unit_step(int u, const float* g, float* params, float* m, const float* v, double lr,
+                       int64_t step, bool sync);
+  // The 1-bit average of the segment into m: of this rank's momentum
+  // b1 m + (1 - b1) g, or (acc given) of acc x inv_l.
+  void compress(Segment& s, const float* g, int64_t unit_begin, float* m, const float* v,
+                const float* acc = nullptr, float inv_l = 0);
+  // AdamW's update of unit u with the second moment as it stands (frozen,
+  // or after its updates so far): p = from - lr (m / c1 / (sqrt(v / c2) +
+  // eps) + wd from).
+  void update(int u, float* params, const float* from, const float* m, const float* v, float lr,
+              int64_t step);
 
   const ShardLayout& shards_;
   const ZeroConfig& zero_;
@@ -102,11 +143,22 @@ class OneBitAdam {
   std::vector<std::vector<size_t>> of_unit_;  // per unit: its segments
   CompressionStats stats_;
   double comm_s_ = 0;
+  // 0/1 Adam's local steps: the interval's start p0 and sum of lr m, with
+  // the sum of lr; whether an interval is open, and whether this step
+  // opened it.
+  Buffer start_, acc_;
+  double lr_sum_ = 0;
+  bool open_ = false, opens_ = false, last_local_ = false;
 };
 
 // 0/1 Adam's variance schedule: whether step t (1-based) updates the
 // variance, and how many updates steps 1..t made.
 bool zero_one_variance_step(int64_t t, int64_t var_freeze_step, int64_t scaler);
 int64_t zero_one_variance_updates(int64_t t, int64_t var_freeze_step, int64_t scaler);
+// 0/1 Adam's synchronisation interval at step t: 1 up to var_freeze_step +
+// local_step_scaler, then doubled every local_step_scaler steps, at most
+// local_step_clipper.
+int64_t zero_one_local_interval(int64_t t, int64_t var_freeze_step, int64_t scaler,
+                                int64_t clipper);
 
 }  // namespace loom

@@ -356,7 +356,7 @@ void ZeroEngine::sum_grads(int64_t begin, int64_t end, ProcessGroup& group) {
   wait_all(works, &stats_);
 }
 
-void ZeroEngine::step(double lr, int64_t step) {
+void ZeroEngine::step(double lr, int64_t step, bool sync) {
   // The update goes to the shard; gathered full parameters would go stale.
   LOOM_CHECK(!full_, "optimizer step while the full parameters are gathered");
   optimizer_steps_ = step;
@@ -364,10 +364,10 @@ void ZeroEngine::step(double lr, int64_t step) {
     // Stage 0: the moments and masters are the whole layout's.
     if (half())
       onebit_->step_16(masters(), params16(), grads16(), config_.dtype, grad_factor_,
-                       optimizer_->exp_avg(), optimizer_->exp_avg_sq(), lr, step);
+                       optimizer_->exp_avg(), optimizer_->exp_avg_sq(), lr, step, sync);
     else
       onebit_->step(store_.params(), held_grads(), optimizer_->exp_avg(), optimizer_->exp_avg_sq(),
-                    lr, step);
+                    lr, step, sync);
     return;
   }
   // 16-bit mode updates the masters and rounds them into the parameters.
@@ -404,6 +404,7 @@ CompressionStats ZeroEngine::take_compression() {
   s.sent_bytes += o.sent_bytes;
   s.plain_bytes += o.plain_bytes;
   s.compressed = onebit_->compressed(optimizer_steps_);
+  s.local = s.compressed && onebit_->last_local();
   s.error_sum_squares = 0;
   for (const CompressionState& c : onebit_->state()) {
     const int64_t n = c.kind == CompressionState::kError ? c.rows * c.cols : c.end - c.begin;

@@ -101,7 +101,9 @@ class ZeroEngine {
   // slices of it. Collective.
   void sum_grads(int64_t begin, int64_t end, ProcessGroup& group);
   // AdamW on this rank's shard, then whatever gathering the stage needs.
-  void step(double lr, int64_t step);
+  // `sync`: the step must leave every data-parallel rank's parameters
+  // equal (0/1 Adam's local steps synchronise; nothing else changes).
+  void step(double lr, int64_t step, bool sync = false);
   // Communication since the last call.
   CommStats take_stats();
   // comm.compression: what it did since the last call, the state it
