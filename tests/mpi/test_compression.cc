@@ -341,6 +341,9 @@ TEST(Compression, CompressingRunsResumeBitwise) {
        {with(powersgd, {"zero_optimization.stage=0"}),
         with(powersgd, {"zero_optimization.stage=1", "bf16.enabled=true"}),
         with(onebit, {"zero_optimization.stage=0"}), with(onebit, {"bf16.enabled=true"}),
+        // ZeRO-1: the momentum gathered whole again from the loaded slices.
+        with(onebit, {"zero_optimization.stage=1"}),
+        with(zero_one, {"bf16.enabled=true", "zero_optimization.stage=1"}),
         with(zero_one, {"zero_optimization.stage=0"}),
         // Local steps: frozen from step 2, intervals 1, 2, 4, 4, 4 at steps
         // 2-6; step 5 local, step 3 too but that the checkpoint there
@@ -661,6 +664,38 @@ TEST(Compression, ZeroOneAdamLocalStepsMatchAReference) {
     bool equal = true;
     for (uint64_t x : all) equal = equal && x == all[0];
     if (W > 1) EXPECT_EQ(equal, !opt.last_local()) << "step " << t;
+  }
+}
+
+// The 1-bit optimizers under ZeRO-1: the variance (and in 16-bit mode the
+// masters) sharded, the momentum kept whole, each rank updating its slices
+// and the parameters gathered. The same compression of the same vectors
+// and the same update per element: bit for bit the stage-0 run, warm-up,
+// compressed steps and 0/1 Adam's variance steps alike, in f32 and bf16.
+TEST(Compression, OneBitOptimizersAtStageOneTrainBitwiseLikeStageZero) {
+  auto world = runtime().world(CommOptions{});
+  for (const std::vector<std::string>& o :
+       {std::vector<std::string>{"optimizer.type=OneBitAdam", "optimizer.params.freeze_step=3"},
+        {"optimizer.type=OneBitAdam", "optimizer.params.freeze_step=3", "bf16.enabled=true"},
+        {"optimizer.type=ZeroOneAdam", "optimizer.params.var_update_scaler=2"},
+        {"optimizer.type=ZeroOneAdam", "optimizer.params.var_update_scaler=2",
+         "optimizer.params.var_freeze_step=5", "bf16.enabled=true"}}) {
+    const std::string what = o[0] + " " + o.back();
+    auto run = [&](const std::string& stage) {
+      std::vector<std::string> all = {"train.steps=8", "model.vocab_size=250", stage};
+      all.insert(all.end(), o.begin(), o.end());
+      auto t = trainer(all, world);
+      std::vector<StepResult> r = t->run();
+      return std::pair{std::move(r), test::whole_params(*t)};
+    };
+    const auto [r0, p0] = run("zero_optimization.stage=0");
+    const auto [r1, p1] = run("zero_optimization.stage=1");
+    ASSERT_TRUE(r1.back().compressed) << what;
+    for (size_t k = 0; k < r0.size(); ++k) {
+      EXPECT_EQ(r1[k].loss, r0[k].loss) << what << " step " << k + 1;
+      EXPECT_EQ(r1[k].error_norm, r0[k].error_norm) << what << " step " << k + 1;
+    }
+    EXPECT_TRUE(p1 == p0) << what << ": final parameters";
   }
 }
 

@@ -198,8 +198,15 @@ TEST(Config, CompressionKeysAndTheirErrors) {
                            "optimizer.params.cuda_aware=true"});
   EXPECT_EQ(o.optimizer.freeze_step, 30);
   EXPECT_EQ(o.resolved["optimizer"]["params"]["comm_backend_name"], "mpi");
-  EXPECT_HAS(error_of(kBase, {"optimizer.type=OneBitAdam", "zero_optimization.stage=1"}),
-             "optimizer.type OneBitAdam needs zero_optimization.stage 0 (stage is 1)");
+  EXPECT_EQ(error_of(kBase, {"optimizer.type=OneBitAdam", "zero_optimization.stage=1"}),
+            "(no error)");
+  EXPECT_HAS(error_of(kBase, {"optimizer.type=OneBitAdam", "zero_optimization.stage=2"}),
+             "optimizer.type OneBitAdam needs zero_optimization.stage 0 or 1 (stage is 2)");
+  EXPECT_HAS(error_of(kBase, {"optimizer.type=ZeroOneAdam", "zero_optimization.stage=1",
+                              "optimizer.params.var_freeze_step=10",
+                              "optimizer.params.local_step_scaler=20", "train.steps=40"}),
+             "train.steps 40 reaches the local steps (from var_freeze_step 10 + "
+             "local_step_scaler 20)");
   EXPECT_HAS(error_of(kBase, {"optimizer.type=OneBitAdam", "comm.compression.type=bf16"}),
              "the optimizer compresses what it communicates itself");
   EXPECT_HAS(

@@ -595,11 +595,20 @@ Config parse_config(const std::string& text, const std::string& source,
                         "which stages 2-3 do not keep",
                         z.stage));
   if (c.optimizer.one_bit()) {
-    if (z.stage != 0)
-      fail(source, format("optimizer.type {} needs zero_optimization.stage 0 (stage is {}): in "
-                          "its compressed phase every rank updates every parameter from the "
-                          "averaged momentum and the frozen variance, which stage 0 holds",
+    if (z.stage >= 2)
+      fail(source, format("optimizer.type {} needs zero_optimization.stage 0 or 1 (stage is {}): "
+                          "in its compressed phase nothing is reduced and every rank's momentum "
+                          "is formed from its own whole gradients, which stages 2-3 do not keep "
+                          "(they reduce-scatter every micro-batch's)",
                           c.optimizer.type, z.stage));
+    const OptimizerConfig& o = c.optimizer;
+    if (o.zero_one() && z.stage == 1 && c.train.steps > o.var_freeze_step + o.local_step_scaler)
+      fail(source, format("optimizer.type ZeroOneAdam with zero_optimization.stage 1: train.steps "
+                          "{} reaches the local steps (from var_freeze_step {} + "
+                          "local_step_scaler {}), in which each rank updates all of its own "
+                          "parameters, which stage 1 shards; use stage 0, or raise "
+                          "var_freeze_step or local_step_scaler",
+                          c.train.steps, o.var_freeze_step, o.local_step_scaler));
     if (c.parallel.expert > 1)
       fail(source, format("optimizer.type {} with parallel.expert {}: expert units reduce over "
                           "their own groups, which 1-bit compression does not cover",

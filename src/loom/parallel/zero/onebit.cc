@@ -1,6 +1,7 @@
 #include "loom/parallel/zero/onebit.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -62,8 +63,8 @@ bool OneBitAdam::compressed(int64_t step) const {
 OneBitAdam::OneBitAdam(const ShardLayout& shards, const ZeroConfig& zero,
                        const OptimizerConfig& optimizer, const Backend<float>& backend)
     : shards_(shards), zero_(zero), optimizer_(optimizer), be_(backend) {
-  LOOM_CHECK_KIND(kConfig, zero.stage == 0,
-                  "optimizer.type {} needs zero_optimization.stage 0, got {}", optimizer.type,
+  LOOM_CHECK_KIND(kConfig, zero.stage <= 1,
+                  "optimizer.type {} needs zero_optimization.stage 0 or 1, got {}", optimizer.type,
                   zero.stage);
   // Tests only: LOOM_TEST_CODEC=identity runs the same path uncompressed.
   const char* test_codec = std::getenv("LOOM_TEST_CODEC");
@@ -97,6 +98,9 @@ OneBitAdam::OneBitAdam(const ShardLayout& shards, const ZeroConfig& zero,
 void OneBitAdam::compress(Segment& seg, const float* g, int64_t unit_begin, float* m,
                           const float* v, const float* acc, float inv_l) {
   const float b1 = static_cast<float>(optimizer_.beta1), c = 1.0f - b1;
+  // Stage 1 holds v of its slices only: the gathered mask says where it is zero.
+  const uint8_t* mask = sharded() ? mask_.as<uint8_t>() : nullptr;
+  auto masked = [&](int64_t i) { return mask ? mask[i] != 0 : v[i] == 0.0f; };
   // This rank's momentum of the segment (or its interval's lr-weighted
   // mean), gathered, masked where the second moment is zero.
   Buffer xb = be_.alloc(f32_bytes(seg.size), MemCategory::kComm, false);
@@ -104,11 +108,11 @@ void OneBitAdam::compress(Segment& seg, const float* g, int64_t unit_begin, floa
   int64_t k = 0;
   for (const auto& [lo, hi] : seg.ranges) {
     if (acc) {
-      for (int64_t i = lo; i < hi; ++i, ++k) x[k] = v[i] == 0.0f ? 0.0f : acc[i] * inv_l;
+      for (int64_t i = lo; i < hi; ++i, ++k) x[k] = masked(i) ? 0.0f : acc[i] * inv_l;
       continue;
     }
     const float* gs = g + (lo - unit_begin);
-    for (int64_t i = lo; i < hi; ++i, ++k) x[k] = v[i] == 0.0f ? 0.0f : b1 * m[i] + c * gs[i - lo];
+    for (int64_t i = lo; i < hi; ++i, ++k) x[k] = masked(i) ? 0.0f : b1 * m[i] + c * gs[i - lo];
   }
   CompressedAllReduce* ca = seg.ca.get();
   if (ca) comm_s_ += ca->run(x, x);
@@ -118,9 +122,9 @@ void OneBitAdam::compress(Segment& seg, const float* g, int64_t unit_begin, floa
   float* ew = ca && ca->codec() == Codec::kSign ? ca->worker_error() : nullptr;
   for (const auto& [lo, hi] : seg.ranges)
     for (int64_t i = lo; i < hi; ++i, ++k) {
-      const bool masked = v[i] == 0.0f;
-      m[i] = masked ? 0.0f : x[k];
-      if (ew && masked) ew[k] = 0.0f;
+      const bool off = masked(i);
+      m[i] = off ? 0.0f : x[k];
+      if (ew && off) ew[k] = 0.0f;
     }
   if (!ca) return;
   if (ew) {
@@ -132,7 +136,7 @@ void OneBitAdam::compress(Segment& seg, const float* g, int64_t unit_begin, floa
     k = 0;
     for (const auto& [lo, hi] : seg.ranges)
       for (int64_t i = lo; i < hi; ++i, ++k)
-        if (k >= first && k < first + C && v[i] == 0.0f) es[k - first] = 0.0f;
+        if (k >= first && k < first + C && masked(i)) es[k - first] = 0.0f;
     for (int64_t j = std::max<int64_t>(0, seg.size - first); j < C; ++j) es[j] = 0.0f;
   }
   const int W = shards_.group(seg.unit).size;
@@ -141,8 +145,8 @@ void OneBitAdam::compress(Segment& seg, const float* g, int64_t unit_begin, floa
   stats_.plain_bytes += all_reduce_volume(double(seg.size) * double(dtype_size(zero_.dtype)), W);
 }
 
-void OneBitAdam::update(int u, float* params, const float* from, const float* m, const float* v,
-                        float lr, int64_t step) {
+void OneBitAdam::update(int u, float* params, const float* from, bool by_state, const float* m,
+                        const float* v, float lr, int64_t step) {
   const double b1 = optimizer_.beta1, b2 = optimizer_.beta2;
   // The second moment as it stands: frozen at the freeze step (1-bit Adam),
   // or after its updates so far (0/1 Adam).
@@ -161,9 +165,10 @@ void OneBitAdam::update(int u, float* params, const float* from, const float* m,
   for (size_t k = first; k < last; ++k) {
     const AdamWSegment& s = shards_.segments()[k];
     const float wd = s.decay ? static_cast<float>(optimizer_.weight_decay) : 0.0f;
-    float* p = params + s.param_offset;
-    const float* p0 = from + s.param_offset;
-    const float* ms = m + s.state_offset;
+    const int64_t at = by_state ? s.state_offset : s.param_offset;
+    float* p = params + at;
+    const float* p0 = from + at;
+    const float* ms = m + s.param_offset;
     const float* vs = v + s.state_offset;
     for (int64_t i = 0; i < s.length; ++i)
       p[i] = p0[i] - lr * (ms[i] * inv_c1 / (std::sqrt(vs[i]) * inv_sqrt_c2 + eps) + wd * p0[i]);
@@ -190,11 +195,93 @@ void OneBitAdam::unit_step(int u, const float* g, float* params, float* m, float
   } else {
     for (size_t k : of_unit_[static_cast<size_t>(u)]) compress(segments_[k], g, b, m, v);
   }
-  update(u, params, params, m, v, static_cast<float>(lr), step);
+  update(u, params, params, false, m, v, static_cast<float>(lr), step);
+}
+
+void OneBitAdam::sharded_unit_step(int u, const float* g, float* params, bool masters,
+                                   float* m_shard, float* v_shard, double lr, int64_t step) {
+  const Unit& un = shards_.unit(u);
+  const int64_t b = un.begin, n = un.size();
+  const double b1 = optimizer_.beta1, b2 = optimizer_.beta2;
+  float* m = m_full_.as<float>();
+  const auto [first, last] = shards_.unit_segments(u);
+  if (!compressed(step)) {
+    // 0/1 Adam's variance step: the whole momentum from the reduced
+    // gradients, the variance of this rank's slices.
+    for (int64_t i = 0; i < n; ++i)
+      m[b + i] = static_cast<float>(b1 * m[b + i] + (1 - b1) * g[i]);
+    for (size_t k = first; k < last; ++k) {
+      const AdamWSegment& s = shards_.segments()[k];
+      for (int64_t j = 0; j < s.length; ++j) {
+        const double gj = g[s.param_offset - b + j];
+        float& vj = v_shard[s.state_offset + j];
+        vj = static_cast<float>(b2 * vj + (1 - b2) * gj * gj);
+      }
+    }
+    mask_ready_ = false;
+  } else {
+    for (size_t k : of_unit_[static_cast<size_t>(u)]) compress(segments_[k], g, b, m, nullptr);
+  }
+  // This rank's slices updated (the engine gathers the parameters), and
+  // their momentum kept in the shard (checkpoints save it).
+  update(u, params, params, masters, m, v_shard, static_cast<float>(lr), step);
+  for (size_t k = first; k < last; ++k) {
+    const AdamWSegment& s = shards_.segments()[k];
+    std::memcpy(m_shard + s.state_offset, m + s.param_offset, f32_bytes(s.length));
+  }
+}
+
+void OneBitAdam::gather_state(const float* m_shard, const float* v_shard, int64_t step) {
+  const int64_t total = shards_.layout().total();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<WorkPtr> works;
+  std::vector<Buffer> slices;
+  if (!m_ready_) {
+    // Every rank's momentum is the same: the whole of it from the slices.
+    if (!m_full_.data()) m_full_ = be_.alloc(f32_bytes(total), MemCategory::kOptimizer);
+    for (int u = 0; u < shards_.num_units(); ++u) {
+      const UnitGroup& g = shards_.group(u);
+      const float* in = m_shard + shards_.shard_offset(u);
+      float* out = m_full_.as<float>() + shards_.unit(u).begin;
+      if (!g.group) {
+        std::memcpy(out, in, f32_bytes(shards_.slice(u)));
+        continue;
+      }
+      works.push_back(g.group->all_gather(in, out, static_cast<size_t>(shards_.slice(u)),
+                                          DType::kF32));
+    }
+    m_ready_ = true;
+  }
+  if (compressed(step) && !mask_ready_) {
+    // Where the variance is zero (gradients that were always zero, the
+    // padding), one byte per element gathered from the slices.
+    if (!mask_.data()) mask_ = be_.alloc(static_cast<size_t>(total), MemCategory::kOptimizer);
+    for (int u = 0; u < shards_.num_units(); ++u) {
+      const UnitGroup& g = shards_.group(u);
+      const int64_t n = shards_.slice(u);
+      Buffer s = be_.alloc(static_cast<size_t>(n), MemCategory::kComm, false);
+      const float* v = v_shard + shards_.shard_offset(u);
+      for (int64_t j = 0; j < n; ++j) s.as<uint8_t>()[j] = v[j] == 0.0f;
+      uint8_t* out = mask_.as<uint8_t>() + shards_.unit(u).begin;
+      if (!g.group) {
+        std::memcpy(out, s.data(), static_cast<size_t>(n));
+        continue;
+      }
+      works.push_back(g.group->all_gather(s.data(), out, static_cast<size_t>(n), DType::kU8));
+      stats_.sent_bytes += spread_volume(double(n) * g.size, g.size);
+      slices.push_back(std::move(s));
+    }
+    mask_ready_ = true;
+  }
+  for (WorkPtr& w : works) w->wait();
+  comm_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void OneBitAdam::local_unit_step(int u, const float* g, float* params, float* m, const float* v,
                                  double lr, int64_t step, bool sync) {
+  LOOM_CHECK_KIND(kConfig, !sharded(),
+                  "optimizer.type ZeroOneAdam's local steps need zero_optimization.stage 0: "
+                  "each rank updates all of its own parameters between synchronisations");
   const Unit& un = shards_.unit(u);
   const int64_t b = un.begin, n = un.size();
   const int64_t total = shards_.layout().total();
@@ -216,7 +303,7 @@ void OneBitAdam::local_unit_step(int u, const float* g, float* params, float* m,
     acc[b + i] += lrf * m[b + i];
   }
   if (!sync) {
-    update(u, params, params, m, v, lrf, step);
+    update(u, params, params, false, m, v, lrf, step);
     // What the plain reduction would have sent this step; nothing was.
     const int W = shards_.group(u).size;
     if (shards_.group(u).group)
@@ -231,7 +318,7 @@ void OneBitAdam::local_unit_step(int u, const float* g, float* params, float* m,
   const float inv_l = weighted ? static_cast<float>(1.0 / lr_sum_) : 1.0f;
   for (size_t k : of_unit_[static_cast<size_t>(u)])
     compress(segments_[k], g, b, m, v, weighted ? acc : m, inv_l);
-  update(u, params, p0, m, v, static_cast<float>(lr_sum_), step);
+  update(u, params, p0, false, m, v, static_cast<float>(lr_sum_), step);
 }
 
 bool OneBitAdam::begin_step(double lr, int64_t step, bool sync) {
@@ -256,6 +343,12 @@ void OneBitAdam::end_step(bool syncs) {
 void OneBitAdam::step(float* params, const float* grads, float* m, float* v, double lr,
                       int64_t step, bool sync) {
   const bool syncs = begin_step(lr, step, sync);
+  if (sharded()) {
+    gather_state(m, v, step);
+    for (int u = 0; u < shards_.num_units(); ++u)
+      sharded_unit_step(u, grads + shards_.unit(u).begin, params, false, m, v, lr, step);
+    return;
+  }
   for (int u = 0; u < shards_.num_units(); ++u)
     unit_step(u, grads + shards_.unit(u).begin, params, m, v, lr, step, syncs);
   end_step(syncs);
@@ -265,13 +358,24 @@ void OneBitAdam::step_16(float* masters, uint16_t* params16, const uint16_t* gra
                          float grad_factor, float* m, float* v, double lr, int64_t step,
                          bool sync) {
   const bool syncs = begin_step(lr, step, sync);
+  if (sharded()) gather_state(m, v, step);
   for (int u = 0; u < shards_.num_units(); ++u) {
     const Unit& un = shards_.unit(u);
     Buffer g = be_.alloc(f32_bytes(un.size()), MemCategory::kComm, false);
     be_.widen_16(grads16 + un.begin, g.as<float>(), un.size(), t);
     if (grad_factor != 1.0f) be_.scale(g.as<float>(), un.size(), grad_factor);
-    unit_step(u, g.as<float>(), masters, m, v, lr, step, syncs);
-    be_.round_16(masters + un.begin, params16 + un.begin, un.size(), t);
+    if (!sharded()) {
+      unit_step(u, g.as<float>(), masters, m, v, lr, step, syncs);
+      be_.round_16(masters + un.begin, params16 + un.begin, un.size(), t);
+      continue;
+    }
+    // Stage 1: this rank's slices of the masters, rounded into the parameters.
+    sharded_unit_step(u, g.as<float>(), masters, true, m, v, lr, step);
+    const auto [first, last] = shards_.unit_segments(u);
+    for (size_t k = first; k < last; ++k) {
+      const AdamWSegment& s = shards_.segments()[k];
+      be_.round_16(masters + s.state_offset, params16 + s.param_offset, s.length, t);
+    }
   }
   end_step(syncs);
 }

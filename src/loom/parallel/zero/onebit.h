@@ -60,7 +60,9 @@ namespace loom {
 
 class OneBitAdam {
  public:
-  // Stage 0 only: the moments m, v are the whole layout's.
+  // Stage 0: the moments m, v are the whole layout's; stage 1: this rank's
+  // shard (the momentum is then kept whole as well, as every rank's
+  // compression needs it, and the step updates this rank's slices).
   OneBitAdam(const ShardLayout& shards, const ZeroConfig& zero, const OptimizerConfig& optimizer,
              const Backend<float>& backend);
 
@@ -129,11 +131,22 @@ class OneBitAdam {
   // b1 m + (1 - b1) g, or (acc given) of acc x inv_l.
   void compress(Segment& s, const float* g, int64_t unit_begin, float* m, const float* v,
                 const float* acc = nullptr, float inv_l = 0);
-  // AdamW's update of unit u with the second moment as it stands (frozen,
-  // or after its updates so far): p = from - lr (m / c1 / (sqrt(v / c2) +
-  // eps) + wd from).
-  void update(int u, float* params, const float* from, const float* m, const float* v, float lr,
-              int64_t step);
+  // AdamW's update of unit u's segments with the second moment as it stands
+  // (frozen, or after its updates so far): p = from - lr (m / c1 / (sqrt(v /
+  // c2) + eps) + wd from); p and from indexed like the moments (by_state:
+  // the masters) or the layout, m like the layout, v like the moments.
+  void update(int u, float* params, const float* from, bool by_state, const float* m,
+              const float* v, float lr, int64_t step);
+  // Stage 1: unit u's step with the whole momentum (m_full_) and this
+  // rank's slices of v and of the parameters (or masters); the updated
+  // momentum's slices written back into m_shard.
+  void sharded_unit_step(int u, const float* g, float* params, bool masters, float* m_shard,
+                         float* v_shard, double lr, int64_t step);
+  // Stage 1, before a step: the whole momentum gathered from the slices
+  // (once, and after a resume), and for a compressed step the mask of zero
+  // variance (whenever v changed).
+  void gather_state(const float* m_shard, const float* v_shard, int64_t step);
+  bool sharded() const { return zero_.stage >= 1; }
 
   const ShardLayout& shards_;
   const ZeroConfig& zero_;
@@ -148,6 +161,9 @@ class OneBitAdam {
   // opened it.
   Buffer start_, acc_;
   double lr_sum_ = 0;
+  // Stage 1: every rank's whole momentum, and where the variance is zero.
+  Buffer m_full_, mask_;
+  bool m_ready_ = false, mask_ready_ = false;
   bool open_ = false, opens_ = false, last_local_ = false;
 };
 

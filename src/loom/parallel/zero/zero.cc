@@ -361,13 +361,15 @@ void ZeroEngine::step(double lr, int64_t step, bool sync) {
   LOOM_CHECK(!full_, "optimizer step while the full parameters are gathered");
   optimizer_steps_ = step;
   if (onebit_ && onebit_->updates(step)) {
-    // Stage 0: the moments and masters are the whole layout's.
+    // The moments and masters: the whole layout's at stage 0, this rank's
+    // slices at stage 1 (whose updated parameters are then gathered).
     if (half())
       onebit_->step_16(masters(), params16(), grads16(), config_.dtype, grad_factor_,
                        optimizer_->exp_avg(), optimizer_->exp_avg_sq(), lr, step, sync);
     else
       onebit_->step(store_.params(), held_grads(), optimizer_->exp_avg(), optimizer_->exp_avg_sq(),
                     lr, step, sync);
+    gather_updated_params();
     return;
   }
   // 16-bit mode updates the masters and rounds them into the parameters.
