@@ -589,11 +589,6 @@ Config parse_config(const std::string& text, const std::string& source,
     fail(source, format("comm.compression.type {}: the gradients of a {} run are already 16-bit "
                         "and cross the wire in 16 bits",
                         cc.type, dtype_name(c.precision)));
-  if (cc.type == "powersgd" && z.stage >= 2)
-    fail(source, format("comm.compression.type powersgd needs zero_optimization.stage 0 or 1 "
-                        "(stage is {}): PowerSGD compresses a step's accumulated gradients, "
-                        "which stages 2-3 do not keep",
-                        z.stage));
   if (c.optimizer.one_bit()) {
     if (z.stage >= 2)
       fail(source, format("optimizer.type {} needs zero_optimization.stage 0 or 1 (stage is {}): "

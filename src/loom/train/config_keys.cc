@@ -277,7 +277,7 @@ std::vector<ConfigKey> run_keys() {
           .doc("`none` \\| `fp16` \\| `bf16` \\| `powersgd`", "`none`",
                "compress the data-parallel gradient reduction, for any optimizer: `fp16`/`bf16` "
                "send f32 gradients in 16 bits (divided by the group size first); `powersgd` "
-               "sends rank-r factors of each matrix with error feedback (ZeRO stages 0-1) "
+               "sends rank-r factors of each matrix with error feedback (every ZeRO stage) "
                "([comm.md](comm.md#gradient-compression))"),
       key("comm.compression.rank", KeyKind::kInt)
           .range(1, 1 << 20)

@@ -1,9 +1,10 @@
-// The bucketed all-reduce of stages 0-1 (grad_reducer.h), declared here so
-// that the compressing reducers (powersgd.cc) reuse its buckets: internal
-// to parallel/zero.
+// The bucketed all-reduce of stages 0-1 and the per-unit reduce-scatter of
+// stages 2-3 (grad_reducer.h), declared here so that the compressing
+// reducers (powersgd.cc) reuse them: internal to parallel/zero.
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <vector>
 
@@ -45,7 +46,7 @@ class BucketedAllReduce : public ReducerBase {
                     GradTarget target);
   ~BucketedAllReduce() override;
 
-  void begin(bool reduce) override;
+  void begin(bool reduce, bool last) override;
   void acquire(int u) override;
   void written(int u) override;
   void final(int u) override;
@@ -80,7 +81,40 @@ class BucketedAllReduce : public ReducerBase {
   bool reduce_ = false;
 };
 
-// PowerSGD over the bucketed all-reduce's buckets (powersgd.cc).
+// Stages 2-3: each unit's gradients reduce-scattered into the shard as soon
+// as backward has written them, every micro-batch; the newest reduction
+// stays in flight while the next unit's backward runs.
+class UnitReduceScatter : public ReducerBase {
+ public:
+  UnitReduceScatter(ParamStore<float>& store, const ShardLayout& shards, const ZeroConfig& config,
+                    GradTarget target)
+      : ReducerBase(store, shards, config, target) {}
+  ~UnitReduceScatter() override;
+
+  void begin(bool, bool) override {}
+  void acquire(int u) override;
+  void written(int u) override;
+  void final(int) override {}
+  void end() override;
+
+ protected:
+  struct Reducing {
+    int unit;
+    Buffer buf;    // f32 (the unit's whole gradients), or 16-bit when `half`
+    WorkPtr work;  // null: buf already holds the reduced gradients
+    bool half = false;
+  };
+  // Waits for the oldest reduction and adds its slice into the shard's
+  // gradients (accumulating over micro-batches, each already scaled by
+  // 1 / accumulation).
+  void drain_one();
+
+  std::deque<Reducing> reducing_;  // launched reduce-scatters, oldest first
+  int64_t reducing_elements_ = 0;
+};
+
+// PowerSGD over the bucketed all-reduce's buckets (stages 0-1) or the
+// units of the reduce-scatter (stages 2-3) (powersgd.cc).
 std::unique_ptr<GradReducer> make_powersgd_reducer(ParamStore<float>& store,
                                                    const ShardLayout& shards,
                                                    const ZeroConfig& config, GradTarget target);

@@ -5,8 +5,10 @@
 //   fp16/bf16 f32 gradients divided by the group size, rounded to 16 bits,
 //             summed in 16 bits on the wire (accumulated in f32), widened
 //             back: half the bytes of f32;
-//   powersgd  rank-r PowerSGD per bucket (stages 0-1): each matrix M of the
-//             bucket (with the error of the previous steps added) is
+//   powersgd  rank-r PowerSGD per bucket (stages 0-1, once per step) or per
+//             unit (stages 2-3, every micro-batch as the unit's gradients
+//             are reduce-scattered): each matrix M of the
+//             bucket or unit (with the error of the previous steps added) is
 //             approximated by P Q^T: P = M Q, P summed over the group and
 //             orthonormalised, Q = M^T P, Q summed, M^ = P Q^T / size, the
 //             error M - M^ kept for the next step; vectors, and matrices

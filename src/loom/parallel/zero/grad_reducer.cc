@@ -2,7 +2,6 @@
 
 #include "loom/parallel/zero/bucketed_reducer.h"
 
-#include <deque>
 #include <vector>
 
 #include "loom/core/error.h"
@@ -85,7 +84,7 @@ BucketedAllReduce::~BucketedAllReduce() {
   for (const Bucket& b : buckets_) wait_quietly(b.work, "a gradient all-reduce");
 }
 
-void BucketedAllReduce::begin(bool reduce) {
+void BucketedAllReduce::begin(bool reduce, bool) {
   reduce_ = reduce && !buckets_.empty();
   next_ = 0;
   for (Bucket& b : buckets_) b.work = nullptr;
@@ -163,126 +162,91 @@ void BucketedAllReduce::complete() {
   }
 }
 
-namespace {
+UnitReduceScatter::~UnitReduceScatter() {
+  for (const Reducing& r : reducing_) wait_quietly(r.work, "a ZeRO gradient reduce-scatter");
+}
 
-class UnitReduceScatter final : public ReducerBase {
- public:
-  UnitReduceScatter(ParamStore<float>& store, const ShardLayout& shards, const ZeroConfig& config,
-                    GradTarget target)
-      : ReducerBase(store, shards, config, target) {}
+void UnitReduceScatter::acquire(int u) {
+  if (buf(u).data()) return;
+  // Finished reductions free their buffers first; then wait for the
+  // oldest while more than reduce_bucket_size elements are being reduced.
+  // The newest reduction always stays in flight, so it overlaps this
+  // unit's backward.
+  while (!reducing_.empty() && (!reducing_.front().work || reducing_.front().work->test()))
+    drain_one();
+  while (reducing_.size() > 1 && reducing_elements_ > config_.reduce_bucket_size) drain_one();
+  bind(u);
+}
 
-  ~UnitReduceScatter() override {
-    for (const Reducing& r : reducing_) wait_quietly(r.work, "a ZeRO gradient reduce-scatter");
-  }
-
-  void begin(bool) override {}
-
-  void acquire(int u) override {
-    if (buf(u).data()) return;
-    // Finished reductions free their buffers first; then wait for the
-    // oldest while more than reduce_bucket_size elements are being reduced.
-    // The newest reduction always stays in flight, so it overlaps this
-    // unit's backward.
-    while (!reducing_.empty() && (!reducing_.front().work || reducing_.front().work->test()))
-      drain_one();
-    while (reducing_.size() > 1 && reducing_elements_ > config_.reduce_bucket_size) drain_one();
-    bind(u);
-  }
-
-  void written(int u) override {
-    Buffer b = unbind(u);
-    const int64_t n = shards_.unit(u).size(), slice = shards_.slice(u);
-    const size_t wbytes = dtype_size(wire());
-    WorkPtr w;
-    bool half16 = false;
-    if (const UnitGroup& g = shards_.group(u); g.group) {
-      ReduceOp op = ReduceOp::kAvg;
-      if (wire() != DType::kF32) {
-        // Rounded to 16 bits and reduced in 16 bits (accumulated in f32).
-        // fp16/bf16 compression of f32 gradients divides by the group's
-        // size first, so that fp16 holds the sum.
-        if (!half()) {
-          be_.scale(b.as<float>(), n, 1.0f / static_cast<float>(g.size));
-          op = ReduceOp::kSum;
-        }
-        Buffer h = be_.alloc(static_cast<size_t>(n) * wbytes, MemCategory::kComm, false);
-        be_.round_16(b.as<float>(), h.as<uint16_t>(), n, wire());
-        b = std::move(h);
-        half16 = true;
+void UnitReduceScatter::written(int u) {
+  Buffer b = unbind(u);
+  const int64_t n = shards_.unit(u).size(), slice = shards_.slice(u);
+  const size_t wbytes = dtype_size(wire());
+  WorkPtr w;
+  bool half16 = false;
+  if (const UnitGroup& g = shards_.group(u); g.group) {
+    ReduceOp op = ReduceOp::kAvg;
+    if (wire() != DType::kF32) {
+      // Rounded to 16 bits and reduced in 16 bits (accumulated in f32).
+      // fp16/bf16 compression of f32 gradients divides by the group's
+      // size first, so that fp16 holds the sum.
+      if (!half()) {
+        be_.scale(b.as<float>(), n, 1.0f / static_cast<float>(g.size));
+        op = ReduceOp::kSum;
       }
-      cstats_.plain_bytes += spread_volume(double(pbytes(n)), g.size);
-      cstats_.sent_bytes += spread_volume(double(n) * double(wbytes), g.size);
-      // Rank r's averaged slice lands in place, at block r of the buffer.
-      char* p = b.as<char>();
-      w = g.group->reduce_scatter(p, p + static_cast<size_t>(g.srank * slice) * wbytes,
-                                  static_cast<size_t>(slice), wire(), op);
+      Buffer h = be_.alloc(static_cast<size_t>(n) * wbytes, MemCategory::kComm, false);
+      be_.round_16(b.as<float>(), h.as<uint16_t>(), n, wire());
+      b = std::move(h);
+      half16 = true;
     }
-    reducing_.push_back({u, std::move(b), std::move(w), half16});
-    if (reducing_.back().work) fault_point("zero_reduce");
-    reducing_elements_ += n;
-    if (!config_.overlap_comm)
-      while (!reducing_.empty()) drain_one();
+    cstats_.plain_bytes += spread_volume(double(pbytes(n)), g.size);
+    cstats_.sent_bytes += spread_volume(double(n) * double(wbytes), g.size);
+    // Rank r's averaged slice lands in place, at block r of the buffer.
+    char* p = b.as<char>();
+    w = g.group->reduce_scatter(p, p + static_cast<size_t>(g.srank * slice) * wbytes,
+                                static_cast<size_t>(slice), wire(), op);
   }
-
-  void final(int) override {}
-
-  void end() override {
+  reducing_.push_back({u, std::move(b), std::move(w), half16});
+  if (reducing_.back().work) fault_point("zero_reduce");
+  reducing_elements_ += n;
+  if (!config_.overlap_comm)
     while (!reducing_.empty()) drain_one();
-    cstats_.compressed = wire() != config_.dtype;
+}
+
+void UnitReduceScatter::end() {
+  while (!reducing_.empty()) drain_one();
+  cstats_.compressed = wire() != config_.dtype;
+}
+
+void UnitReduceScatter::drain_one() {
+  Reducing& r = reducing_.front();
+  if (r.work) wait_for_use(r.work, be_, &stats_);
+  const int u = r.unit;
+  const UnitGroup& g = shards_.group(u);
+  const int64_t at = g.srank * shards_.slice(u), n = shards_.slice(u);
+  if (half()) {
+    // Added into the 16-bit gradients in f32, rounded once.
+    uint16_t* dst = target_.h16 + shards_.shard_offset(u);
+    if (r.half)
+      be_.accumulate_16(nullptr, r.buf.as<uint16_t>() + at, g.scale, dst, n, config_.dtype);
+    else
+      be_.accumulate_16(r.buf.as<float>() + at, nullptr, g.scale, dst, n, config_.dtype);
+  } else if (r.half) {
+    // fp16/bf16 compression: widened, then added.
+    Buffer f = be_.alloc(f32_bytes(n), MemCategory::kComm, false);
+    be_.widen_16(r.buf.as<uint16_t>() + at, f.as<float>(), n, wire());
+    be_.axpy(target_.f32 + shards_.shard_offset(u), g.scale, f.as<float>(), n);
+  } else {
+    be_.axpy(target_.f32 + shards_.shard_offset(u), g.scale, r.buf.as<float>() + at, n);
   }
-
- private:
-  struct Reducing {
-    int unit;
-    Buffer buf;  // f32, or 16-bit when `half` (a 16-bit reduce-scatter)
-    WorkPtr work;
-    bool half = false;
-  };
-
-  // Waits for the oldest reduction and adds its slice into the shard's
-  // gradients (accumulating over micro-batches, each already scaled by
-  // 1 / accumulation).
-  void drain_one() {
-    Reducing& r = reducing_.front();
-    if (r.work) wait_for_use(r.work, be_, &stats_);
-    const int u = r.unit;
-    const UnitGroup& g = shards_.group(u);
-    const int64_t at = g.srank * shards_.slice(u), n = shards_.slice(u);
-    if (half()) {
-      // Added into the 16-bit gradients in f32, rounded once.
-      uint16_t* dst = target_.h16 + shards_.shard_offset(u);
-      if (r.half)
-        be_.accumulate_16(nullptr, r.buf.as<uint16_t>() + at, g.scale, dst, n, config_.dtype);
-      else
-        be_.accumulate_16(r.buf.as<float>() + at, nullptr, g.scale, dst, n, config_.dtype);
-    } else if (r.half) {
-      // fp16/bf16 compression: widened, then added.
-      Buffer f = be_.alloc(f32_bytes(n), MemCategory::kComm, false);
-      be_.widen_16(r.buf.as<uint16_t>() + at, f.as<float>(), n, wire());
-      be_.axpy(target_.f32 + shards_.shard_offset(u), g.scale, f.as<float>(), n);
-    } else {
-      be_.axpy(target_.f32 + shards_.shard_offset(u), g.scale, r.buf.as<float>() + at, n);
-    }
-    reducing_elements_ -= shards_.unit(u).size();
-    reducing_.pop_front();
-  }
-
-  std::deque<Reducing> reducing_;  // launched reduce-scatters, oldest first
-  int64_t reducing_elements_ = 0;
-};
-
-}  // namespace
+  reducing_elements_ -= shards_.unit(u).size();
+  reducing_.pop_front();
+}
 
 std::unique_ptr<GradReducer> make_grad_reducer(ParamStore<float>& store, const ShardLayout& shards,
                                                const ZeroConfig& config, GradTarget target) {
-  if (config.compression.type == "powersgd") {
-    LOOM_CHECK_KIND(kConfig, config.stage <= 1,
-                    "comm.compression.type powersgd needs zero_optimization.stage 0 or 1, got {}: "
-                    "PowerSGD compresses a step's accumulated gradients, which stages 2-3 do not "
-                    "keep (they reduce-scatter every micro-batch's)",
-                    config.stage);
+  if (config.compression.type == "powersgd")
     return make_powersgd_reducer(store, shards, config, target);
-  }
   if (config.stage >= 2) return std::make_unique<UnitReduceScatter>(store, shards, config, target);
   return std::make_unique<BucketedAllReduce>(store, shards, config, target);
 }

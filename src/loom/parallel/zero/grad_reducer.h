@@ -47,8 +47,8 @@ class GradReducer {
   virtual ~GradReducer() = default;
   // A micro-batch begins; `reduce`: the gradients its backward writes are
   // reduced in it (the step's last micro-batch at stages 0-1, every one at
-  // stages 2-3).
-  virtual void begin(bool reduce) = 0;
+  // stages 2-3); `last`: it is the step's last.
+  virtual void begin(bool reduce, bool last) = 0;
   // Backward is about to write unit u's gradients: binds where the layers
   // write them (a no-op while they are bound).
   virtual void acquire(int u) = 0;

@@ -208,8 +208,7 @@ void OneBitAdam::sharded_unit_step(int u, const float* g, float* params, bool ma
   if (!compressed(step)) {
     // 0/1 Adam's variance step: the whole momentum from the reduced
     // gradients, the variance of this rank's slices.
-    for (int64_t i = 0; i < n; ++i)
-      m[b + i] = static_cast<float>(b1 * m[b + i] + (1 - b1) * g[i]);
+    for (int64_t i = 0; i < n; ++i) m[b + i] = static_cast<float>(b1 * m[b + i] + (1 - b1) * g[i]);
     for (size_t k = first; k < last; ++k) {
       const AdamWSegment& s = shards_.segments()[k];
       for (int64_t j = 0; j < s.length; ++j) {
@@ -247,8 +246,8 @@ void OneBitAdam::gather_state(const float* m_shard, const float* v_shard, int64_
         std::memcpy(out, in, f32_bytes(shards_.slice(u)));
         continue;
       }
-      works.push_back(g.group->all_gather(in, out, static_cast<size_t>(shards_.slice(u)),
-                                          DType::kF32));
+      works.push_back(
+          g.group->all_gather(in, out, static_cast<size_t>(shards_.slice(u)), DType::kF32));
     }
     m_ready_ = true;
   }

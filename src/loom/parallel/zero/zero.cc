@@ -162,7 +162,7 @@ void ZeroEngine::begin_micro_batch(std::vector<UnitUse> schedule, bool last) {
   // no full gradients, so every micro-batch's are reduced into the shard.
   // 1-bit Adam's compressed phase keeps every rank's own gradients.
   const bool local = onebit_ && onebit_->compressed(optimizer_steps_ + 1);
-  reducer_->begin(backward && (config_.stage >= 2 || last) && !local);
+  reducer_->begin(backward && (config_.stage >= 2 || last) && !local, last);
   if (gatherer_ && !full_) gatherer_->start(plan_);
 }
 
