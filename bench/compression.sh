@@ -2,9 +2,11 @@
 # Gradient compression, side by side in one run, each figure against AdamW's
 # plain f32 all-reduce measured in the same section:
 #  1. bytes on the wire per step for gpt-m, dp 2 on one host: the 1-bit
-#     phase of OneBitAdam and ZeroOneAdam, PowerSGD at rank 1, 4 and 16,
-#     fp16 compression (comm_bytes of metrics.jsonl: the record of every
-#     collective, and the dp group's share);
+#     phase of OneBitAdam and ZeroOneAdam (and 0/1 Adam's local steps),
+#     PowerSGD at rank 1, 4 and 16, fp16 compression (comm_bytes of
+#     metrics.jsonl: the record of every collective, and the dp group's
+#     share); under ZeRO, OneBitAdam at stage 1 and PowerSGD at stage 2
+#     against AdamW at the same stage;
 #  2. convergence on the demo data (configs/demo.json, 600 steps) at dp 2
 #     and dp 4: final training loss (mean of the last 20 steps) and
 #     validation loss of OneBitAdam (warm-up 20%), ZeroOneAdam and PowerSGD
@@ -36,26 +38,40 @@ declare -A how=(
   [powersgd-4]="--set comm.compression.type=powersgd --set comm.compression.rank=4 --set comm.compression.start_iter=1"
   [powersgd-16]="--set comm.compression.type=powersgd --set comm.compression.rank=16 --set comm.compression.start_iter=1"
   [fp16]="--set comm.compression.type=fp16"
+  # 0/1 Adam's local steps: intervals 1, 2, then 4 from step 4 (a step in
+  # four sends); twice the steps, so that the mean covers whole intervals.
+  [zeroone-local]="--set optimizer.type=ZeroOneAdam --set optimizer.params.var_freeze_step=1 --set optimizer.params.local_step_scaler=1 --set optimizer.params.local_step_clipper=4"
+  # Under ZeRO: 1-bit Adam at stage 1, PowerSGD at stage 2, against AdamW at the same stage.
+  [adamw-zero1]="--set zero_optimization.stage=1"
+  [onebit-zero1]="--set optimizer.type=OneBitAdam --set optimizer.params.freeze_step=1 --set zero_optimization.stage=1"
+  [adamw-zero2]="--set zero_optimization.stage=2"
+  [powersgd-4-zero2]="--set comm.compression.type=powersgd --set comm.compression.rank=4 --set comm.compression.start_iter=1 --set zero_optimization.stage=2"
 )
+# Steps per run: the local-step row runs twice as many.
+steps_of() { [[ $1 == *zeroone-local ]] && echo $((2 * steps)) || echo "$steps"; }
 
 table() {  # TITLE NAME...
   python3 - "$work" "$@" <<'PY'
 import json, statistics as S, sys
 work, title, names = sys.argv[1], sys.argv[2], sys.argv[3:]
 print(f"\n{title}\n")
-print("| run | step (s) | comm exposed (s) | exposed share | sent per step (MB) | dp group (MB) | vs AdamW's bytes | compression ratio (metrics) |")
-print("|---|---|---|---|---|---|---|---|")
+print("| run | step (s) | mean step (s) | comm exposed (s) | exposed share | sent per step (MB) | mean sent (MB) | dp group (MB) | vs the first row's bytes | compression ratio (metrics) |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 base = None
 for n in names:
     m = [json.loads(l) for l in open(f"{work}/{n}/metrics.jsonl")][2:]  # compressed steps
     step = S.median(r["time"]["step"] for r in m)
+    mstep = S.mean(r["time"]["step"] for r in m)
     exp = S.median(r["time"]["comm_exposed"] for r in m)
     sent = S.median(r["comm_bytes"] for r in m)
+    msent = S.mean(r["comm_bytes"] for r in m)
     dp = S.median(sum(g["bytes"] for k, g in r.get("comm_groups", {}).items() if k in ("dp", "world")) for r in m)
-    base = base or sent
-    c = m[-1].get("compression")
-    ratio = f"{c['ratio']:.1f}x ({c['phase']})" if c else "-"
-    print(f"| {n} | {step:.3f} | {exp:.3f} | {100 * exp / step:.0f}% | {sent / 1e6:.2f} | {dp / 1e6:.2f} | {base / sent:.1f}x fewer | {ratio} |")
+    base = base or msent
+    ratios = sorted(r["compression"]["ratio"] for r in m
+                    if r.get("compression", {}).get("ratio") is not None)
+    phases = sorted({r["compression"]["phase"] for r in m if "compression" in r})
+    ratio = f"{ratios[len(ratios) // 2]:.1f}x ({', '.join(phases)})" if ratios else "-"
+    print(f"| {n} | {step:.3f} | {mstep:.3f} | {exp:.3f} | {100 * exp / step:.0f}% | {sent / 1e6:.2f} | {msent / 1e6:.2f} | {dp / 1e6:.2f} | {base / msent:.1f}x fewer | {ratio} |")
 PY
 }
 
@@ -70,14 +86,17 @@ run() {  # NAME CONFIG LAUNCH... -- ARGS...
 }
 
 if [[ " $sections " == *" 1 "* ]]; then
-  names=()
-  for c in adamw onebit zeroone powersgd-1 powersgd-4 powersgd-16 fp16; do
-    # shellcheck disable=SC2086
-    run "bytes-$c" configs/bench/gpt-m.json mpirun --oversubscribe --bind-to none -np 2 -- \
-      --set train.steps="$steps" ${how[$c]}
-    names+=("bytes-$c")
+  for group in "adamw onebit zeroone zeroone-local powersgd-1 powersgd-4 powersgd-16 fp16" \
+    "adamw-zero1 onebit-zero1" "adamw-zero2 powersgd-4-zero2"; do
+    names=()
+    for c in $group; do
+      # shellcheck disable=SC2086
+      run "bytes-$c" configs/bench/gpt-m.json mpirun --oversubscribe --bind-to none -np 2 -- \
+        --set train.steps="$(steps_of "$c")" ${how[$c]}
+      names+=("bytes-$c")
+    done
+    table "gpt-m, dp 2 on one host, the compressed steps (3..)" "${names[@]}"
   done
-  table "gpt-m, dp 2 on one host, the compressed steps (3..$steps)" "${names[@]}"
 fi
 
 if [[ " $sections " == *" 2 "* ]]; then
@@ -89,20 +108,27 @@ if [[ " $sections " == *" 2 "* ]]; then
     [zeroone]="--set optimizer.type=ZeroOneAdam"
     [powersgd-4]="--set comm.compression.type=powersgd --set comm.compression.rank=4"
     [powersgd-16]="--set comm.compression.type=powersgd --set comm.compression.rank=16"
+    # 0/1 Adam frozen after the warm-up, local steps from half-way (interval
+    # 2, 4, 8, then 16 every tenth of the run).
+    [zeroone-local]="--set optimizer.type=ZeroOneAdam --set optimizer.params.var_freeze_step=$warm --set optimizer.params.local_step_scaler=$((demo_steps / 10))"
   )
+  # CONV="adamw zeroone-local" runs those alone (the curves need them all).
+  conv_runs=${CONV:-"adamw onebit zeroone powersgd-4 powersgd-16 zeroone-local"}
   for np in 2 4; do
-    for c in adamw onebit zeroone powersgd-4 powersgd-16; do
+    for c in $conv_runs; do
       # shellcheck disable=SC2086
       run "conv$np-$c" configs/demo.json mpirun --oversubscribe --bind-to none -np "$np" -- \
         --set train.steps="$demo_steps" --set scheduler.params.total_num_steps="$demo_steps" \
         --set train_micro_batch_size_per_gpu=$((16 / np)) --set checkpoint.every=0 ${conv[$c]}
     done
   done
-  python3 - "$work" "$demo_steps" <<'PY'
+  python3 - "$work" "$demo_steps" "$conv_runs" <<'PY'
 import json, sys
-work, steps = sys.argv[1], int(sys.argv[2])
+work, steps, wanted = sys.argv[1], int(sys.argv[2]), sys.argv[3].split()
 colors = {"adamw": "#222", "onebit": "#d62728", "zeroone": "#1f77b4", "powersgd-4": "#2ca02c",
-          "powersgd-16": "#9467bd"}
+          "powersgd-16": "#9467bd", "zeroone-local": "#ff7f0e"}
+curves = all(c in wanted for c in colors)
+colors = {c: v for c, v in colors.items() if c in wanted}
 for np in (2, 4):
     runs = {c: [json.loads(l) for l in open(f"{work}/conv{np}-{c}/metrics.jsonl")] for c in colors}
     print(f"\ndemo data, {steps} steps, dp {np}: final loss (mean of the last 20 steps) and validation loss\n")
@@ -113,9 +139,13 @@ for np in (2, 4):
         f = sum(r["loss"] for r in m[-20:]) / 20
         v = [r["val_loss"] for r in m if "val_loss" in r][-1]
         base_f, base_v = base_f or f, base_v or v
-        comp = [r["compression"] for r in m if r.get("compression", {}).get("phase") == "compressed"]
-        ratio = sorted(x["ratio"] for x in comp)[len(comp) // 2] if comp else 1
+        comp = [r["compression"] for r in m if r.get("compression", {}).get("phase") in ("compressed", "local")]
+        comp = [x for x in comp if x["ratio"] is not None] + [x for x in comp if x["ratio"] is None]
+        sent = sorted(x["ratio"] for x in comp if x["ratio"] is not None)
+        ratio = sent[len(sent) // 2] if sent else 1
         print(f"| {c} | {f:.4f} | {100 * (f / base_f - 1):+.2f}% | {v:.4f} | {100 * (v / base_v - 1):+.2f}% | {len(comp)} | {ratio:.1f}x |")
+    if not curves:
+        continue
     # The curves: training loss (a 20-step moving mean), one line per optimizer.
     W, H, L, B = 640, 360, 50, 30
     lo = min(min(r["loss"] for r in m[20:]) for m in runs.values())
@@ -146,10 +176,10 @@ if [[ " $sections " == *" 3 "* ]]; then
   for rate in 100mbit 1gbit; do
     "$cluster" throttle 0 "$rate" && "$cluster" throttle 1 "$rate"
     names=()
-    for c in adamw onebit powersgd-4 fp16; do
+    for c in adamw onebit zeroone-local powersgd-4 fp16 onebit-zero1; do
       # shellcheck disable=SC2086
       run "hosts-$rate-$c" configs/bench/gpt-m.json "$cluster" mpirun --host node0:1,node1:1 -np 2 -- \
-        --set train.steps="$steps" ${how[$c]}
+        --set train.steps="$(steps_of "$c")" ${how[$c]}
       names+=("hosts-$rate-$c")
     done
     table "gpt-m, dp 2 on 2 hosts x 1 rank at $rate, the compressed steps (3..$steps)" "${names[@]}"

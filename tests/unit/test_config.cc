@@ -205,8 +205,20 @@ TEST(Config, CompressionKeysAndTheirErrors) {
   EXPECT_HAS(error_of(kBase, {"optimizer.type=ZeroOneAdam", "zero_optimization.stage=1",
                               "optimizer.params.var_freeze_step=10",
                               "optimizer.params.local_step_scaler=20", "train.steps=40"}),
-             "train.steps 40 reaches the local steps (from var_freeze_step 10 + "
+             "train.steps 40 reaches the local steps (after step var_freeze_step 10 + "
              "local_step_scaler 20)");
+  EXPECT_HAS(error_of(kBase,
+                      {"optimizer.type=ZeroOneAdam", "parallel.context=2", "model.seq_len=64",
+                       "optimizer.params.var_freeze_step=10",
+                       "optimizer.params.local_step_scaler=20", "train.steps=40"},
+                      2),
+             "optimizer.type ZeroOneAdam with parallel.context 2: train.steps 40 reaches the local "
+             "steps");
+  EXPECT_HAS(error_of(kBase, {"optimizer.type=OneBitAdam", "zero_optimization.stage=1",
+                              "zero_optimization.offload_optimizer.device=nvme",
+                              "zero_optimization.offload_optimizer.nvme_path=/tmp"}),
+             "optimizer.type OneBitAdam with zero_optimization.offload_optimizer.device nvme: the "
+             "1-bit update reads and writes the moments in memory");
   EXPECT_HAS(error_of(kBase, {"optimizer.type=OneBitAdam", "comm.compression.type=bf16"}),
              "the optimizer compresses what it communicates itself");
   EXPECT_HAS(

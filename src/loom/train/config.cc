@@ -597,13 +597,29 @@ Config parse_config(const std::string& text, const std::string& source,
                           "(they reduce-scatter every micro-batch's)",
                           c.optimizer.type, z.stage));
     const OptimizerConfig& o = c.optimizer;
-    if (o.zero_one() && z.stage == 1 && c.train.steps > o.var_freeze_step + o.local_step_scaler)
+    // 0/1 Adam's local steps begin after step var_freeze_step + local_step_scaler.
+    const bool local_steps =
+        o.zero_one() && c.train.steps > o.var_freeze_step + o.local_step_scaler;
+    if (local_steps && z.stage == 1)
       fail(source, format("optimizer.type ZeroOneAdam with zero_optimization.stage 1: train.steps "
-                          "{} reaches the local steps (from var_freeze_step {} + "
+                          "{} reaches the local steps (after step var_freeze_step {} + "
                           "local_step_scaler {}), in which each rank updates all of its own "
                           "parameters, which stage 1 shards; use stage 0, or raise "
                           "var_freeze_step or local_step_scaler",
                           c.train.steps, o.var_freeze_step, o.local_step_scaler));
+    if (local_steps && c.parallel.context > 1)
+      fail(source,
+           format("optimizer.type ZeroOneAdam with parallel.context {}: train.steps {} "
+                  "reaches the local steps (after step var_freeze_step {} + "
+                  "local_step_scaler {}), in which the ranks of a sequence's context "
+                  "group would hold different parameters; raise var_freeze_step or "
+                  "local_step_scaler",
+                  c.parallel.context, c.train.steps, o.var_freeze_step, o.local_step_scaler));
+    if (z.offload_device == "nvme")
+      fail(source, format("optimizer.type {} with zero_optimization.offload_optimizer.device "
+                          "nvme: the 1-bit update reads and writes the moments in memory, not "
+                          "unit by unit from the file",
+                          c.optimizer.type));
     if (c.parallel.expert > 1)
       fail(source, format("optimizer.type {} with parallel.expert {}: expert units reduce over "
                           "their own groups, which 1-bit compression does not cover",

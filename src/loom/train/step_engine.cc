@@ -226,7 +226,10 @@ StepStats StepEngine::step(const BatchSource& data, int64_t step, double lr) {
   r.grad_norm = clip_global();
   r.skipped = !accept_update(step, r.grad_norm, &r.nonfinite);
   r.moe = moe_stats(!r.skipped);
-  if (!r.skipped) zero.step(lr, step + 1 - skipped_, settles(step + 1));
+  if (!r.skipped)
+    zero.step(lr, step + 1 - skipped_, settles(step + 1));
+  else if (settles(step + 1))
+    zero.settle();
   r.t_optimizer = seconds_since(t0);
   r.comm = zero.take_stats();
   take_compression(r);
@@ -356,8 +359,12 @@ StepStats StepEngine::step_pipelined(const BatchSource& data, int64_t step, doub
     r.grad_norm = clip_global();
     r.skipped = !accept_update(step, r.grad_norm, &r.nonfinite);
     r.moe = moe_stats(!r.skipped);
-    if (!r.skipped)
-      for (Chunk& c : chunks_) c.zero->step(lr, step + 1 - skipped_, settles(step + 1));
+    for (Chunk& c : chunks_) {
+      if (!r.skipped)
+        c.zero->step(lr, step + 1 - skipped_, settles(step + 1));
+      else if (settles(step + 1))
+        c.zero->settle();
+    }
     r.t_optimizer = seconds_since(t0);
   };
   const pp::ExecStats st =

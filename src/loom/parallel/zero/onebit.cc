@@ -278,9 +278,6 @@ void OneBitAdam::gather_state(const float* m_shard, const float* v_shard, int64_
 
 void OneBitAdam::local_unit_step(int u, const float* g, float* params, float* m, const float* v,
                                  double lr, int64_t step, bool sync) {
-  LOOM_CHECK_KIND(kConfig, !sharded(),
-                  "optimizer.type ZeroOneAdam's local steps need zero_optimization.stage 0: "
-                  "each rank updates all of its own parameters between synchronisations");
   const Unit& un = shards_.unit(u);
   const int64_t b = un.begin, n = un.size();
   const int64_t total = shards_.layout().total();
@@ -311,13 +308,37 @@ void OneBitAdam::local_unit_step(int u, const float* g, float* params, float* m,
             all_reduce_volume(double(segments_[k].size) * double(dtype_size(zero_.dtype)), W);
     return;
   }
+  close_unit(u, params, m, v, step);
+}
+
+void OneBitAdam::close_unit(int u, float* params, float* m, const float* v, int64_t step) {
   // The interval's lr-weighted mean momentum (the current one if every lr
-  // was zero).
+  // was zero), averaged; the interval's update from its start.
   const bool weighted = lr_sum_ > 0;
   const float inv_l = weighted ? static_cast<float>(1.0 / lr_sum_) : 1.0f;
+  const int64_t b = shards_.unit(u).begin;
   for (size_t k : of_unit_[static_cast<size_t>(u)])
-    compress(segments_[k], g, b, m, v, weighted ? acc : m, inv_l);
-  update(u, params, p0, false, m, v, static_cast<float>(lr_sum_), step);
+    compress(segments_[k], nullptr, b, m, v, weighted ? acc_.as<float>() : m, inv_l);
+  update(u, params, start_.as<float>(), false, m, v, static_cast<float>(lr_sum_), step);
+}
+
+void OneBitAdam::settle(float* params, float* m, float* v, int64_t step) {
+  if (!open_) return;
+  for (int u = 0; u < shards_.num_units(); ++u) close_unit(u, params, m, v, step);
+  last_local_ = false;
+  end_step(true);
+}
+
+void OneBitAdam::settle_16(float* masters, uint16_t* params16, DType t, float* m, float* v,
+                           int64_t step) {
+  if (!open_) return;
+  for (int u = 0; u < shards_.num_units(); ++u) {
+    const Unit& un = shards_.unit(u);
+    close_unit(u, masters, m, v, step);
+    be_.round_16(masters + un.begin, params16 + un.begin, un.size(), t);
+  }
+  last_local_ = false;
+  end_step(true);
 }
 
 bool OneBitAdam::begin_step(double lr, int64_t step, bool sync) {
@@ -327,6 +348,9 @@ bool OneBitAdam::begin_step(double lr, int64_t step, bool sync) {
                               optimizer_.local_step_clipper) > 1;
   last_local_ = local(step, sync);
   if (!interval) return false;
+  LOOM_CHECK_KIND(kConfig, !sharded(),
+                  "optimizer.type ZeroOneAdam's local steps need zero_optimization.stage 0: "
+                  "each rank updates all of its own parameters between synchronisations");
   opens_ = !open_;
   open_ = true;
   lr_sum_ += lr;

@@ -85,6 +85,11 @@ class OneBitAdam {
   void step_16(float* masters, uint16_t* params16, const uint16_t* grads16, DType t,
                float grad_factor, float* m, float* v, double lr, int64_t step, bool sync = false);
 
+  // 0/1 Adam: synchronises an open interval now, without a new gradient
+  // (the trainer's step there was skipped: a non-finite gradient), the
+  // interval's update taken at `step`, the last optimizer step.
+  void settle(float* params, float* m, float* v, int64_t step);
+  void settle_16(float* masters, uint16_t* params16, DType t, float* m, float* v, int64_t step);
   // Whether the last step() was a local step (0/1 Adam: nothing sent).
   bool last_local() const { return last_local_; }
 
@@ -127,6 +132,9 @@ class OneBitAdam {
   // synchronising step its interval's update from the averaged momentum.
   void local_unit_step(int u, const float* g, float* params, float* m, const float* v, double lr,
                        int64_t step, bool sync);
+  // Closes the open interval for unit u: its lr-weighted mean momentum
+  // averaged, the parameters updated from the interval's start.
+  void close_unit(int u, float* params, float* m, const float* v, int64_t step);
   // The 1-bit average of the segment into m: of this rank's momentum
   // b1 m + (1 - b1) g, or (acc given) of acc x inv_l.
   void compress(Segment& s, const float* g, int64_t unit_begin, float* m, const float* v,

@@ -332,8 +332,10 @@ class UnitPowerSgd final : public UnitReduceScatter {
   void written(int u) override {
     if (!compresses(u)) UnitReduceScatter::written(u);
   }
+  // u's last use: it and the expert units riding on it.
   void final(int u) override {
-    if (compresses(u)) compress_unit(u);
+    for (int w : shards_.used_with(u))
+      if (compresses(w) && buf(w).data()) compress_unit(w);
   }
 
   void end() override {
@@ -357,7 +359,11 @@ class UnitPowerSgd final : public UnitReduceScatter {
 
  private:
   bool compressing() const { return steps_ >= config_.compression.start_iter; }
-  bool compresses(int u) const { return reduce_ && compressing() && shards_.group(u).group; }
+  // A unit without a matrix to compress goes by the plain reduce-scatter.
+  bool compresses(int u) const {
+    return reduce_ && compressing() && shards_.group(u).group &&
+           !plans_[static_cast<size_t>(u)].mats.empty();
+  }
 
   void compress_unit(int u) {
     Buffer b = unbind(u);  // the unit's gradients (f32)
@@ -368,15 +374,22 @@ class UnitPowerSgd final : public UnitReduceScatter {
     Plan& pl = plans_[static_cast<size_t>(u)];
     // What the plain reduce-scatter would have sent.
     cstats_.plain_bytes += spread_volume(double(pbytes(un.size())), g.size);
+    Buffer rest32;  // 16-bit runs: the rest in f32, averaged in 16 bits
     if (pl.rest_elements > 0) {
-      // The unit's other parameters, averaged in f32.
-      pl.rmsg = be_.alloc(f32_bytes(pl.rest_elements), MemCategory::kComm, false);
+      // The unit's other parameters, averaged in one message of the run's
+      // gradient type (as the plain reduce-scatter would send them).
+      const int64_t n = pl.rest_elements;
+      Buffer& b32 = half() ? rest32 : pl.rmsg;
+      b32 = be_.alloc(f32_bytes(n), MemCategory::kComm, false);
       for (const Rest& r : pl.rest)
-        std::memcpy(pl.rmsg.as<float>() + r.at, G + (r.offset - un.begin), f32_bytes(r.numel));
-      pl.rw =
-          g.group->all_reduce(pl.rmsg.data(), pl.rmsg.data(), static_cast<size_t>(pl.rest_elements),
-                              DType::kF32, ReduceOp::kAvg);
-      cstats_.sent_bytes += all_reduce_volume(double(f32_bytes(pl.rest_elements)), g.size);
+        std::memcpy(b32.as<float>() + r.at, G + (r.offset - un.begin), f32_bytes(r.numel));
+      if (half()) {
+        pl.rmsg = be_.alloc(pbytes(n), MemCategory::kComm, false);
+        be_.round_16(rest32.as<float>(), pl.rmsg.as<uint16_t>(), n, config_.dtype);
+      }
+      pl.rw = g.group->all_reduce(pl.rmsg.data(), pl.rmsg.data(), static_cast<size_t>(n),
+                                  config_.dtype, ReduceOp::kAvg);
+      cstats_.sent_bytes += all_reduce_volume(double(pbytes(n)), g.size);
     }
     if (!pl.mats.empty()) {
       pl.p = be_.alloc(f32_bytes(pl.p_elements), MemCategory::kComm, false);
@@ -400,8 +413,11 @@ class UnitPowerSgd final : public UnitReduceScatter {
     if (pl.rw) {
       wait_for_use(pl.rw, be_, &stats_);
       pl.rw = nullptr;
+      if (half())
+        be_.widen_16(pl.rmsg.as<uint16_t>(), rest32.as<float>(), pl.rest_elements, config_.dtype);
+      const float* avg = half() ? rest32.as<float>() : pl.rmsg.as<float>();
       for (const Rest& r : pl.rest)
-        std::memcpy(G + (r.offset - un.begin), pl.rmsg.as<float>() + r.at, f32_bytes(r.numel));
+        std::memcpy(G + (r.offset - un.begin), avg + r.at, f32_bytes(r.numel));
       pl.rmsg = Buffer();
     }
     // Reduced: this rank's slice into the shard, with what is before it.

@@ -382,6 +382,16 @@ void ZeroEngine::step(double lr, int64_t step, bool sync) {
   if (gatherer_) gatherer_->drop_resident();
 }
 
+void ZeroEngine::settle() {
+  if (!onebit_) return;
+  if (half())
+    onebit_->settle_16(masters(), params16(), config_.dtype, optimizer_->exp_avg(),
+                       optimizer_->exp_avg_sq(), optimizer_steps_);
+  else
+    onebit_->settle(store_.params(), optimizer_->exp_avg(), optimizer_->exp_avg_sq(),
+                    optimizer_steps_);
+}
+
 void ZeroEngine::gather_updated_params() {
   if ((config_.stage != 1 && config_.stage != 2) || !group_) return;
   // Every rank updated its slices; gather the units' full parameters.

@@ -104,6 +104,9 @@ class ZeroEngine {
   // `sync`: the step must leave every data-parallel rank's parameters
   // equal (0/1 Adam's local steps synchronise; nothing else changes).
   void step(double lr, int64_t step, bool sync = false);
+  // After a skipped step where the parameters must be every rank's again:
+  // 0/1 Adam's open local interval synchronised (nothing else to do).
+  void settle();
   // Communication since the last call.
   CommStats take_stats();
   // comm.compression: what it did since the last call, the state it
