@@ -108,8 +108,8 @@ if [[ " $sections " == *" 2 "* ]]; then
     [zeroone]="--set optimizer.type=ZeroOneAdam"
     [powersgd-4]="--set comm.compression.type=powersgd --set comm.compression.rank=4"
     [powersgd-16]="--set comm.compression.type=powersgd --set comm.compression.rank=16"
-    # 0/1 Adam frozen after the warm-up, local steps from half-way (interval
-    # 2, 4, 8, then 16 every tenth of the run).
+    # 0/1 Adam frozen after the warm-up (20%), local steps after another
+    # tenth of the run: intervals 2, 4, 8, then 16, each for a tenth.
     [zeroone-local]="--set optimizer.type=ZeroOneAdam --set optimizer.params.var_freeze_step=$warm --set optimizer.params.local_step_scaler=$((demo_steps / 10))"
   )
   # CONV="adamw zeroone-local" runs those alone (the curves need them all).
@@ -182,7 +182,7 @@ if [[ " $sections " == *" 3 "* ]]; then
         --set train.steps="$(steps_of "$c")" ${how[$c]}
       names+=("hosts-$rate-$c")
     done
-    table "gpt-m, dp 2 on 2 hosts x 1 rank at $rate, the compressed steps (3..$steps)" "${names[@]}"
+    table "gpt-m, dp 2 on 2 hosts x 1 rank at $rate, the compressed steps (3..)" "${names[@]}"
   done
 fi
 # The GEMM path the training runs took (beside every figure).
