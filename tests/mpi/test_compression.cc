@@ -766,35 +766,55 @@ TEST(Compression, PowerSgdAtStagesTwoAndThree) {
 
 // 0/1 Adam's local steps: a step the trainer must end synchronised (here
 // the last) that is skipped for a non-finite gradient still closes the open
-// interval, so every rank ends with the same parameters; a run without the
-// skip gets there too, by the step itself.
+// interval, so every rank ends with the same parameters: those of a run
+// that ends at the step before (synchronised there, over the same interval
+// and with the same bias correction), bit for bit, in f32 and bf16; a run
+// without the skip gets to equal parameters too, by the step itself.
 TEST(Compression, ZeroOneAdamSettlesItsIntervalAtASkippedStep) {
   auto world = runtime().world(CommOptions{});
   if (world->size() < 2) GTEST_SKIP() << "needs two ranks";
-  // Frozen from step 2: intervals 1, 2, then 4; steps 5-7 local, 8 the last.
-  const std::vector<std::string> o = {"train.steps=8",
+  // The variance from steps 1-4; frozen from step 5: intervals 1, 2, then
+  // 4 from step 7; steps 7 and 9 local, 8 synchronising, 10 the last.
+  const std::vector<std::string> o = {"train.steps=10",
                                       "optimizer.type=ZeroOneAdam",
-                                      "optimizer.params.var_freeze_step=1",
+                                      "optimizer.params.var_freeze_step=4",
                                       "optimizer.params.local_step_scaler=1",
                                       "optimizer.params.local_step_clipper=4",
                                       "train.on_nonfinite=skip"};
   auto same_everywhere = [&](Trainer& t) {
-    const auto& st = t.engine().stage();
-    const uint64_t h = name_hash(std::string_view(reinterpret_cast<const char*>(st.params()),
-                                                  sizeof(float) * size_t(st.layout().total())));
+    // What this rank holds of the parameters (the f32 masters in bf16).
+    uint64_t h = 0;
+    for (const ZeroEngine::StateRange& x : t.engine().zero().held(ZeroEngine::State::kParams))
+      h = h * 1000003u + name_hash(std::string_view(reinterpret_cast<const char*>(x.data),
+                                                    sizeof(float) * size_t(x.end - x.begin)));
     const std::vector<uint64_t> all = all_gather_words(*world, &h, 1);
     bool equal = true;
     for (uint64_t x : all) equal = equal && x == all[0];
     return equal;
   };
-  for (const bool skip : {false, true}) {
-    if (skip) setenv("LOOM_TEST_NONFINITE", "8:transformer.wte.weight", 1);
-    auto t = trainer(o, world);
-    const std::vector<StepResult> r = t->run();
-    unsetenv("LOOM_TEST_NONFINITE");
-    EXPECT_TRUE(r[5].local_step && r[6].local_step) << "steps 6, 7 local";
-    EXPECT_EQ(r[7].skipped_steps, skip ? 1 : 0);
-    EXPECT_TRUE(same_everywhere(*t)) << (skip ? "skipped" : "taken") << " last step";
+  for (const char* precision : {"bf16.enabled=false", "bf16.enabled=true"}) {
+    std::vector<std::string> op = o;
+    op.push_back(precision);
+    for (const bool skip : {false, true}) {
+      if (skip) setenv("LOOM_TEST_NONFINITE", "10:transformer.wte.weight", 1);
+      auto t = trainer(op, world);
+      const std::vector<StepResult> r = t->run();
+      unsetenv("LOOM_TEST_NONFINITE");
+      for (size_t k = 0; k < r.size(); ++k) {
+        EXPECT_EQ(r[k].local_step, k == 6 || k == 8) << "step " << k + 1 << " " << precision;
+        EXPECT_LT(r[k].loss, 6.0) << "step " << k + 1 << " " << precision;
+      }
+      EXPECT_EQ(r[9].skipped_steps, skip ? 1 : 0) << precision;
+      EXPECT_TRUE(same_everywhere(*t))
+          << (skip ? "skipped" : "taken") << " last step " << precision;
+      if (!skip) continue;
+      std::vector<std::string> seven = op;
+      seven.push_back("train.steps=9");  // after "train.steps=10": the later one holds
+      auto u = trainer(seven, world);
+      u->run();
+      EXPECT_TRUE(test::whole_params(*u) == test::whole_params(*t))
+          << "settled at the skipped step 10 as the run that ends at 9 " << precision;
+    }
   }
 }
 

@@ -207,6 +207,12 @@ TEST(Config, CompressionKeysAndTheirErrors) {
                               "optimizer.params.local_step_scaler=20", "train.steps=40"}),
              "train.steps 40 reaches the local steps (after step var_freeze_step 10 + "
              "local_step_scaler 20)");
+  // With local_step_clipper 1 the interval never grows: no local steps to refuse.
+  EXPECT_EQ(error_of(kBase, {"optimizer.type=ZeroOneAdam", "zero_optimization.stage=1",
+                             "optimizer.params.var_freeze_step=10",
+                             "optimizer.params.local_step_scaler=20",
+                             "optimizer.params.local_step_clipper=1", "train.steps=40"}),
+            "(no error)");
   EXPECT_HAS(error_of(kBase,
                       {"optimizer.type=ZeroOneAdam", "parallel.context=2", "model.seq_len=64",
                        "optimizer.params.var_freeze_step=10",

@@ -598,8 +598,8 @@ Config parse_config(const std::string& text, const std::string& source,
                           c.optimizer.type, z.stage));
     const OptimizerConfig& o = c.optimizer;
     // 0/1 Adam's local steps begin after step var_freeze_step + local_step_scaler.
-    const bool local_steps =
-        o.zero_one() && c.train.steps > o.var_freeze_step + o.local_step_scaler;
+    const bool local_steps = o.zero_one() && o.local_step_clipper > 1 &&
+                             c.train.steps > o.var_freeze_step + o.local_step_scaler;
     if (local_steps && z.stage == 1)
       fail(source, format("optimizer.type ZeroOneAdam with zero_optimization.stage 1: train.steps "
                           "{} reaches the local steps (after step var_freeze_step {} + "

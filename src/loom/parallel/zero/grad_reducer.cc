@@ -215,6 +215,11 @@ void UnitReduceScatter::written(int u) {
 
 void UnitReduceScatter::end() {
   while (!reducing_.empty()) drain_one();
+  // Every unit backward wrote was reduced (a reducer that missed one would
+  // drop its gradients).
+  for (int u = 0; u < shards_.num_units(); ++u)
+    LOOM_CHECK(!buf(u).data(), "unit {}'s gradients were written but not reduced",
+               shards_.unit(u).name);
   cstats_.compressed = wire() != config_.dtype;
 }
 
