@@ -178,7 +178,10 @@ if [[ " $sections " == *" 3 "* ]]; then
     names=()
     for c in adamw onebit zeroone-local powersgd-4 fp16 onebit-zero1; do
       # shellcheck disable=SC2086
-      run "hosts-$rate-$c" configs/bench/gpt-m.json "$cluster" mpirun --host node0:1,node1:1 -np 2 -- \
+      # --bind-to none: each host's rank may use any core (mpirun would bind
+      # both to core 0, the hosts being namespaces of one machine).
+      run "hosts-$rate-$c" configs/bench/gpt-m.json "$cluster" mpirun --host node0:1,node1:1 -np 2 \
+        --bind-to none -- \
         --set train.steps="$(steps_of "$c")" ${how[$c]}
       names+=("hosts-$rate-$c")
     done
