@@ -158,14 +158,18 @@ double last_pass(const Backend<float>& be, Plan& pl, Matrix& m, float* M, bool f
   return be.sum_squares(m.error.as<float>(), m.p->numel);
 }
 
-// The checkpointed state of a plan: each matrix's error and Q.
-void plan_state(Plan& pl, std::vector<CompressionState>& out) {
-  for (Matrix& m : pl.mats) {
-    if (m.error.data())
+// The checkpointed state of the plans: each matrix's error and Q.
+std::vector<CompressionState> plans_state(std::vector<Plan>& plans) {
+  std::vector<CompressionState> out;
+  for (Plan& pl : plans)
+    for (Matrix& m : pl.mats) {
+      if (m.error.data())
+        out.push_back(
+            {CompressionState::kError, "powersgd", m.p, m.error.as<float>(), m.rows, m.cols});
       out.push_back(
-          {CompressionState::kError, "powersgd", m.p, m.error.as<float>(), m.rows, m.cols});
-    out.push_back({CompressionState::kQ, "powersgd", m.p, pl.q.as<float>() + m.q_off, m.cols, m.r});
-  }
+          {CompressionState::kQ, "powersgd", m.p, pl.q.as<float>() + m.q_off, m.cols, m.r});
+    }
+  return out;
 }
 
 class PowerSgd final : public BucketedAllReduce {
@@ -192,11 +196,7 @@ class PowerSgd final : public BucketedAllReduce {
     }
   }
 
-  std::vector<CompressionState> state() override {
-    std::vector<CompressionState> out;
-    for (Plan& pl : plans_) plan_state(pl, out);
-    return out;
-  }
+  std::vector<CompressionState> state() override { return plans_state(plans_); }
 
  private:
   bool compressing() const { return steps_ >= config_.compression.start_iter; }
@@ -351,11 +351,7 @@ class UnitPowerSgd final : public UnitReduceScatter {
     cstats_.error_sum_squares = ess;
   }
 
-  std::vector<CompressionState> state() override {
-    std::vector<CompressionState> out;
-    for (Plan& pl : plans_) plan_state(pl, out);
-    return out;
-  }
+  std::vector<CompressionState> state() override { return plans_state(plans_); }
 
  private:
   bool compressing() const { return steps_ >= config_.compression.start_iter; }
