@@ -35,4 +35,13 @@ timeout -k 5 400 "$CLUSTER" mpirun --host node0:2,node1:2 -np 4 --map-by node -x
   fail "compression across hosts failed: $(cat "$WORK/out-compression.txt")"
 grep -q "PASSED .*2 tests" "$WORK/out-compression.txt" ||
   fail "the compression tests did not both run: $(cat "$WORK/out-compression.txt")"
+# 0/1 Adam's local steps, the 1-bit optimizers at ZeRO-1 and PowerSGD at
+# ZeRO-2/3 across hosts.
+timeout -k 5 400 "$CLUSTER" mpirun --host node0:2,node1:2 -np 4 --map-by node -x OMP_NUM_THREADS \
+  "$LAYOUT_TESTS" \
+  --gtest_filter=Compression.ZeroOneAdamLocalStepsMatchAReference:Compression.ZeroOneAdamSettlesItsIntervalAtASkippedStep:Compression.OneBitOptimizersAtStageOneTrainBitwiseLikeStageZero:Compression.PowerSgdAtStagesTwoAndThree \
+  > "$WORK/out-compression-zero.txt" 2>&1 ||
+  fail "compression under ZeRO across hosts failed: $(cat "$WORK/out-compression-zero.txt")"
+grep -q "PASSED .*4 tests" "$WORK/out-compression-zero.txt" ||
+  fail "the compression tests under ZeRO did not all run: $(cat "$WORK/out-compression-zero.txt")"
 echo PASS
