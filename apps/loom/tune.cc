@@ -3,6 +3,7 @@
 // written as a config (DeepSpeed's autotuning, for this machine or a test
 // cluster).
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include "commands.h"
 #include "loom/comm/mpi/mpi_process_group.h"
 #include "loom/core/error.h"
+#include "loom/core/memory.h"
 #include "loom/core/threads.h"
 #include "loom/io/fs.h"
 #include "loom/plan/planner.h"
@@ -26,8 +28,8 @@ namespace loom::app {
 namespace {
 
 struct TuneArgs {
-  std::string config, cluster, out = "tuned.json";
-  std::vector<std::string> overrides;
+  std::string config, cluster, out = "tuned.json", json_out;
+  std::vector<std::string> overrides, layouts;
   double budget_minutes = 10;
   int top = 6, steps = 4;
 };
@@ -43,6 +45,8 @@ std::vector<std::string> layout_keys(const plan::Layout& l, int64_t batch) {
       format("zero_optimization.stage={}", l.zero),
       "activation_checkpointing.policy=" + l.recompute,
       std::string("parallel.sequence_parallel=") + (l.sp ? "true" : "false"),
+      std::string("bf16.enabled=") + (l.precision == "bf16" ? "true" : "false"),
+      std::string("fp16.enabled=") + (l.precision == "fp16" ? "true" : "false"),
   };
   if (l.pp > 1) {
     k.push_back("parallel.schedule=" + l.schedule);
@@ -75,8 +79,31 @@ struct Trial {
   plan::Estimate predicted;
   bool ran = false;
   std::string skipped;  // why it did not run
-  double tokens_per_s = 0, mem_bytes = 0;
+  double tokens_per_s = 0, step_s = 0, mem_bytes = 0;
+  // Each category's peak over the steps (the largest rank's), and their sum.
+  std::array<double, kNumMemCategories> mem{};
 };
+
+double error_pct(double predicted, double measured) {
+  return measured > 0 ? 100 * (predicted - measured) / measured : 0;
+}
+
+nlohmann::json trial_json(const Trial& t) {
+  nlohmann::json j = plan::to_json(t.predicted);
+  j["ran"] = t.ran;
+  if (!t.ran) {
+    j["skipped"] = t.skipped;
+    return j;
+  }
+  nlohmann::json mem = nlohmann::json::object();
+  for (int c = 0; c < kNumMemCategories; ++c)
+    mem[std::string(mem_category_name(static_cast<MemCategory>(c)))] = t.mem[size_t(c)];
+  mem["total"] = t.mem_bytes;
+  j["measured"] = {{"step_time_s", t.step_s}, {"tokens_per_s", t.tokens_per_s}, {"mem_bytes", mem}};
+  j["error_pct"] = {{"step_time", error_pct(t.predicted.step_s, t.step_s)},
+                    {"mem", error_pct(t.predicted.mem.total(), t.mem_bytes)}};
+  return j;
+}
 
 // `holder` keeps the candidate being trained alive past an error, so that
 // nothing waits on a peer while the job ends (as loom train does).
@@ -102,7 +129,21 @@ void run_tune(const TuneArgs& a, MpiRuntime& rt, std::unique_ptr<Trainer>& holde
   // ranking stands for them.
   std::vector<plan::Estimate> best;
   std::vector<std::string> kinds;
-  for (const plan::Estimate& e : plan::search(model, cluster, o)) {
+  // --layout: exactly these layouts (dp what the ranks leave), no search.
+  for (const std::string& text : a.layouts) {
+    const plan::LayoutConstraint k = plan::parse_layout(text);
+    plan::Layout l = k.values;
+    if (!k.has("precision")) l.precision = precision;
+    if (!k.has("ep")) l.ep = base.parallel.expert;
+    if (!k.has("dp")) l.dp = world / std::max(1, l.tp * l.pp * l.cp);
+    if (!k.has("micro")) l.micro = base.micro_batch;
+    LOOM_CHECK_KIND(kConfig, l.gpus() == world, "--layout {}: tp x pp x dp x cp = {}, not the {} ranks",
+                    text, l.gpus(), world);
+    best.push_back(plan::estimate(model, cluster, o.batch, l));
+  }
+  if (!a.layouts.empty()) o.top = 1;  // the search below is skipped
+  for (const plan::Estimate& e : a.layouts.empty() ? plan::search(model, cluster, o)
+                                                   : std::vector<plan::Estimate>{}) {
     plan::Layout l = e.layout;
     l.zero = 0;
     const std::string kind = l.describe();
@@ -149,16 +190,19 @@ void run_tune(const TuneArgs& a, MpiRuntime& rt, std::unique_ptr<Trainer>& holde
     holder.reset();
     holder = std::make_unique<Trainer>(std::move(c), ro, threads);
     const std::vector<StepResult> r = holder->run();
-    std::vector<double> rates;
-    for (size_t k = 1; k < r.size(); ++k) rates.push_back(r[k].tokens_per_s);
-    if (rates.empty()) rates.push_back(r.back().tokens_per_s);
-    std::sort(rates.begin(), rates.end());
-    t.tokens_per_s = rates[rates.size() / 2];
-    for (const StepResult& s : r) {
-      double m = 0;
-      for (size_t b : s.mem.peak) m += double(b);
-      t.mem_bytes = std::max(t.mem_bytes, m);
+    // Medians of the steps after the first (which warms up).
+    std::vector<double> rates, steps;
+    for (size_t k = r.size() > 1 ? 1 : 0; k < r.size(); ++k) {
+      rates.push_back(r[k].tokens_per_s);
+      steps.push_back(r[k].t_step);
     }
+    std::sort(rates.begin(), rates.end());
+    std::sort(steps.begin(), steps.end());
+    t.tokens_per_s = rates[rates.size() / 2];
+    t.step_s = steps[steps.size() / 2];
+    for (const StepResult& s : r)
+      for (size_t c = 0; c < t.mem.size(); ++c) t.mem[c] = std::max(t.mem[c], double(s.mem.peak[c]));
+    for (double m : t.mem) t.mem_bytes += m;
     t.ran = true;
     trials.push_back(t);
     if (writer) {
@@ -174,21 +218,25 @@ void run_tune(const TuneArgs& a, MpiRuntime& rt, std::unique_ptr<Trainer>& holde
   LOOM_CHECK_KIND(kConfig, fastest != trials.end() && fastest->ran,
                   "loom tune: no candidate ran ({})",
                   trials.empty() ? "the planner found none" : trials.front().skipped);
-  std::printf("\n%-4s %-62s %12s %12s %9s %11s %11s\n", "rank", "layout", "pred tok/s", "tokens/s",
-              "meas/pred", "pred MB", "peak MB");
+  std::printf("\n%-4s %-62s %10s %10s %7s %10s %10s %7s\n", "rank", "layout", "pred s", "step s",
+              "err %", "pred MB", "peak MB", "err %");
   int k = 0;
+  std::string lines;
   for (const Trial& t : trials) {
     ++k;
+    lines += trial_json(t).dump() + "\n";
     if (!t.ran) {
       std::printf("%-4d %-62s skipped: %s\n", k, t.predicted.layout.describe().c_str(),
                   t.skipped.c_str());
       continue;
     }
-    std::printf("%-4d %-62s %12.0f %12.0f %9.2f %11.1f %11.1f%s\n", k,
-                t.predicted.layout.describe().c_str(), t.predicted.tokens_per_s, t.tokens_per_s,
-                t.tokens_per_s / t.predicted.tokens_per_s, t.predicted.mem.total() / 1e6,
-                t.mem_bytes / 1e6, &t == &*fastest ? "  <- fastest" : "");
+    std::printf("%-4d %-62s %10.4f %10.4f %+7.1f %10.1f %10.1f %+7.1f%s\n", k,
+                t.predicted.layout.describe().c_str(), t.predicted.step_s, t.step_s,
+                error_pct(t.predicted.step_s, t.step_s), t.predicted.mem.total() / 1e6,
+                t.mem_bytes / 1e6, error_pct(t.predicted.mem.total(), t.mem_bytes),
+                &t == &*fastest ? "  <- fastest" : "");
   }
+  if (!a.json_out.empty()) write_file_atomic(a.json_out, lines);
   // The config as given, with the fastest layout's keys.
   nlohmann::json j = nlohmann::json::parse(read_file(a.config));
   for (const std::string& kv : a.overrides) set_key(j, kv);
@@ -218,6 +266,11 @@ void add_tune_command(CLI::App& app) {
                   "No candidate starts after this (default 10)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--out", a->out, "The config written (default tuned.json)");
+  cmd->add_option("--layout", a->layouts,
+                  "Measure this layout instead of the plan's best (repeatable; the keys of loom "
+                  "plan --layout, dp what the ranks leave, the rest the config's)");
+  cmd->add_option("--json", a->json_out,
+                  "Also write each candidate, predicted and measured, as a JSON line to this file");
   cmd->callback([a] {
     MpiRuntime rt(nullptr, nullptr);
     std::unique_ptr<Trainer> holder;

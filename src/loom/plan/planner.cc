@@ -8,6 +8,7 @@
 #include <set>
 
 #include "loom/core/error.h"
+#include "loom/plan/loom_memory.h"
 
 namespace loom::plan {
 
@@ -114,6 +115,14 @@ ModelShape parse_model(const json& j, const std::string& source) {
     s.experts = integer(moe, "model.moe", "num_experts", source);
     s.top_k = integer(moe, "model.moe", "top_k", source, 2);
     s.moe_every = integer(moe, "model.moe", "every_n_layers", source, 1);
+    if (moe.contains("capacity_factor")) {
+      LOOM_CHECK_KIND(kConfig,
+                      moe["capacity_factor"].is_number() && moe["capacity_factor"].get<double>() >= 0,
+                      "{}: model.moe.capacity_factor must be a number >= 0, not {}", source,
+                      moe["capacity_factor"].dump());
+      s.capacity = moe["capacity_factor"].get<double>();
+    }
+    s.learned_router = moe.value("router", std::string("learned")) == "learned";
   }
   return s;
 }
@@ -210,6 +219,7 @@ Engine engine_named(const std::string& name) {
   e.context_parallel = false;
   e.interleave_min_pp = 3;  // Megatron-LM interleaves only past two stages
   e.max_zero = 0;
+  e.executor_memory = false;
   return e;
 }
 
@@ -349,6 +359,14 @@ Estimate estimate(const ModelShape& m, const ClusterSpec& c, int64_t batch, cons
   if (l.recompute == "full") e.mem.activations += kept_none * act / 2;  // the layer rebuilt
   // The logits in f32 and their gradient, one micro-batch at a time.
   e.mem.workspace = 2 * 4 * b * s * V / t;
+  if (engine.executor_memory) {
+    // loom's own records, rooms, scratch and buffers (loom_memory.h).
+    const LoomMemory lm = loom_memory(m, l, micro_batches,
+                                      (psi_blocks + psi_experts) / double(layers), psi);
+    e.mem.activations = lm.activations;
+    e.mem.workspace = lm.workspace;
+    e.mem.comm = lm.comm;
+  }
   e.fits = e.mem.total() <= c.memory_bytes - c.reserved_bytes;
 
   // Time of one micro-batch through one stage.

@@ -34,6 +34,8 @@ namespace loom::plan {
 struct ModelShape {
   int64_t n_layer = 0, hidden = 0, heads = 0, vocab = 0, seq = 0;
   int64_t experts = 0, top_k = 0, moe_every = 1;  // experts 0: dense
+  double capacity = 0;                            // model.moe.capacity_factor (0: no dropping)
+  bool learned_router = true;                     // model.moe.router learned (logits kept)
   double params() const;                          // the whole model's
 };
 // From a loom config, or its `model` section alone.
@@ -100,6 +102,9 @@ struct Engine {
   bool context_parallel = true;
   int interleave_min_pp = 2;  // the interleaved schedule from this many stages
   int max_zero = 3;
+  // Activations, scratch and communication buffers as loom's executor
+  // sizes them (loom_memory.h); else Korthikanti et al.'s 16-bit counts.
+  bool executor_memory = true;
 };
 Engine engine_named(const std::string& name);  // Error(kConfig) naming the choices
 
