@@ -2,6 +2,7 @@
 // time, best tokens/s first.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -15,9 +16,13 @@
 #include "loom/core/error.h"
 #include "loom/core/threads.h"
 #include "loom/io/fs.h"
+#include "loom/kernels/cpu/cpu_backend.h"
+#include "loom/plan/loom_memory.h"
 #include "loom/plan/planner.h"
 #include "loom/profile/calibrate.h"
 #include "loom/profile/gemm_peak.h"
+#include "loom/train/gemm_choice.h"
+#include "loom/train/pipeline_setup.h"
 
 namespace loom::app {
 
@@ -89,18 +94,48 @@ void calibrate(const PlanArgs& a) {
   MpiRuntime rt(nullptr, nullptr);
   auto world = rt.world(CommOptions{});
   const ThreadConfig threads = configure_threads(rt.node_size());
-  int64_t seq = 0, hidden = 0, vocab = 0;
+  int64_t seq = 0, hidden = 0, vocab = 0, micro = 1;
+  plan::ModelShape m;
   if (!a.model.empty()) {
     const nlohmann::json mj = nlohmann::json::parse(read_file(a.model), nullptr, false);
     LOOM_CHECK_KIND(kConfig, !mj.is_discarded(), "{}: not JSON", a.model);
-    const plan::ModelShape m = plan::parse_model(mj, a.model);
+    m = plan::parse_model(mj, a.model);
     seq = m.seq, hidden = m.hidden, vocab = m.vocab;
+    if (mj.contains("train_micro_batch_size_per_gpu") &&
+        mj["train_micro_batch_size_per_gpu"].is_number_integer())
+      micro = std::max<int64_t>(1, mj["train_micro_batch_size_per_gpu"].get<int64_t>());
   }
   // Rank 0 measures the host while the others wait (they would share its cores).
   HostCalibration h;
+  double block_s = 0, elementwise_gbps = 0;
   world->barrier()->wait();
-  if (world->rank() == 0)
+  if (world->rank() == 0) {
     h = calibrate_host(threads.threads, rt.node_size(), calibration_shapes(seq, hidden, vocab));
+    if (!a.model.empty()) {
+      // One dense block's forward and backward at the model's shape and
+      // micro-batch, in one process: what its GEMMs do not explain is
+      // loom's non-GEMM work, charged by the block's f32 record bytes.
+      GptConfig g;
+      g.n_layer = 2;
+      g.n_embd = int(m.hidden), g.n_head = int(m.heads), g.vocab_size = int(m.vocab);
+      g.seq_len = int(m.seq);
+      // The GEMM backend a run takes by default (kernels.gemm auto).
+      const CpuBackend<float> backend(cpu::GemmConfig{configure_gemm("auto").backend});
+      block_s = measure_model_costs(g, micro, m.seq, 5, DType::kF32, backend).blocks[1].seconds;
+      plan::ClusterSpec here;
+      here.peak_flops_32 = here.peak_flops_16 = h.peak_gflops_32 * 1e9;
+      here.gemm_max = h.gemm_max;
+      here.gemm_half_flops = h.gemm_half_gflop * 1e9;
+      plan::ModelShape dense = m;
+      dense.experts = 0;
+      plan::Layout one;
+      one.micro = micro;
+      one.precision = "f32";
+      const double gemm = 3 * plan::layer_gemm_s(dense, here, one, 0);
+      const double bytes = 3 * plan::loom_block_record_bytes(dense, one, 0);
+      elementwise_gbps = bytes / std::max(block_s - gemm, 0.05 * block_s) / 1e9;
+    }
+  }
   world->barrier()->wait();
   const Topology& topo = rt.topology();
   int same = -1, other = -1;
@@ -120,6 +155,9 @@ void calibrate(const PlanArgs& a) {
   for (const GemmPoint& p : h.points)
     points.push_back({{"m", p.m}, {"n", p.n}, {"k", p.k}, {"gflops", p.gflops}});
   measured["threads"] = threads.threads;
+  measured["bf16_matmul_tflops"] = h.peak_gflops_16 / 1e3;
+  if (block_s > 0)
+    measured["block"] = {{"micro_batch", micro}, {"seconds", block_s}, {"elementwise_GBps", elementwise_gbps}};
   measured["sgemm"] = points;
   const nlohmann::json out = {
       {"name", "calibrated"},
@@ -132,20 +170,26 @@ void calibrate(const PlanArgs& a) {
        {{"name", cpu_model()},
         {"memory_bytes", h.memory_bytes},
         {"reserved_bytes", 0.1 * h.memory_bytes},
-        {"peak_tflops_16bit", h.peak_gflops_16 / 1e3},
+        // A 16-bit run's GEMMs take the sgemm unless kernels.gemm_inputs is 16bit.
+        {"peak_tflops_16bit", h.peak_gflops_32 / 1e3},
         {"peak_tflops_32bit", h.peak_gflops_32 / 1e3},
         {"memory_bandwidth_GBps", h.memory_bandwidth_gbps},
+        {"elementwise_GBps", elementwise_gbps > 0 ? elementwise_gbps : h.memory_bandwidth_gbps},
         {"gemm_efficiency", {{"max", h.gemm_max}, {"half_at_gflop", h.gemm_half_gflop}}}}},
       {"links", {{"node", node}, {"cluster", cluster}}},
       {"measured", measured}};
   plan::parse_cluster(out, a.calibrate);  // what it wrote, the planner reads
   write_file_atomic(a.calibrate, out.dump(2) + "\n");
   std::printf(
-      "loom: plan --calibrate %s: %s; sgemm peak %.0f GFLOP/s (16-bit %.0f), efficiency "
-      "%.2f x F / (F + %.3g GFLOP), memory %.1f GB/s; node link %.2f GB/s, %.1f us%s; "
-      "cluster link %.2f GB/s, %.1f us%s\n",
+      "loom: plan --calibrate %s: %s; sgemm peak %.0f GFLOP/s (bf16 matmul %.0f), efficiency "
+      "%.2f x F / (F + %.3g GFLOP), memory %.1f GB/s, elementwise %.1f GB/s%s; node link %.2f "
+      "GB/s, %.1f us%s; cluster link %.2f GB/s, %.1f us%s\n",
       a.calibrate.c_str(), cpu_model().c_str(), h.peak_gflops_32, h.peak_gflops_16, h.gemm_max,
-      h.gemm_half_gflop, h.memory_bandwidth_gbps, node["bandwidth_GBps"].get<double>(),
+      h.gemm_half_gflop, h.memory_bandwidth_gbps,
+      out["gpu"]["elementwise_GBps"].get<double>(),
+      block_s > 0 ? format(" (a block of {} in {} ms)", a.model, std::round(block_s * 1e4) / 10).c_str()
+                  : " (no --model: memory's)",
+      node["bandwidth_GBps"].get<double>(),
       node["latency_us"].get<double>(), measured["node_link"] ? "" : " (one rank: not measured)",
       cluster["bandwidth_GBps"].get<double>(), cluster["latency_us"].get<double>(),
       measured["cluster_link"] ? "" : " (one host: the node link's)");

@@ -58,6 +58,8 @@ ClusterSpec parse_cluster(const json& j, const std::string& source) {
   c.peak_flops_16 = 1e12 * figure(j, source, "/gpu/peak_tflops_16bit", false);
   c.peak_flops_32 = 1e12 * figure(j, source, "/gpu/peak_tflops_32bit", false);
   c.memory_bandwidth = 1e9 * figure(j, source, "/gpu/memory_bandwidth_GBps", false);
+  const double memory_gbps = c.memory_bandwidth / 1e9;
+  c.elementwise_bandwidth = 1e9 * figure(j, source, "/gpu/elementwise_GBps", false, &memory_gbps);
   c.gemm_max = figure(j, source, "/gpu/gemm_efficiency/max", false);
   LOOM_CHECK_KIND(kConfig, c.gemm_max <= 1, "{}: gpu.gemm_efficiency.max must be <= 1, not {}",
                   source, c.gemm_max);

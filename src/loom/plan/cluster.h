@@ -25,6 +25,11 @@ struct ClusterSpec {
   double peak_flops_16 = 0;     // bf16/fp16 matrix peak, FLOP/s
   double peak_flops_32 = 0;     // f32 (or TF32 when the cluster file says so)
   double memory_bandwidth = 0;  // bytes/s
+  // The rate of loom's non-GEMM work (norms, GELU, softmax, residuals, the
+  // record's packing), as bytes of a block's f32 record a second: measured
+  // by --calibrate on a block of the model; memory_bandwidth where a file
+  // does not say (gpu.elementwise_GBps).
+  double elementwise_bandwidth = 0;
   // A GEMM of F FLOPs runs at peak x gemm_max x F / (F + gemm_half_flops).
   double gemm_max = 0.8, gemm_half_flops = 1e9;
   Link node, cluster;  // inside a node, between nodes (per device)

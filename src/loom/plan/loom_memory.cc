@@ -198,6 +198,18 @@ ChunkBytes loom_chunk_bytes(const ModelShape& m, const Layout& l, int first, int
   return out;
 }
 
+double loom_block_record_bytes(const ModelShape& m, const Layout& l, int64_t layer) {
+  Layout whole = l;
+  whole.recompute = "none";
+  whole.precision = "f32";
+  Rows r;
+  r.B = double(l.micro);
+  r.T = double(m.seq) / l.cp;
+  r.all = r.B * r.T;
+  r.count = l.sp ? r.all / l.tp : r.all;
+  return block(m, whole, r, layer).record * kF32;
+}
+
 LoomMemory loom_memory(const ModelShape& m, const Layout& l, int64_t micro_batches,
                        double psi_unit, double psi) {
   LoomMemory out;

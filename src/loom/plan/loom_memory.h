@@ -43,4 +43,8 @@ struct ChunkBytes {
 ChunkBytes loom_chunk_bytes(const ModelShape& m, const Layout& l, int first, int last,
                             bool embedding, bool head);
 
+// Block `layer`'s whole record in f32 bytes (nothing recomputed, nothing
+// packed): what the time model charges loom's non-GEMM work by.
+double loom_block_record_bytes(const ModelShape& m, const Layout& l, int64_t layer);
+
 }  // namespace loom::plan

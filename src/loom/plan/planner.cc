@@ -85,6 +85,20 @@ int64_t refused_in_all(const std::map<std::string, std::pair<int64_t, std::strin
 
 }  // namespace
 
+double layer_gemm_s(const ModelShape& m, const ClusterSpec& c, const Layout& l, int64_t layer) {
+  const double b = double(l.micro), s = double(m.seq) / l.cp, S = double(m.seq),
+               h = double(m.hidden), t = double(l.tp);
+  const double peak = l.precision == "f32" ? c.peak_flops_32 : c.peak_flops_16;
+  auto gemm_s = [&](double flops, double size) {
+    return flops / (peak * c.gemm_max * size / (size + c.gemm_half_flops));
+  };
+  const double dense = 16 * b * s * h * h / t, attn_proj = 8 * b * s * h * h / t;
+  const double attn = 4 * b * s * S * h / t;
+  return gemm_s(attn_proj + (moe_layer(m, layer) ? double(m.top_k) : 1.0) * dense,
+                2 * b * s * h * (4 * h / t)) +
+         gemm_s(attn, 2 * b * s * S * h / t);
+}
+
 double ModelShape::params() const {
   const double h = double(hidden);
   double p = double(vocab) * h + double(seq) * h + 2 * h;  // embeddings, ln_f
@@ -370,20 +384,34 @@ Estimate estimate(const ModelShape& m, const ClusterSpec& c, int64_t batch, cons
   e.fits = e.mem.total() <= c.memory_bytes - c.reserved_bytes;
 
   // Time of one micro-batch through one stage.
-  const double dense = 16 * b * s * h * h / t, attn_proj = 8 * b * s * h * h / t;
   const double attn = 4 * b * s * S * h / t;
-  const double gemm_size = 2 * b * s * h * (4 * h / t);
-  double f_layer = 0;
-  for (int64_t k = 0; k < layers; ++k)
-    f_layer += gemm_s(attn_proj + (moe_layer(m, k) ? double(m.top_k) : 1.0) * dense, gemm_size) +
-               gemm_s(attn, 2 * b * s * S * h / t);
+  double f_layer = 0, record = 0;
+  for (int64_t k = 0; k < layers; ++k) {
+    f_layer += layer_gemm_s(m, c, l, k);
+    if (engine.executor_memory) record += loom_block_record_bytes(m, l, k);
+  }
   f_layer /= double(std::max<int64_t>(1, layers));
-  const double elem = 2 * kept_none * (act / 2) / c.memory_bandwidth;  // read and write once
+  record /= double(std::max<int64_t>(1, layers));
+  // The memory-bound rest of a layer: Korthikanti's activations read and
+  // written once; for loom, its own f32 record at the elementwise rate
+  // --calibrate measured (once forward, twice backward), and in 16-bit runs
+  // the record's packing and unpacking and the 16-bit parameters widened
+  // for each micro-batch's forward and backward.
+  double elem = 2 * kept_none * (act / 2) / c.memory_bandwidth;  // read and write once
+  if (engine.executor_memory) {
+    elem = record / c.elementwise_bandwidth;
+    if (l.precision != "f32")
+      elem += record / c.elementwise_bandwidth +
+              (psi_blocks + psi_experts) / double(layers) * 6 / c.memory_bandwidth;
+  }
   const double fwd = f_layer + elem, bwd = 2 * f_layer + 2 * elem;
   const double rec =
       l.recompute == "full" ? fwd
       : l.recompute == "selective"
-          ? gemm_s(attn, 2 * b * s * S * h / t) + 2 * attn_core * (act / 2) / c.memory_bandwidth
+          ? gemm_s(attn, 2 * b * s * S * h / t) +
+                (engine.executor_memory
+                     ? 4 * (b * s * h / t + b * s * 4 * h / t) / c.elementwise_bandwidth
+                     : 2 * attn_core * (act / 2) / c.memory_bandwidth)
           : 0;
   // Tensor parallelism: two all-reduces (or all-gather + reduce-scatter)
   // of the layer's activations forward, two backward, two more to recompute.

@@ -125,6 +125,12 @@ double step_flops(const ModelShape& m, int64_t batch, bool with_recompute);
 std::string invalid_reason(const ModelShape& m, int64_t batch, const Layout& l,
                            const Engine& engine);
 
+// Seconds of block `layer`'s forward GEMMs (projections, MLP or experts,
+// attention's two products) on one device of `c` under `l`; backward runs
+// twice as many. --calibrate solves the elementwise rate from a measured
+// block with it.
+double layer_gemm_s(const ModelShape& m, const ClusterSpec& c, const Layout& l, int64_t layer);
+
 // One layout's memory and time; Error(kConfig) when the layout is not valid
 // (invalid_reason(), after the layout).
 Estimate estimate(const ModelShape& m, const ClusterSpec& c, int64_t batch, const Layout& l,
