@@ -7,6 +7,8 @@
 #include <string>
 
 #include "loom/core/error.h"
+#include "loom/model/gpt_stage.h"
+#include "loom/plan/loom_memory.h"
 #include "loom/plan/planner.h"
 #include "loom/profile/calibrate.h"
 #include "test_util.h"
@@ -83,9 +85,16 @@ TEST(Plan, StepFlopsAreMegatronsCount) {
       1, 1e-12);
 }
 
+// An engine that keeps Korthikanti et al.'s 16-bit activations (as
+// megatron-2021 does) rather than loom's own records.
 TEST(Plan, ActivationsAreKorthikantisCounts) {
   const ClusterSpec c = parse_cluster(selene(), "selene");
   const ModelShape m = gpt(24, 2304, 24);
+  Engine k;
+  k.executor_memory = false;
+  auto estimate = [&](const ModelShape& m, const ClusterSpec& c, int64_t batch, const Layout& l) {
+    return plan::estimate(m, c, batch, l, k);
+  };
   Layout l;
   l.tp = 8, l.dp = 4, l.micro = 1, l.zero = 0;
   const double s = 2048, b = 1, h = 2304, a = 24, t = 8;
@@ -100,6 +109,45 @@ TEST(Plan, ActivationsAreKorthikantisCounts) {
   // A 1F1B pipeline's first stage holds p micro-batches of its layers: all of them.
   l.pp = 4, l.dp = 1;
   EXPECT_NEAR(estimate(m, c, 8, l).mem.activations, 24 * s * b * h * 34 / t, 1);
+}
+
+// The loom engine's activations are the executor's own: a stage's store,
+// room and scratch as GptStage lays them out, under each recompute policy,
+// with 16-bit packed records, and for a mixture of experts.
+TEST(Plan, LoomMemoryIsTheExecutorsOwn) {
+  struct Case {
+    const char* policy;
+    bool bf16, moe;
+  };
+  for (const Case& k : {Case{"none", false, false}, Case{"selective", false, false},
+                        Case{"full", false, false}, Case{"none", true, false},
+                        Case{"selective", true, false}, Case{"none", false, true},
+                        Case{"selective", false, true}}) {
+    GptConfig g;
+    g.n_layer = 3, g.n_embd = 64, g.n_head = 4, g.vocab_size = 300, g.seq_len = 32;
+    json mj = {{"n_layer", 3}, {"n_embd", 64}, {"n_head", 4}, {"vocab_size", 300}, {"seq_len", 32}};
+    if (k.moe) {
+      g.moe_experts = 4, g.moe_top_k = 2, g.moe_every = 2;
+      mj["moe"] = {{"num_experts", 4}, {"top_k", 2}, {"every_n_layers", 2}};
+    }
+    const ModelShape m = parse_model(mj, "test");
+    Layout l;
+    l.micro = 3;
+    l.recompute = k.policy;
+    l.precision = k.bf16 ? "bf16" : "f32";
+    CheckpointPolicy policy;
+    policy.kind = CheckpointPolicy::parse(k.policy);
+    policy.records = k.bf16 ? DType::kBF16 : DType::kF32;
+    for (const auto& [first, last] : {std::pair{0, 2}, std::pair{1, 3}, std::pair{0, 3}}) {
+      GptStage<float> stage(g, StageSpec{first, last});
+      stage.set_plan(stage.plan(policy, 3, 32));
+      const ChunkBytes b = loom_chunk_bytes(m, l, first, last, first == 0, last == 3);
+      const std::string what = format("{} {} {} [{}, {})", k.policy, k.bf16 ? "bf16" : "f32",
+                                      k.moe ? "moe" : "dense", first, last);
+      EXPECT_EQ(b.store, double(stage.store_bytes(3, 32))) << what;
+      EXPECT_EQ(b.room, double(stage.room_bytes(3, 32))) << what;
+    }
+  }
 }
 
 // Narayanan et al. 2021, Table 1, against configs/clusters/selene-a100.json

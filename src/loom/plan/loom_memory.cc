@@ -129,37 +129,42 @@ struct ChunkLive {
   std::vector<double> deferred;  // per chunk: B done and W not yet, at the stage's peak
 };
 
-ChunkLive walk(pp::ScheduleKind kind, int p, int m, int v, int stage) {
-  static std::map<std::tuple<int, int, int, int, int>, ChunkLive> cache;
-  const auto key = std::make_tuple(int(kind), p, m, v, stage);
+// Every stage's, walked once per schedule (a planner's search meets the
+// same few schedules many times).
+const std::vector<ChunkLive>& walk(pp::ScheduleKind kind, int p, int m, int v) {
+  static std::map<std::tuple<int, int, int, int>, std::vector<ChunkLive>> cache;
+  const auto key = std::make_tuple(int(kind), p, m, v);
   if (auto it = cache.find(key); it != cache.end()) return it->second;
   const pp::Schedule s = pp::make_schedule(kind, p, m, v);
-  ChunkLive out;
-  out.stores.assign(size_t(v), 0);
-  out.deferred.assign(size_t(v), 0);
-  std::vector<int> live(size_t(v), 0), waiting(size_t(v), 0);
-  int most_waiting = -1;
-  for (const pp::Instr& in : s.per_stage[size_t(stage)]) {
-    const size_t c = size_t(in.chunk);
-    if (in.op == pp::Op::kForward) {
-      out.stores[c] = std::max(out.stores[c], ++live[c]);
-    } else if (in.op == pp::Op::kBackward) {
-      --live[c];
-    } else if (in.op == pp::Op::kBackwardInput) {
-      --live[c];
-      ++waiting[c];
-      int total = 0;
-      for (int w : waiting) total += w;
-      if (total > most_waiting) {
-        most_waiting = total;
-        for (size_t k = 0; k < waiting.size(); ++k) out.deferred[k] = waiting[k];
+  std::vector<ChunkLive> all;
+  for (int stage = 0; stage < p; ++stage) {
+    ChunkLive out;
+    out.stores.assign(size_t(v), 0);
+    out.deferred.assign(size_t(v), 0);
+    std::vector<int> live(size_t(v), 0), waiting(size_t(v), 0);
+    int most_waiting = -1;
+    for (const pp::Instr& in : s.per_stage[size_t(stage)]) {
+      const size_t c = size_t(in.chunk);
+      if (in.op == pp::Op::kForward) {
+        out.stores[c] = std::max(out.stores[c], ++live[c]);
+      } else if (in.op == pp::Op::kBackward) {
+        --live[c];
+      } else if (in.op == pp::Op::kBackwardInput) {
+        --live[c];
+        ++waiting[c];
+        int total = 0;
+        for (int w : waiting) total += w;
+        if (total > most_waiting) {
+          most_waiting = total;
+          for (size_t k = 0; k < waiting.size(); ++k) out.deferred[k] = waiting[k];
+        }
+      } else if (in.op == pp::Op::kBackwardWeight) {
+        --waiting[c];
       }
-    } else if (in.op == pp::Op::kBackwardWeight) {
-      --waiting[c];
     }
+    all.push_back(out);
   }
-  cache[key] = out;
-  return out;
+  return cache.emplace(key, std::move(all)).first->second;
 }
 
 }  // namespace
@@ -220,13 +225,10 @@ LoomMemory loom_memory(const ModelShape& m, const Layout& l, int64_t micro_batch
   // Each pipeline stage's chunks: part chunk x pp + stage holds blocks
   // [part x per_part, (part + 1) x per_part).
   for (int stage = 0; stage < l.pp; ++stage) {
-    ChunkLive live;
-    if (l.pp == 1) {
-      live.stores = {1};
-      live.deferred = {0};
-    } else {
-      live = walk(pp::parse_schedule(l.schedule), l.pp, int(micro_batches), l.v, stage);
-    }
+    static const ChunkLive one{{1}, {0}};  // no pipeline: one store, reused
+    const ChunkLive& live =
+        l.pp == 1 ? one
+                  : walk(pp::parse_schedule(l.schedule), l.pp, int(micro_batches), l.v)[size_t(stage)];
     LoomMemory here;
     for (int c = 0; c < l.v; ++c) {
       const int part = c * l.pp + stage;
