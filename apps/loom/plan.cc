@@ -79,15 +79,45 @@ double one_way_s(ProcessGroup& world, int peer, size_t bytes, int iters) {
   return rounds[rounds.size() / 2];
 }
 
-// A link between rank 0 and `peer`: latency from 8-byte messages,
-// bandwidth from 16 MB ones (less their latency).
+// Rank 0 and `peer` send each other `bytes` at once (as a ring step or a
+// pipeline's activations and gradients do): seconds per exchange, the
+// median of five rounds of `iters`.
+double exchange_s(ProcessGroup& world, int peer, size_t bytes, int iters) {
+  if (peer < 0) return 0;
+  const int me = world.rank();
+  std::vector<uint8_t> out(bytes), in(bytes);
+  std::vector<double> rounds;
+  for (int round = 0; round < 6; ++round) {
+    world.barrier()->wait();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters && (me == 0 || me == peer); ++i) {
+      const int other = me == 0 ? peer : 0;
+      WorkPtr r = world.recv(in.data(), bytes, DType::kU8, other, kPingTag);
+      WorkPtr s = world.send(out.data(), bytes, DType::kU8, other, kPingTag);
+      s->wait();
+      r->wait();
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (round > 0) rounds.push_back(s / iters);
+  }
+  std::sort(rounds.begin(), rounds.end());
+  return rounds[rounds.size() / 2];
+}
+
+// A link between rank 0 and `peer`: latency from 8-byte messages passed
+// back and forth; bandwidth from 16 MB ones sent both ways at once (less
+// the latency), what collectives and pipelines see with both directions
+// busy (a shaped or shared link can give much less than one way alone,
+// which `one_way_GBps` keeps).
 nlohmann::json measure_link(ProcessGroup& world, int peer) {
   const double lat = one_way_s(world, peer, 8, 200);
   const size_t big = size_t{16} << 20;
-  const double t = one_way_s(world, peer, big, 8);
+  const double one_way = one_way_s(world, peer, big, 4);
+  const double both = exchange_s(world, peer, big, 4);
   if (peer < 0) return nullptr;
-  return {{"bandwidth_GBps", double(big) / std::max(1e-9, t - lat) / 1e9},
-          {"latency_us", lat * 1e6}};
+  return {{"bandwidth_GBps", double(big) / std::max(1e-9, both - lat) / 1e9},
+          {"latency_us", lat * 1e6},
+          {"one_way_GBps", double(big) / std::max(1e-9, one_way - lat) / 1e9}};
 }
 
 void calibrate(const PlanArgs& a) {
@@ -115,8 +145,10 @@ void calibrate(const PlanArgs& a) {
       // One dense block's forward and backward at the model's shape and
       // micro-batch, in one process: what its GEMMs do not explain is
       // loom's non-GEMM work, charged by the block's f32 record bytes.
+      // Three blocks: the middle one's stage has neither the embedding
+      // nor the head.
       GptConfig g;
-      g.n_layer = 2;
+      g.n_layer = 3;
       g.n_embd = int(m.hidden), g.n_head = int(m.heads), g.vocab_size = int(m.vocab);
       g.seq_len = int(m.seq);
       // The GEMM backend a run takes by default (kernels.gemm auto).
@@ -133,7 +165,15 @@ void calibrate(const PlanArgs& a) {
       one.precision = "f32";
       const double gemm = 3 * plan::layer_gemm_s(dense, here, one, 0);
       const double bytes = 3 * plan::loom_block_record_bytes(dense, one, 0);
-      elementwise_gbps = bytes / std::max(block_s - gemm, 0.05 * block_s) / 1e9;
+      if (block_s > 1.05 * gemm) {
+        elementwise_gbps = bytes / (block_s - gemm) / 1e9;
+      } else {
+        std::fprintf(stderr,
+                     "loom: plan --calibrate: the block ran in %.4f s, within 5%% of its GEMMs' "
+                     "%.4f s as predicted from the sgemm points: its non-GEMM rate is not "
+                     "measurable; the memory bandwidth stands in for it\n",
+                     block_s, gemm);
+      }
     }
   }
   world->barrier()->wait();

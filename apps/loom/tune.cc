@@ -27,6 +27,10 @@ namespace loom::app {
 
 namespace {
 
+bool writer0(MpiRuntime& rt) {
+  return rt.world_rank() == 0;
+}
+
 struct TuneArgs {
   std::string config, cluster, out = "tuned.json", json_out;
   std::vector<std::string> overrides, layouts;
@@ -40,6 +44,7 @@ std::vector<std::string> layout_keys(const plan::Layout& l, int64_t batch) {
       format("parallel.tensor={}", l.tp),
       format("parallel.pipeline={}", l.pp),
       format("parallel.expert={}", l.ep),
+      format("parallel.context={}", l.cp),
       format("train_micro_batch_size_per_gpu={}", l.micro),
       format("gradient_accumulation_steps={}", batch / (int64_t(l.dp) * l.micro)),
       format("zero_optimization.stage={}", l.zero),
@@ -130,17 +135,44 @@ void run_tune(const TuneArgs& a, MpiRuntime& rt, std::unique_ptr<Trainer>& holde
   std::vector<plan::Estimate> best;
   std::vector<std::string> kinds;
   // --layout: exactly these layouts (dp what the ranks leave), no search.
+  std::vector<std::string> refused;  // --layout's the planner refuses, with the reason
   for (const std::string& text : a.layouts) {
     const plan::LayoutConstraint k = plan::parse_layout(text);
     plan::Layout l = k.values;
-    if (!k.has("precision")) l.precision = precision;
-    if (!k.has("ep")) l.ep = base.parallel.expert;
-    if (!k.has("dp")) l.dp = world / std::max(1, l.tp * l.pp * l.cp);
-    if (!k.has("micro")) l.micro = base.micro_batch;
-    LOOM_CHECK_KIND(kConfig, l.gpus() == world, "--layout {}: tp x pp x dp x cp = {}, not the {} ranks",
-                    text, l.gpus(), world);
-    best.push_back(plan::estimate(model, cluster, o.batch, l));
+    // What --layout does not name is the config's.
+    const ParallelConfig& p = base.parallel;
+    auto keep = [&](const char* key, auto& field, const auto& value) {
+      if (!k.has(key)) field = value;
+    };
+    keep("tp", l.tp, p.tensor);
+    keep("pp", l.pp, p.pipeline);
+    keep("cp", l.cp, p.context);
+    keep("ep", l.ep, p.expert);
+    keep("micro", l.micro, base.micro_batch);
+    keep("zero", l.zero, base.zero.stage);
+    keep("recompute", l.recompute,
+         std::string(CheckpointPolicy::name(base.checkpointing.policy.kind)));
+    keep("sp", l.sp, p.sequence_parallel);
+    keep("precision", l.precision, precision);
+    keep("schedule", l.schedule, l.pp > 1 ? p.schedule : std::string("1f1b"));
+    keep("v", l.v, l.schedule == "interleaved" ? p.virtual_stages : 1);
+    keep("dp", l.dp, world / std::max(1, l.tp * l.pp * l.cp));
+    try {
+      LOOM_CHECK_KIND(kConfig, l.gpus() == world, "tp x pp x dp x cp = {}, not the {} ranks",
+                      l.gpus(), world);
+      LOOM_CHECK_KIND(kConfig,
+                      l.recompute == "none" || l.recompute == "selective" || l.recompute == "full",
+                      "the planner models recompute none, selective and full, not {}",
+                      l.recompute);
+      best.push_back(plan::estimate(model, cluster, o.batch, l));
+    } catch (const Error& e) {
+      refused.push_back(format("--layout {}: {}", text, e.what()));
+    }
   }
+  if (writer0(rt))
+    for (const std::string& r : refused) std::printf("loom: tune: skipped %s\n", r.c_str());
+  LOOM_CHECK_KIND(kConfig, a.layouts.empty() || !best.empty(),
+                  "loom tune: every --layout was refused ({})", refused.front());
   if (!a.layouts.empty()) o.top = 1;  // the search below is skipped
   for (const plan::Estimate& e : a.layouts.empty() ? plan::search(model, cluster, o)
                                                    : std::vector<plan::Estimate>{}) {

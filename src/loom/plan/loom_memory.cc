@@ -33,6 +33,17 @@ bool moe_layer(const ModelShape& m, int64_t layer) {
   return m.experts > 0 && (layer + 1) % m.moe_every == 0;
 }
 
+}  // namespace
+
+double moe_rows(const ModelShape&, const Layout& l, double count) {
+  // Without sequence parallelism the tensor ranks split a micro-batch's
+  // sequences when they divide evenly (StepEngine's moe_split_); else
+  // each routes them all.
+  return l.tp > 1 && !l.sp && l.micro % l.tp == 0 ? count / l.tp : count;
+}
+
+namespace {
+
 // Attention (nn/attention.cc; parallel/tensor/parallel_layers.cc with tp).
 Elems attention(const ModelShape& m, const Layout& l, const Rows& r, bool selective) {
   const double t = l.tp, C = double(m.hidden), NH = double(m.heads), N = r.all;
@@ -63,14 +74,14 @@ Elems mlp(const ModelShape& m, double t, bool split, bool sp, double rows, doubl
 // rows and the experts' outputs for them, the rows received from the
 // expert group, and the experts' records sized for the most rows they can
 // receive.
-Elems moe(const ModelShape& m, const Layout& l, const Rows& r, bool selective) {
+Elems moe(const ModelShape& m, const Layout& l, const Rows& r, bool selective,
+          bool expected = false) {
   const double C = double(m.hidden), E = double(m.experts), k = double(m.top_k);
-  // Without sequence parallelism the tensor ranks split the sequences.
-  const double lc = l.tp > 1 && !l.sp ? r.count / l.tp : r.count;
+  const double lc = moe_rows(m, l, r.count);
   const double n = lc * k, logits = m.learned_router ? lc * E : 0;
   const double local = E / l.ep;
   double R = n;
-  if (l.ep > 1) {
+  if (l.ep > 1 && !expected) {
     double most = lc * std::min(k, local);
     if (m.capacity > 0) {
       const double cap = std::ceil(m.capacity * r.T * l.cp * k / E);
@@ -82,19 +93,21 @@ Elems moe(const ModelShape& m, const Layout& l, const Rows& r, bool selective) {
   Elems e;
   e.record = logits + 2 * n * C + (l.ep > 1 ? R * C : 0) + ex.record;
   e.room = ex.room;
+  e.exact = logits;  // backward routes again from them: kept in f32
   e.scratch = 2 * n * C + n + logits + (l.ep > 1 ? 2 * R * C : 0) + ex.scratch;
-  e.deferred = ex.deferred;
+  e.deferred = ex.deferred + (m.learned_router ? lc * E + lc * C : 0);  // the router's linear
   return e;
 }
 
 // Block `layer` (nn/block.cc): ln1 and its statistics, the attention,
 // the residual, ln2 and its statistics, the feed-forward, the output.
-Elems block(const ModelShape& m, const Layout& l, const Rows& r, int64_t layer) {
+Elems block(const ModelShape& m, const Layout& l, const Rows& r, int64_t layer,
+            bool expected = false) {
   const double C = double(m.hidden);
   const bool full = l.recompute == "full";
   const bool sel = l.recompute == "selective";
   const Elems a = attention(m, l, r, sel);
-  const Elems f = moe_layer(m, layer) ? moe(m, l, r, sel)
+  const Elems f = moe_layer(m, layer) ? moe(m, l, r, sel, expected)
                                       : mlp(m, l.tp, l.tp > 1, l.sp, r.all, r.count, sel);
   Elems b;
   const double whole = r.count * (4 * C + 4) + a.record + f.record;
@@ -132,6 +145,7 @@ struct ChunkLive {
 // Every stage's, walked once per schedule (a planner's search meets the
 // same few schedules many times).
 const std::vector<ChunkLive>& walk(pp::ScheduleKind kind, int p, int m, int v) {
+  // The planner searches on one thread; the cache is not locked.
   static std::map<std::tuple<int, int, int, int>, std::vector<ChunkLive>> cache;
   const auto key = std::make_tuple(int(kind), p, m, v);
   if (auto it = cache.find(key); it != cache.end()) return it->second;
@@ -212,57 +226,92 @@ double loom_block_record_bytes(const ModelShape& m, const Layout& l, int64_t lay
   r.T = double(m.seq) / l.cp;
   r.all = r.B * r.T;
   r.count = l.sp ? r.all / l.tp : r.all;
-  return block(m, whole, r, layer).record * kF32;
+  // A mixture of experts by the rows its experts receive on average, not
+  // the most its record is sized for.
+  return block(m, whole, r, layer, true).record * kF32;
 }
 
-LoomMemory loom_memory(const ModelShape& m, const Layout& l, int64_t micro_batches,
-                       double psi_unit, double psi) {
+namespace {
+
+// The largest unit (parameters ZeRO gathers, reduces and widens together)
+// of blocks [first, last), with the embeddings or the head's copy of wte.
+double largest_unit(const ModelShape& m, const Layout& l, int first, int last, bool embedding,
+                    bool head) {
+  const double C = double(m.hidden), t = l.tp;
+  const int64_t mult = kVocabMultiple * l.tp;
+  const double Vp = double((m.vocab + mult - 1) / mult * mult);
+  double u = 0;
+  for (int k = first; k < last; ++k) {
+    const bool moe = moe_layer(m, k);
+    u = std::max(u, 4 * C * C / t + 8 * C + (moe ? C * double(m.experts) : 8 * C * C / t + 5 * C));
+    if (moe) u = std::max(u, double(m.experts) / l.ep * (8 * C * C + 5 * C));  // the experts' unit
+  }
+  if (embedding) u = std::max(u, Vp * C / t + double(m.seq) * C);
+  if (head && l.pp > 1) u = std::max(u, Vp * C / t);
+  return u;
+}
+
+}  // namespace
+
+LoomMemory loom_memory(const ModelShape& m, const Layout& l, int64_t micro_batches) {
   LoomMemory out;
   const int parts = l.pp * l.v;
   const int per_part = int(m.n_layer / parts);
   const double C = double(m.hidden);
   const double rows = double(l.micro) * double(m.seq) / l.cp / (l.sp ? l.tp : 1);
+  const bool half = l.precision != "f32";
+  const int dp = l.dp * l.cp;
   // Each pipeline stage's chunks: part chunk x pp + stage holds blocks
-  // [part x per_part, (part + 1) x per_part).
+  // [part x per_part, (part + 1) x per_part). The most loaded stage is
+  // the one with the largest total.
   for (int stage = 0; stage < l.pp; ++stage) {
     static const ChunkLive one{{1}, {0}};  // no pipeline: one store, reused
     const ChunkLive& live =
-        l.pp == 1 ? one
-                  : walk(pp::parse_schedule(l.schedule), l.pp, int(micro_batches), l.v)[size_t(stage)];
+        l.pp == 1
+            ? one
+            : walk(pp::parse_schedule(l.schedule), l.pp, int(micro_batches), l.v)[size_t(stage)];
     LoomMemory here;
+    double unit = 0;
+    bool has_head = false;
     for (int c = 0; c < l.v; ++c) {
       const int part = c * l.pp + stage;
-      const ChunkBytes b = loom_chunk_bytes(m, l, part * per_part, (part + 1) * per_part,
-                                            part == 0, part == parts - 1);
+      const bool emb = part == 0, head = part == parts - 1;
+      has_head = has_head || head;
+      const ChunkBytes b =
+          loom_chunk_bytes(m, l, part * per_part, (part + 1) * per_part, emb, head);
       here.activations += live.stores[size_t(c)] * b.store + b.room +
                           live.deferred[size_t(c)] * b.deferred;
       here.workspace += b.scratch;
+      unit = std::max(unit,
+                      largest_unit(m, l, part * per_part, (part + 1) * per_part, emb, head));
     }
-    // Tensor parallelism with the sequence split: the gathered input of a
-    // region lives beside the scratch while a layer runs.
-    if (l.tp > 1) here.workspace += double(l.micro) * double(m.seq) / l.cp * C * kF32;
+    // Tensor parallelism: the gathered input (B x T x C) of a region with
+    // the sequence split, or of the vocabulary-parallel head, beside the
+    // scratch while it runs.
+    if (l.tp > 1 && (l.sp || has_head))
+      here.workspace += double(l.micro) * double(m.seq) / l.cp * C * kF32;
     if (l.pp > 1) {
-      // The executor's message buffers (rows x C in f32, and the 16-bit
+      // The executor's message buffers (rows x C in f32, and bf16's 16-bit
       // payload): one each way per chunk in flight.
-      const double msg = rows * C * (kF32 + (l.precision == "f32" ? 0 : 2));
+      const double msg = rows * C * (kF32 + (l.precision == "bf16" ? 2 : 0));
       here.comm += 2 * l.v * msg;
     }
-    out.activations = std::max(out.activations, here.activations);
-    out.workspace = std::max(out.workspace, here.workspace);
-    out.comm = std::max(out.comm, here.comm);
-  }
-  // The data-parallel reduction's buffers.
-  const bool half = l.precision != "f32";
-  const int dp = l.dp * l.cp;
-  if (dp > 1) {
-    if (l.zero >= 2) {
-      out.comm += 2 * kBucketElems * kF32;  // the reduce-scatter's two buckets
-      if (l.zero >= 3) out.comm += 2 * psi_unit * (half ? 2 : kF32);  // two units gathered
-    } else if (half) {
-      // Every bucket's 16-bit copy, launched during the backward, and the
-      // one being reduced: its blocks in 16 bits and widened to f32.
-      out.comm += 2 * psi + std::min(psi, kBucketElems) * (2 + kF32);
+    // 16-bit runs widen the unit in use to f32.
+    if (half) here.comm += unit * kF32;
+    if (dp > 1 && l.zero >= 2) {
+      // The reduce-scatter: two units' f32 gradients in flight and this
+      // rank's slice of the one being reduced; at stage 3, two units
+      // gathered (the one in use and the next).
+      here.comm += (2 * unit + unit / dp) * kF32;
+      if (l.zero >= 3) here.comm += 2 * unit * (half ? 2 : kF32);
+    } else if (dp > 1 && half) {
+      // 16-bit gradients reduced unit by unit from f32 buffers (the newest
+      // in flight beside the one being written), each reduction's blocks
+      // in 16 bits and widened to f32.
+      here.comm += 2 * unit * kF32 + unit * (2 + kF32);
     }
+    const double total = here.activations + here.workspace + here.comm;
+    if (total > out.activations + out.workspace + out.comm) out = here;
   }
   return out;
 }

@@ -29,10 +29,8 @@ struct LoomMemory {
 };
 
 // The activations, scratch and communication buffers of `l` running `m`
-// with `micro_batches` micro-batches a step; `psi_stage` is the parameters
-// of the stage's unit ZeRO-3 gathers (the largest), `psi` the stage's.
-LoomMemory loom_memory(const ModelShape& m, const Layout& l, int64_t micro_batches,
-                       double psi_unit, double psi);
+// with `micro_batches` micro-batches a step, on its most loaded stage.
+LoomMemory loom_memory(const ModelShape& m, const Layout& l, int64_t micro_batches);
 
 // One micro-batch's store of blocks [first, last) (with the embedding's
 // input slot, and the head when `head`), in bytes; and that chunk's room
@@ -42,6 +40,11 @@ struct ChunkBytes {
 };
 ChunkBytes loom_chunk_bytes(const ModelShape& m, const Layout& l, int first, int last,
                             bool embedding, bool head);
+
+// The rows a MoE layer routes on a rank: this rank's `count`, split over
+// the tensor group when the micro-batch's sequences divide over it and the
+// sequence is not already split.
+double moe_rows(const ModelShape& m, const Layout& l, double count);
 
 // Block `layer`'s whole record in f32 bytes (nothing recomputed, nothing
 // packed): what the time model charges loom's non-GEMM work by.

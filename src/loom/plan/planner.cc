@@ -7,6 +7,7 @@
 #include <numeric>
 #include <set>
 
+#include "loom/comm/algorithms/allreduce.h"
 #include "loom/core/error.h"
 #include "loom/plan/loom_memory.h"
 
@@ -94,8 +95,15 @@ double layer_gemm_s(const ModelShape& m, const ClusterSpec& c, const Layout& l, 
   };
   const double dense = 16 * b * s * h * h / t, attn_proj = 8 * b * s * h * h / t;
   const double attn = 4 * b * s * S * h / t;
-  return gemm_s(attn_proj + (moe_layer(m, layer) ? double(m.top_k) : 1.0) * dense,
-                2 * b * s * h * (4 * h / t)) +
+  if (moe_layer(m, layer)) {
+    // The experts are whole on a rank; it runs the k slots of the rows it
+    // routes (moe_rows) through them.
+    const double rows = moe_rows(m, l, b * s);
+    return gemm_s(attn_proj, 2 * b * s * h * (4 * h / t)) +
+           gemm_s(double(m.top_k) * 16 * rows * h * h, 2 * rows * h * 4 * h) +
+           gemm_s(attn, 2 * b * s * S * h / t);
+  }
+  return gemm_s(attn_proj + dense, 2 * b * s * h * (4 * h / t)) +
          gemm_s(attn, 2 * b * s * S * h / t);
 }
 
@@ -234,6 +242,7 @@ Engine engine_named(const std::string& name) {
   e.interleave_min_pp = 3;  // Megatron-LM interleaves only past two stages
   e.max_zero = 0;
   e.executor_memory = false;
+  e.p2p_overlap = false;
   return e;
 }
 
@@ -293,6 +302,9 @@ std::string invalid_reason(const ModelShape& m, int64_t batch, const Layout& l,
   if (l.schedule == "interleaved" && l.pp < engine.interleave_min_pp)
     return format("the {} engine interleaves from pp {}", engine.name, engine.interleave_min_pp);
   const int64_t micro_batches = batch / (int64_t(l.dp) * l.micro);
+  if (engine.name == "loom" && l.pp > 1 && 2 * micro_batches * l.v >= algo::kAlgoTagBase)
+    return format("{} micro-batches x {} chunks exceed the pipeline's message tags",
+                  micro_batches, l.v);
   if (l.schedule == "interleaved" && micro_batches % l.pp != 0)
     return format("interleaving needs the micro-batches ({}) a multiple of pp", micro_batches);
   return "";
@@ -324,7 +336,7 @@ Estimate estimate(const ModelShape& m, const ClusterSpec& c, int64_t batch, cons
     moe_layers += moe;
     psi_blocks += (4 * h * h) / t + 8 * h;
     if (moe) {
-      psi_experts += double(m.experts) / l.ep * (8 * h * h / t + 5 * h);
+      psi_experts += double(m.experts) / l.ep * (8 * h * h + 5 * h);  // experts are whole
       psi_blocks += h * double(m.experts);  // the router
     } else {
       psi_blocks += 8 * h * h / t + 5 * h;
@@ -375,8 +387,7 @@ Estimate estimate(const ModelShape& m, const ClusterSpec& c, int64_t batch, cons
   e.mem.workspace = 2 * 4 * b * s * V / t;
   if (engine.executor_memory) {
     // loom's own records, rooms, scratch and buffers (loom_memory.h).
-    const LoomMemory lm = loom_memory(m, l, micro_batches,
-                                      (psi_blocks + psi_experts) / double(layers), psi);
+    const LoomMemory lm = loom_memory(m, l, micro_batches);
     e.mem.activations = lm.activations;
     e.mem.workspace = lm.workspace;
     e.mem.comm = lm.comm;
@@ -398,10 +409,11 @@ Estimate estimate(const ModelShape& m, const ClusterSpec& c, int64_t batch, cons
   // the record's packing and unpacking and the 16-bit parameters widened
   // for each micro-batch's forward and backward.
   double elem = 2 * kept_none * (act / 2) / c.memory_bandwidth;  // read and write once
+  const double ebw = c.elementwise_bandwidth > 0 ? c.elementwise_bandwidth : c.memory_bandwidth;
   if (engine.executor_memory) {
-    elem = record / c.elementwise_bandwidth;
+    elem = record / ebw;
     if (l.precision != "f32")
-      elem += record / c.elementwise_bandwidth +
+      elem += (l.recompute == "full" ? 0 : record / ebw) +
               (psi_blocks + psi_experts) / double(layers) * 6 / c.memory_bandwidth;
   }
   const double fwd = f_layer + elem, bwd = 2 * f_layer + 2 * elem;
@@ -410,7 +422,7 @@ Estimate estimate(const ModelShape& m, const ClusterSpec& c, int64_t batch, cons
       : l.recompute == "selective"
           ? gemm_s(attn, 2 * b * s * S * h / t) +
                 (engine.executor_memory
-                     ? 4 * (b * s * h / t + b * s * 4 * h / t) / c.elementwise_bandwidth
+                     ? 4 * (b * s * h / t + b * s * 4 * h / t) / ebw
                      : 2 * attn_core * (act / 2) / c.memory_bandwidth)
           : 0;
   // Tensor parallelism: two all-reduces (or all-gather + reduce-scatter)
@@ -445,7 +457,18 @@ Estimate estimate(const ModelShape& m, const ClusterSpec& c, int64_t batch, cons
     // Every boundary is on the critical path: one between nodes sets the pace.
     const Link& pp_link = link_for(c, l.gpus(), int64_t(l.tp) * l.cp * l.dp, l.pp);
     const double msg = b * s * h * act / t / pp_link.bandwidth + pp_link.latency;
-    e.p2p_s = 2 * msg * (m_b + (p - 1)) * (l.schedule == "interleaved" ? l.v : 1);
+    const double v = l.schedule == "interleaved" ? l.v : 1;
+    if (engine.p2p_overlap) {
+      // The first activation and the last gradient cross every boundary
+      // with nothing to hide behind; in between, each boundary carries one
+      // message a micro-batch (and chunk) each way, hidden while the link
+      // keeps up with the stage's compute. A link that does not sets the
+      // pace: its messages, and one fill.
+      e.p2p_s = std::max(2 * (p - 1) * msg * v,
+                         (p - 1) * msg * v + std::max(0.0, m_b * v * msg - m_b * stage_mb));
+    } else {
+      e.p2p_s = 2 * msg * (m_b + (p - 1)) * v;
+    }
   }
   // Data parallelism, dense parameters over the dp x cp ranks, experts
   // over dp x cp / ep: stages 0-1 all-reduce the gradients beside the last

@@ -105,6 +105,10 @@ struct Engine {
   // Activations, scratch and communication buffers as loom's executor
   // sizes them (loom_memory.h); else Korthikanti et al.'s 16-bit counts.
   bool executor_memory = true;
+  // Pipeline messages posted ahead and sent without blocking, so that they
+  // cross beside the compute (loom's executor); else every message of the
+  // critical path waits (Megatron-LM 2021's blocking exchanges).
+  bool p2p_overlap = true;
 };
 Engine engine_named(const std::string& name);  // Error(kConfig) naming the choices
 
