@@ -85,6 +85,25 @@ for pid in (0, 1):
 print("ok: dp trace", len(ev), "events")
 PY
 
+# Tensor parallel: each block's collectives (its regions' all-reduces) are
+# counted in its row, from the record: every block sent bytes, and the
+# pieces' bytes add up to what the rank sent (all of it issued inside a
+# piece, but for a few words) and never past what the rank sent.
+mpirun --oversubscribe -np 2 "$LOOM" train --config "$WORK/cfg.json" --set parallel.tensor=2 \
+  --out "$WORK/tp" > "$WORK/tp.txt" 2>&1 || fail "training tp: $(tail -20 "$WORK/tp.txt")"
+python3 - "$WORK/tp/profile.json" <<'PY' || fail "tp profile: $(cat "$WORK/tp/profile.txt")"
+import json, sys
+p = json.load(open(sys.argv[1]))
+for r in p["ranks"]:
+    pieces = [q for c in r["chunks"] for q in c["pieces"]]
+    assert all(q["comm_bytes"] > 0 for q in pieces if q["name"].startswith("h.")), pieces
+    total = sum(q["comm_bytes"] for q in pieces)
+    # Outside every piece: the loss's and the gradient norm's few words.
+    assert 0.99 * r["comm_bytes"] <= total <= r["comm_bytes"] * 1.001, (total, r["comm_bytes"], r["comm"])
+print("ok: tp per-layer bytes", [round(q["comm_bytes"]) for c in p["ranks"][0]["chunks"] for q in c["pieces"]])
+PY
+grep -q "comm MB" "$WORK/tp/profile.txt" || fail "no comm MB column: $(head -5 "$WORK/tp/profile.txt")"
+
 # One process: the table and the report, no imbalance in the metrics.
 "$LOOM" train --config "$WORK/cfg.json" --set train.steps=3 --out "$WORK/one" > "$WORK/one.txt" 2>&1 ||
   fail "training one: $(tail -20 "$WORK/one.txt")"

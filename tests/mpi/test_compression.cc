@@ -684,7 +684,9 @@ TEST(Compression, ZeroOneAdamLocalStepsMatchAReference) {
     const std::vector<uint64_t> all = all_gather_words(*world, &h, 1);
     bool equal = true;
     for (uint64_t x : all) equal = equal && x == all[0];
-    if (W > 1) EXPECT_EQ(equal, !opt.last_local()) << "step " << t;
+    if (W > 1) {
+      EXPECT_EQ(equal, !opt.last_local()) << "step " << t;
+    }
   }
 }
 

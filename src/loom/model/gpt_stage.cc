@@ -96,15 +96,28 @@ size_t GptStage<T>::piece_of(const UnitStep& st) const {
 }
 
 template <typename T>
-void GptStage<T>::add_seconds(size_t piece, Pass pass, double s) {
+void GptStage<T>::add_seconds(size_t piece, Pass pass, double s,
+                              std::chrono::steady_clock::time_point t0) {
   PieceSeconds& p = pieces_[piece];
   (pass == Pass::kForward ? p.forward : pass == Pass::kRecompute ? p.recompute : p.backward) += s;
+  auto at = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(t.time_since_epoch()).count();
+  };
+  const double start = at(t0), end = at(std::chrono::steady_clock::now());
+  // A backward's recompute and the rest arrive as two calls for one span.
+  if (!p.spans.empty() && p.spans.back().first == start)
+    p.spans.back().second = end;
+  else
+    p.spans.emplace_back(start, end);
 }
 
 template <typename T>
 std::vector<typename GptStage<T>::PieceSeconds> GptStage<T>::take_piece_seconds() {
   std::vector<PieceSeconds> out = pieces_;
-  for (PieceSeconds& p : pieces_) p.forward = p.backward = p.recompute = 0;
+  for (PieceSeconds& p : pieces_) {
+    p.forward = p.backward = p.recompute = 0;
+    p.spans.clear();
+  }
   return out;
 }
 
@@ -453,14 +466,14 @@ double GptStage<T>::forward(StageActivations<T>& a, const int32_t* tokens, const
       }
       if (i == 0) fault_point("forward");
     }
-    add_seconds(piece_of(st), Pass::kForward, s);
+    add_seconds(piece_of(st), Pass::kForward, s, t0);
   }
   if (!head_) return 0.0;
   a.logits = h.logits;
   if (targets == nullptr) return 0.0;
   const auto t0 = std::chrono::steady_clock::now();
   const double loss = head_->loss(store_, h, targets, rw) / static_cast<double>(BT);
-  add_seconds(pieces_.size() - 1, Pass::kForward, seconds_since(t0));
+  add_seconds(pieces_.size() - 1, Pass::kForward, seconds_since(t0), t0);
   return loss;
 }
 
@@ -562,8 +575,8 @@ void GptStage<T>::backward(StageActivations<T>& a, double loss_scale, const T* d
         break;
     }
     const double s = seconds_since(t0);
-    add_seconds(piece_of(st), Pass::kRecompute, recomputed);
-    add_seconds(piece_of(st), Pass::kBackward, s - recomputed);
+    add_seconds(piece_of(st), Pass::kRecompute, recomputed, t0);
+    add_seconds(piece_of(st), Pass::kBackward, s - recomputed, t0);
     if (st.hooks) store_.after(st.unit, st.pass);
     if (st.kind == UnitStep::kBlock && st.block + 1 == blocks_.size()) fault_point("backward");
   }
@@ -585,7 +598,7 @@ void GptStage<T>::apply_deferred(DeferredGrads<T>& d) {
     const auto t0 = std::chrono::steady_clock::now();
     d.run(k, store_);
     add_seconds(static_cast<size_t>(unit_piece_[static_cast<size_t>(units[k])]), Pass::kBackward,
-                seconds_since(t0));
+                seconds_since(t0), t0);
     store_.after(units[k], Pass::kBackwardGradsOnly);
   }
   d.clear();

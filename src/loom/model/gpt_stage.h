@@ -11,6 +11,7 @@
 // scratch and the room that recomputation writes into belong to the stage.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -161,6 +162,10 @@ class GptStage {
     std::string name;
     int64_t params = 0;
     double forward = 0, backward = 0, recompute = 0;
+    // When it ran: [start, end) in steady_clock seconds (comm_clock's
+    // axis), one span per timed pass, so that the collectives a piece
+    // issued can be told from the record.
+    std::vector<std::pair<double, double>> spans = {};
   };
   std::vector<PieceSeconds> take_piece_seconds();
   // What each piece keeps from forward to backward for one (B, T)
@@ -250,7 +255,7 @@ class GptStage {
   std::vector<PieceSeconds> pieces_;
   std::vector<int> unit_piece_;
   size_t piece_of(const UnitStep& st) const;
-  void add_seconds(size_t piece, Pass pass, double s);
+  void add_seconds(size_t piece, Pass pass, double s, std::chrono::steady_clock::time_point t0);
   RecomputePlan plan_;
   uint64_t plan_id_ = 1;
   // Backward's gradient scratch (workspace) and the shared recompute room

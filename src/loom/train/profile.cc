@@ -462,7 +462,8 @@ json to_json(const JobProfile& p) {
                           {"backward_s", q.backward},
                           {"recompute_s", q.recompute},
                           {"record_bytes", q.record_bytes},
-                          {"bytes", q.bytes}});
+                          {"bytes", q.bytes},
+                          {"comm_bytes", q.comm_bytes}});
       chunks.push_back({{"first", c.first}, {"last", c.last}, {"pieces", pieces}});
     }
     json comm = json::array();
@@ -530,7 +531,7 @@ JobProfile job_profile_from_json(const json& j) {
       for (const json& q : ch.at("pieces"))
         cp.pieces.push_back({q.at("name"), q.at("params"), q.at("flops"), q.at("forward_s"),
                              q.at("backward_s"), q.at("recompute_s"), q.value("record_bytes", 0.0),
-                             q.value("bytes", 0.0)});
+                             q.value("bytes", 0.0), q.value("comm_bytes", 0.0)});
       k.chunks.push_back(std::move(cp));
     }
     for (const json& q : r.at("comm"))
@@ -553,9 +554,9 @@ JobProfile job_profile_from_json(const json& j) {
 }
 
 std::string profile_table(const JobProfile& p) {
-  std::string out = printf_string("%-6s %-14s %10s %12s %10s %10s %10s %6s %9s %9s %7s\n", "stage",
-                                  "module", "params", "GFLOP", "fwd ms", "bwd ms", "recomp ms",
-                                  "step%", "GFLOP/s", "act MB", "GB/s");
+  std::string out = printf_string("%-6s %-14s %10s %12s %10s %10s %10s %6s %9s %9s %7s %9s\n",
+                                  "stage", "module", "params", "GFLOP", "fwd ms", "bwd ms",
+                                  "recomp ms", "step%", "GFLOP/s", "act MB", "GB/s", "comm MB");
   for (int st = 0; st < p.shape.pp; ++st) {
     // The first rank of the stage stands for it.
     const RankProfile* r = nullptr;
@@ -569,16 +570,18 @@ std::string profile_table(const JobProfile& p) {
     auto row = [&](const PieceProfile& q) {
       const double t = q.seconds();
       out += printf_string(
-          "%-6d %-14s %10ld %12.3f %10.2f %10.2f %10.2f %5.1f%% %9.1f %9.2f %7.1f\n", st,
+          "%-6d %-14s %10ld %12.3f %10.2f %10.2f %10.2f %5.1f%% %9.1f %9.2f %7.1f %9.3f\n", st,
           q.name.c_str(), long(q.params), q.flops / 1e9, ms(q.forward), ms(q.backward),
           ms(q.recompute), r->step_s > 0 ? 100 * t / r->step_s : 0.0,
-          t > 0 ? q.flops / t / 1e9 : 0.0, mb(q.record_bytes), t > 0 ? q.bytes / t / 1e9 : 0.0);
+          t > 0 ? q.flops / t / 1e9 : 0.0, mb(q.record_bytes), t > 0 ? q.bytes / t / 1e9 : 0.0,
+          mb(q.comm_bytes));
     };
     for (const ChunkProfile& c : r->chunks)
       for (const PieceProfile& q : c.pieces) {
         row(q);
         total.params += q.params, total.flops += q.flops;
         total.record_bytes += q.record_bytes, total.bytes += q.bytes;
+        total.comm_bytes += q.comm_bytes;
         total.forward += q.forward, total.backward += q.backward, total.recompute += q.recompute;
       }
     row(total);
@@ -589,7 +592,7 @@ std::string profile_table(const JobProfile& p) {
       "time; step%%: of the step's wall time; act MB: what it keeps from forward to backward a "
       "micro-batch; GB/s: a model of its traffic (that record written and read, the f32 "
       "parameters read twice, their gradients read and written, each micro-batch) over its "
-      "time\n",
+      "time; comm MB: what the collectives issued while it ran sent, from the record\n",
       long(p.shape.steps));
   return out;
 }
@@ -691,6 +694,13 @@ void RunProfiler::add(StepEngine& engine, const StepResult& r, const MemStats& m
       mine[k].forward += pieces[k].forward;
       mine[k].backward += pieces[k].backward;
       mine[k].recompute += pieces[k].recompute;
+      // The step's collectives issued inside one of the piece's passes.
+      for (const CommEvent& e : r.comm_events)
+        for (const auto& [start, end] : pieces[k].spans)
+          if (e.enqueued >= start && e.enqueued < end) {
+            mine[k].comm_bytes += e.sent_bytes;
+            break;
+          }
     }
   }
   for (const CommEvent& e : r.comm_events) {
@@ -723,7 +733,7 @@ JobProfile RunProfiler::gather(const ParallelContext& ctx, bool writer) const {
   const double tokens = double(c.micro_batch) * double(c.grad_accum) * double(c.local_seq_len());
   for (ChunkProfile& ch : r.chunks)
     for (PieceProfile& q : ch.pieces) {
-      q.forward /= n, q.backward /= n, q.recompute /= n;
+      q.forward /= n, q.backward /= n, q.recompute /= n, q.comm_bytes /= n;
       q.flops = 3.0 * piece_forward_flops(c.model, q.name) * tokens / tp;
       q.bytes = double(c.grad_accum) * (2 * q.record_bytes + 4.0 * 4 * double(q.params));
     }

@@ -44,6 +44,11 @@ struct PieceProfile {
   // model of the traffic: each micro-batch writes and reads that record and
   // reads the f32 parameters twice and reads and writes their gradients.
   double record_bytes = 0, bytes = 0;
+  // Bytes this rank's collectives sent that were issued while the piece
+  // ran (its tensor-parallel regions, all-to-alls, context ring, and the
+  // ZeRO gathers and gradient reductions its passes launched), per step,
+  // from the record of collectives: measured, not modelled.
+  double comm_bytes = 0;
   double seconds() const { return forward + backward + recompute; }
 };
 
