@@ -197,7 +197,8 @@ void calibrate(const PlanArgs& a) {
   measured["threads"] = threads.threads;
   measured["bf16_matmul_tflops"] = h.peak_gflops_16 / 1e3;
   if (block_s > 0)
-    measured["block"] = {{"micro_batch", micro}, {"seconds", block_s}, {"elementwise_GBps", elementwise_gbps}};
+    measured["block"] = {
+        {"micro_batch", micro}, {"seconds", block_s}, {"elementwise_GBps", elementwise_gbps}};
   measured["sgemm"] = points;
   const nlohmann::json out = {
       {"name", "calibrated"},
@@ -225,12 +226,12 @@ void calibrate(const PlanArgs& a) {
       "%.2f x F / (F + %.3g GFLOP), memory %.1f GB/s, elementwise %.1f GB/s%s; node link %.2f "
       "GB/s, %.1f us%s; cluster link %.2f GB/s, %.1f us%s\n",
       a.calibrate.c_str(), cpu_model().c_str(), h.peak_gflops_32, h.peak_gflops_16, h.gemm_max,
-      h.gemm_half_gflop, h.memory_bandwidth_gbps,
-      out["gpu"]["elementwise_GBps"].get<double>(),
-      block_s > 0 ? format(" (a block of {} in {} ms)", a.model, std::round(block_s * 1e4) / 10).c_str()
-                  : " (no --model: memory's)",
-      node["bandwidth_GBps"].get<double>(),
-      node["latency_us"].get<double>(), measured["node_link"] ? "" : " (one rank: not measured)",
+      h.gemm_half_gflop, h.memory_bandwidth_gbps, out["gpu"]["elementwise_GBps"].get<double>(),
+      block_s > 0
+          ? format(" (a block of {} in {} ms)", a.model, std::round(block_s * 1e4) / 10).c_str()
+          : " (no --model: memory's)",
+      node["bandwidth_GBps"].get<double>(), node["latency_us"].get<double>(),
+      measured["node_link"] ? "" : " (one rank: not measured)",
       cluster["bandwidth_GBps"].get<double>(), cluster["latency_us"].get<double>(),
       measured["cluster_link"] ? "" : " (one host: the node link's)");
 }

@@ -162,8 +162,7 @@ void run_tune(const TuneArgs& a, MpiRuntime& rt, std::unique_ptr<Trainer>& holde
                       l.gpus(), world);
       LOOM_CHECK_KIND(kConfig,
                       l.recompute == "none" || l.recompute == "selective" || l.recompute == "full",
-                      "the planner models recompute none, selective and full, not {}",
-                      l.recompute);
+                      "the planner models recompute none, selective and full, not {}", l.recompute);
       best.push_back(plan::estimate(model, cluster, o.batch, l));
     } catch (const Error& e) {
       refused.push_back(format("--layout {}: {}", text, e.what()));
@@ -174,8 +173,8 @@ void run_tune(const TuneArgs& a, MpiRuntime& rt, std::unique_ptr<Trainer>& holde
   LOOM_CHECK_KIND(kConfig, a.layouts.empty() || !best.empty(),
                   "loom tune: every --layout was refused ({})", refused.front());
   if (!a.layouts.empty()) o.top = 1;  // the search below is skipped
-  for (const plan::Estimate& e : a.layouts.empty() ? plan::search(model, cluster, o)
-                                                   : std::vector<plan::Estimate>{}) {
+  for (const plan::Estimate& e :
+       a.layouts.empty() ? plan::search(model, cluster, o) : std::vector<plan::Estimate>{}) {
     plan::Layout l = e.layout;
     l.zero = 0;
     const std::string kind = l.describe();
@@ -233,7 +232,8 @@ void run_tune(const TuneArgs& a, MpiRuntime& rt, std::unique_ptr<Trainer>& holde
     t.tokens_per_s = rates[rates.size() / 2];
     t.step_s = steps[steps.size() / 2];
     for (const StepResult& s : r)
-      for (size_t c = 0; c < t.mem.size(); ++c) t.mem[c] = std::max(t.mem[c], double(s.mem.peak[c]));
+      for (size_t c = 0; c < t.mem.size(); ++c)
+        t.mem[c] = std::max(t.mem[c], double(s.mem.peak[c]));
     for (double m : t.mem) t.mem_bytes += m;
     t.ran = true;
     trials.push_back(t);

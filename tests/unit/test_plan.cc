@@ -119,11 +119,10 @@ TEST(Plan, LoomMemoryIsTheExecutorsOwn) {
     const char* policy;
     bool bf16, moe;
   };
-  for (const Case& k : {Case{"none", false, false}, Case{"selective", false, false},
-                        Case{"full", false, false}, Case{"none", true, false},
-                        Case{"selective", true, false}, Case{"none", false, true},
-                        Case{"selective", false, true}, Case{"none", true, true},
-                        Case{"full", false, true}}) {
+  for (const Case& k :
+       {Case{"none", false, false}, Case{"selective", false, false}, Case{"full", false, false},
+        Case{"none", true, false}, Case{"selective", true, false}, Case{"none", false, true},
+        Case{"selective", false, true}, Case{"none", true, true}, Case{"full", false, true}}) {
     GptConfig g;
     g.n_layer = 3, g.n_embd = 64, g.n_head = 4, g.vocab_size = 300, g.seq_len = 32;
     json mj = {{"n_layer", 3}, {"n_embd", 64}, {"n_head", 4}, {"vocab_size", 300}, {"seq_len", 32}};

@@ -12,8 +12,8 @@ namespace loom::plan {
 
 namespace {
 
-constexpr double kF32 = 4;              // the CPU stages compute in f32
-constexpr double kBucketElems = 1e6;    // comm.bucket_elements' default
+constexpr double kF32 = 4;               // the CPU stages compute in f32
+constexpr double kBucketElems = 1e6;     // comm.bucket_elements' default
 constexpr int64_t kVocabMultiple = 128;  // the padded vocabulary, times tp
 
 // Rows of a micro-batch as the layers see them: `all` = B x T (T this
@@ -51,8 +51,7 @@ Elems attention(const ModelShape& m, const Layout& l, const Rows& r, bool select
   e.record = N * 3 * C / t + (selective ? 0 : N * C / t + r.B * NH / t * r.T);
   e.room = selective ? N * C / t + r.B * NH / t * r.T : 0;
   e.exact = selective ? 0 : r.B * NH / t * r.T;  // the log-sum-exp
-  e.scratch = l.tp == 1 ? 4 * N * C
-                        : N * (4 * C / t + C) + (l.sp ? 2 * N * C + r.count * C : 0);
+  e.scratch = l.tp == 1 ? 4 * N * C : N * (4 * C / t + C) + (l.sp ? 2 * N * C + r.count * C : 0);
   // Deferred (zero-bubble W): c_attn's input and output gradient, c_proj's.
   e.deferred = N * C + N * 3 * C / t + N * C / t + N * C;
   return e;
@@ -138,7 +137,7 @@ Elems block(const ModelShape& m, const Layout& l, const Rows& r, int64_t layer,
 // and the deferred weight-gradient inputs held at the stage's peak (in
 // units of one micro-batch's of that chunk)}, by walking the schedule.
 struct ChunkLive {
-  std::vector<int> stores;      // per chunk: the executor's slots
+  std::vector<int> stores;       // per chunk: the executor's slots
   std::vector<double> deferred;  // per chunk: B done and W not yet, at the stage's peak
 };
 
@@ -266,10 +265,9 @@ LoomMemory loom_memory(const ModelShape& m, const Layout& l, int64_t micro_batch
   // the one with the largest total.
   for (int stage = 0; stage < l.pp; ++stage) {
     static const ChunkLive one{{1}, {0}};  // no pipeline: one store, reused
-    const ChunkLive& live =
-        l.pp == 1
-            ? one
-            : walk(pp::parse_schedule(l.schedule), l.pp, int(micro_batches), l.v)[size_t(stage)];
+    const ChunkLive& live = l.pp == 1 ? one
+                                      : walk(pp::parse_schedule(l.schedule), l.pp,
+                                             int(micro_batches), l.v)[size_t(stage)];
     LoomMemory here;
     double unit = 0;
     bool has_head = false;
@@ -279,11 +277,10 @@ LoomMemory loom_memory(const ModelShape& m, const Layout& l, int64_t micro_batch
       has_head = has_head || head;
       const ChunkBytes b =
           loom_chunk_bytes(m, l, part * per_part, (part + 1) * per_part, emb, head);
-      here.activations += live.stores[size_t(c)] * b.store + b.room +
-                          live.deferred[size_t(c)] * b.deferred;
+      here.activations +=
+          live.stores[size_t(c)] * b.store + b.room + live.deferred[size_t(c)] * b.deferred;
       here.workspace += b.scratch;
-      unit = std::max(unit,
-                      largest_unit(m, l, part * per_part, (part + 1) * per_part, emb, head));
+      unit = std::max(unit, largest_unit(m, l, part * per_part, (part + 1) * per_part, emb, head));
     }
     // Tensor parallelism: the gathered input (B x T x C) of a region with
     // the sequence split, or of the vocabulary-parallel head, beside the

@@ -138,10 +138,10 @@ ModelShape parse_model(const json& j, const std::string& source) {
     s.top_k = integer(moe, "model.moe", "top_k", source, 2);
     s.moe_every = integer(moe, "model.moe", "every_n_layers", source, 1);
     if (moe.contains("capacity_factor")) {
-      LOOM_CHECK_KIND(kConfig,
-                      moe["capacity_factor"].is_number() && moe["capacity_factor"].get<double>() >= 0,
-                      "{}: model.moe.capacity_factor must be a number >= 0, not {}", source,
-                      moe["capacity_factor"].dump());
+      LOOM_CHECK_KIND(
+          kConfig, moe["capacity_factor"].is_number() && moe["capacity_factor"].get<double>() >= 0,
+          "{}: model.moe.capacity_factor must be a number >= 0, not {}", source,
+          moe["capacity_factor"].dump());
       s.capacity = moe["capacity_factor"].get<double>();
     }
     s.learned_router = moe.value("router", std::string("learned")) == "learned";
@@ -303,8 +303,8 @@ std::string invalid_reason(const ModelShape& m, int64_t batch, const Layout& l,
     return format("the {} engine interleaves from pp {}", engine.name, engine.interleave_min_pp);
   const int64_t micro_batches = batch / (int64_t(l.dp) * l.micro);
   if (engine.name == "loom" && l.pp > 1 && 2 * micro_batches * l.v >= algo::kAlgoTagBase)
-    return format("{} micro-batches x {} chunks exceed the pipeline's message tags",
-                  micro_batches, l.v);
+    return format("{} micro-batches x {} chunks exceed the pipeline's message tags", micro_batches,
+                  l.v);
   if (l.schedule == "interleaved" && micro_batches % l.pp != 0)
     return format("interleaving needs the micro-batches ({}) a multiple of pp", micro_batches);
   return "";
@@ -337,7 +337,7 @@ Estimate estimate(const ModelShape& m, const ClusterSpec& c, int64_t batch, cons
     psi_blocks += (4 * h * h) / t + 8 * h;
     if (moe) {
       psi_experts += double(m.experts) / l.ep * (8 * h * h + 5 * h);  // experts are whole
-      psi_blocks += h * double(m.experts);  // the router
+      psi_blocks += h * double(m.experts);                            // the router
     } else {
       psi_blocks += 8 * h * h / t + 5 * h;
     }
@@ -421,9 +421,8 @@ Estimate estimate(const ModelShape& m, const ClusterSpec& c, int64_t batch, cons
       l.recompute == "full" ? fwd
       : l.recompute == "selective"
           ? gemm_s(attn, 2 * b * s * S * h / t) +
-                (engine.executor_memory
-                     ? 4 * (b * s * h / t + b * s * 4 * h / t) / ebw
-                     : 2 * attn_core * (act / 2) / c.memory_bandwidth)
+                (engine.executor_memory ? 4 * (b * s * h / t + b * s * 4 * h / t) / ebw
+                                        : 2 * attn_core * (act / 2) / c.memory_bandwidth)
           : 0;
   // Tensor parallelism: two all-reduces (or all-gather + reduce-scatter)
   // of the layer's activations forward, two backward, two more to recompute.
