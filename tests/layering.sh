@@ -18,7 +18,7 @@ declare -A allowed=(
   [infer]="core kernels nn model infer"
   [profile]="core kernels io profile"
   [report]="core io report"
-  [plan]="core io plan"
+  [plan]="core kernels comm nn model optim parallel io plan"
   [train]="core kernels comm nn model optim parallel io data checkpoint infer profile report plan train"
 )
 bad=0

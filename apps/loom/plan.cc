@@ -122,7 +122,11 @@ nlohmann::json measure_link(ProcessGroup& world, int peer) {
 
 void calibrate(const PlanArgs& a) {
   MpiRuntime rt(nullptr, nullptr);
-  auto world = rt.world(CommOptions{});
+  // The others wait while rank 0 measures: as long as a large model's
+  // block takes, not the training timeout.
+  CommOptions options;
+  options.timeout_s = 4 * 3600;
+  auto world = rt.world(options);
   const ThreadConfig threads = configure_threads(rt.node_size());
   int64_t seq = 0, hidden = 0, vocab = 0, micro = 1;
   plan::ModelShape m;
@@ -139,43 +143,47 @@ void calibrate(const PlanArgs& a) {
   HostCalibration h;
   double block_s = 0, elementwise_gbps = 0;
   world->barrier()->wait();
-  if (world->rank() == 0) {
-    h = calibrate_host(threads.threads, rt.node_size(), calibration_shapes(seq, hidden, vocab));
-    if (!a.model.empty()) {
-      // One dense block's forward and backward at the model's shape and
-      // micro-batch, in one process: what its GEMMs do not explain is
-      // loom's non-GEMM work, charged by the block's f32 record bytes.
-      // Three blocks: the middle one's stage has neither the embedding
-      // nor the head.
-      GptConfig g;
-      g.n_layer = 3;
-      g.n_embd = int(m.hidden), g.n_head = int(m.heads), g.vocab_size = int(m.vocab);
-      g.seq_len = int(m.seq);
-      // The GEMM backend a run takes by default (kernels.gemm auto).
-      const CpuBackend<float> backend(cpu::GemmConfig{configure_gemm("auto").backend});
-      block_s = measure_model_costs(g, micro, m.seq, 5, DType::kF32, backend).blocks[1].seconds;
-      plan::ClusterSpec here;
-      here.peak_flops_32 = here.peak_flops_16 = h.peak_gflops_32 * 1e9;
-      here.gemm_max = h.gemm_max;
-      here.gemm_half_flops = h.gemm_half_gflop * 1e9;
-      plan::ModelShape dense = m;
-      dense.experts = 0;
-      plan::Layout one;
-      one.micro = micro;
-      one.precision = "f32";
-      const double gemm = 3 * plan::layer_gemm_s(dense, here, one, 0);
-      const double bytes = 3 * plan::loom_block_record_bytes(dense, one, 0);
-      if (block_s > 1.05 * gemm) {
-        elementwise_gbps = bytes / (block_s - gemm) / 1e9;
-      } else {
-        std::fprintf(stderr,
-                     "loom: plan --calibrate: the block ran in %.4f s, within 5%% of its GEMMs' "
-                     "%.4f s as predicted from the sgemm points: its non-GEMM rate is not "
-                     "measurable; the memory bandwidth stands in for it\n",
-                     block_s, gemm);
+  if (world->rank() == 0) try {
+      h = calibrate_host(threads.threads, rt.node_size(), calibration_shapes(seq, hidden, vocab));
+      if (!a.model.empty()) {
+        // One dense block's forward and backward at the model's shape and
+        // micro-batch, in one process: what its GEMMs do not explain is
+        // loom's non-GEMM work, charged by the block's f32 record bytes.
+        // Three blocks: the middle one's stage has neither the embedding
+        // nor the head.
+        GptConfig g;
+        g.n_layer = 3;
+        g.n_embd = int(m.hidden), g.n_head = int(m.heads), g.vocab_size = int(m.vocab);
+        g.seq_len = int(m.seq);
+        // The GEMM backend a run takes by default (kernels.gemm auto).
+        const CpuBackend<float> backend(cpu::GemmConfig{configure_gemm("auto").backend});
+        block_s = measure_model_costs(g, micro, m.seq, 5, DType::kF32, backend).blocks[1].seconds;
+        plan::ClusterSpec here;
+        here.peak_flops_32 = here.peak_flops_16 = h.peak_gflops_32 * 1e9;
+        here.gemm_max = h.gemm_max;
+        here.gemm_half_flops = h.gemm_half_gflop * 1e9;
+        plan::ModelShape dense = m;
+        dense.experts = 0;
+        plan::Layout one;
+        one.micro = micro;
+        one.precision = "f32";
+        const double gemm = 3 * plan::layer_gemm_s(dense, here, one, 0);
+        const double bytes = 3 * plan::loom_block_record_bytes(dense, one, 0);
+        if (block_s > 1.05 * gemm) {
+          elementwise_gbps = bytes / (block_s - gemm) / 1e9;
+        } else {
+          std::fprintf(stderr,
+                       "loom: plan --calibrate: the block ran in %.4f s, within 5%% of its GEMMs' "
+                       "%.4f s as predicted from the sgemm points: its non-GEMM rate is not "
+                       "measurable; the memory bandwidth stands in for it\n",
+                       block_s, gemm);
+        }
       }
+    } catch (const std::exception& e) {
+      // The others would wait in the barrier: end the job with the reason.
+      if (world->size() == 1) throw;
+      rt.abort(e.what());
     }
-  }
   world->barrier()->wait();
   const Topology& topo = rt.topology();
   int same = -1, other = -1;

@@ -53,10 +53,8 @@ std::vector<std::string> layout_keys(const plan::Layout& l, int64_t batch) {
       std::string("bf16.enabled=") + (l.precision == "bf16" ? "true" : "false"),
       std::string("fp16.enabled=") + (l.precision == "fp16" ? "true" : "false"),
   };
-  if (l.pp > 1) {
-    k.push_back("parallel.schedule=" + l.schedule);
-    k.push_back(format("parallel.virtual_stages={}", l.v));
-  }
+  k.push_back("parallel.schedule=" + l.schedule);
+  k.push_back(format("parallel.virtual_stages={}", l.v));
   return k;
 }
 
@@ -168,8 +166,10 @@ void run_tune(const TuneArgs& a, MpiRuntime& rt, std::unique_ptr<Trainer>& holde
       refused.push_back(format("--layout {}: {}", text, e.what()));
     }
   }
-  if (writer0(rt))
+  if (writer0(rt)) {
     for (const std::string& r : refused) std::printf("loom: tune: skipped %s\n", r.c_str());
+    std::fflush(stdout);
+  }
   LOOM_CHECK_KIND(kConfig, a.layouts.empty() || !best.empty(),
                   "loom tune: every --layout was refused ({})", refused.front());
   if (!a.layouts.empty()) o.top = 1;  // the search below is skipped
@@ -192,8 +192,10 @@ void run_tune(const TuneArgs& a, MpiRuntime& rt, std::unique_ptr<Trainer>& holde
   for (const plan::Estimate& e : best) {
     Trial t;
     t.predicted = e;
-    const double spent =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 60;
+    // Rank 0's clock decides for every rank.
+    float spent = static_cast<float>(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 60);
+    if (group) group->broadcast(&spent, 1, DType::kF32, 0)->wait();
     if (spent > a.budget_minutes) {
       t.skipped = format("past the budget of {} minutes", a.budget_minutes);
       trials.push_back(t);

@@ -96,19 +96,18 @@ size_t GptStage<T>::piece_of(const UnitStep& st) const {
 }
 
 template <typename T>
-void GptStage<T>::add_seconds(size_t piece, Pass pass, double s,
-                              std::chrono::steady_clock::time_point t0) {
+void GptStage<T>::add_seconds(size_t piece, Pass pass, double s) {
   PieceSeconds& p = pieces_[piece];
   (pass == Pass::kForward ? p.forward : pass == Pass::kRecompute ? p.recompute : p.backward) += s;
+}
+
+template <typename T>
+void GptStage<T>::add_span(size_t piece, std::chrono::steady_clock::time_point from) {
+  if (!record_spans_) return;
   auto at = [](std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double>(t.time_since_epoch()).count();
   };
-  const double start = at(t0), end = at(std::chrono::steady_clock::now());
-  // A backward's recompute and the rest arrive as two calls for one span.
-  if (!p.spans.empty() && p.spans.back().first == start)
-    p.spans.back().second = end;
-  else
-    p.spans.emplace_back(start, end);
+  pieces_[piece].spans.emplace_back(at(from), at(std::chrono::steady_clock::now()));
 }
 
 template <typename T>
@@ -437,6 +436,7 @@ double GptStage<T>::forward(StageActivations<T>& a, const int32_t* tokens, const
   // The units in the order forward_steps declares, which unit_schedule
   // publishes to the hooks.
   for (const UnitStep& st : forward_steps()) {
+    const auto from = std::chrono::steady_clock::now();  // the span includes the unit's hooks
     store_.before(st.unit, st.pass);
     const auto t0 = std::chrono::steady_clock::now();
     switch (st.kind) {
@@ -466,14 +466,16 @@ double GptStage<T>::forward(StageActivations<T>& a, const int32_t* tokens, const
       }
       if (i == 0) fault_point("forward");
     }
-    add_seconds(piece_of(st), Pass::kForward, s, t0);
+    add_seconds(piece_of(st), Pass::kForward, s);
+    add_span(piece_of(st), from);
   }
   if (!head_) return 0.0;
   a.logits = h.logits;
   if (targets == nullptr) return 0.0;
   const auto t0 = std::chrono::steady_clock::now();
   const double loss = head_->loss(store_, h, targets, rw) / static_cast<double>(BT);
-  add_seconds(pieces_.size() - 1, Pass::kForward, seconds_since(t0), t0);
+  add_seconds(pieces_.size() - 1, Pass::kForward, seconds_since(t0));
+  add_span(pieces_.size() - 1, t0);
   return loss;
 }
 
@@ -547,6 +549,7 @@ void GptStage<T>::backward(StageActivations<T>& a, double loss_scale, const T* d
     if (defer && st.pass != Pass::kRecompute) defer->begin_unit(st.unit);
     if (st.kind == UnitStep::kLogits) be.fill(d_lnf, rw.count * C, T(0));
     if (st.kind == UnitStep::kNorm) be.fill(d_resid, rw.count * C, T(0));
+    const auto from = std::chrono::steady_clock::now();  // the span includes the unit's hooks
     if (st.hooks) store_.before(st.unit, st.pass);
     const auto t0 = std::chrono::steady_clock::now();
     double recomputed = 0;
@@ -575,9 +578,10 @@ void GptStage<T>::backward(StageActivations<T>& a, double loss_scale, const T* d
         break;
     }
     const double s = seconds_since(t0);
-    add_seconds(piece_of(st), Pass::kRecompute, recomputed, t0);
-    add_seconds(piece_of(st), Pass::kBackward, s - recomputed, t0);
+    add_seconds(piece_of(st), Pass::kRecompute, recomputed);
+    add_seconds(piece_of(st), Pass::kBackward, s - recomputed);
     if (st.hooks) store_.after(st.unit, st.pass);
+    add_span(piece_of(st), from);
     if (st.kind == UnitStep::kBlock && st.block + 1 == blocks_.size()) fault_point("backward");
   }
   if (!embedding_) be.copy(d_input, d_resid, rw.count * C);
@@ -594,12 +598,14 @@ template <typename T>
 void GptStage<T>::apply_deferred(DeferredGrads<T>& d) {
   const std::vector<int> units = d.units();
   for (size_t k = 0; k < units.size(); ++k) {
+    const auto from = std::chrono::steady_clock::now();
     store_.before(units[k], Pass::kBackwardGradsOnly);
     const auto t0 = std::chrono::steady_clock::now();
     d.run(k, store_);
-    add_seconds(static_cast<size_t>(unit_piece_[static_cast<size_t>(units[k])]), Pass::kBackward,
-                seconds_since(t0), t0);
+    const size_t piece = static_cast<size_t>(unit_piece_[static_cast<size_t>(units[k])]);
+    add_seconds(piece, Pass::kBackward, seconds_since(t0));
     store_.after(units[k], Pass::kBackwardGradsOnly);
+    add_span(piece, from);
   }
   d.clear();
 }

@@ -162,12 +162,15 @@ class GptStage {
     std::string name;
     int64_t params = 0;
     double forward = 0, backward = 0, recompute = 0;
-    // When it ran: [start, end) in steady_clock seconds (comm_clock's
-    // axis), one span per timed pass, so that the collectives a piece
-    // issued can be told from the record.
+    // With record_spans: when it ran, [start, end) in steady_clock seconds
+    // (comm_clock's axis), one span per pass with its unit's hooks, so
+    // that the collectives a piece issued can be told from the record.
     std::vector<std::pair<double, double>> spans = {};
   };
   std::vector<PieceSeconds> take_piece_seconds();
+  // Whether passes also record their spans (log.profile; off, nothing
+  // accumulates between takes).
+  void record_spans(bool on) { record_spans_ = on; }
   // What each piece keeps from forward to backward for one (B, T)
   // micro-batch under the current plan, in bytes, in take_piece_seconds's
   // order (the embeddings their output; a block its record, packed or not;
@@ -255,7 +258,11 @@ class GptStage {
   std::vector<PieceSeconds> pieces_;
   std::vector<int> unit_piece_;
   size_t piece_of(const UnitStep& st) const;
-  void add_seconds(size_t piece, Pass pass, double s, std::chrono::steady_clock::time_point t0);
+  void add_seconds(size_t piece, Pass pass, double s);
+  // With record_spans: the piece ran from `from` to now (its unit's hooks,
+  // which start ZeRO gathers and gradient reductions, included).
+  void add_span(size_t piece, std::chrono::steady_clock::time_point from);
+  bool record_spans_ = false;
   RecomputePlan plan_;
   uint64_t plan_id_ = 1;
   // Backward's gradient scratch (workspace) and the shared recompute room

@@ -242,11 +242,14 @@ double largest_unit(const ModelShape& m, const Layout& l, int first, int last, b
   double u = 0;
   for (int k = first; k < last; ++k) {
     const bool moe = moe_layer(m, k);
-    u = std::max(u, 4 * C * C / t + 8 * C + (moe ? C * double(m.experts) : 8 * C * C / t + 5 * C));
-    if (moe) u = std::max(u, double(m.experts) / l.ep * (8 * C * C + 5 * C));  // the experts' unit
+    // A MoE block's experts are gathered and widened with it.
+    u = std::max(u,
+                 4 * C * C / t + 8 * C +
+                     (moe ? C * double(m.experts) + double(m.experts) / l.ep * (8 * C * C + 5 * C)
+                          : 8 * C * C / t + 5 * C));
   }
-  if (embedding) u = std::max(u, Vp * C / t + double(m.seq) * C);
-  if (head && l.pp > 1) u = std::max(u, Vp * C / t);
+  // The embeddings; a last stage's copy of wte keeps room for wpe too.
+  if (embedding || (head && l.pp > 1)) u = std::max(u, Vp * C / t + double(m.seq) * C);
   return u;
 }
 

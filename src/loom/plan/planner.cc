@@ -6,9 +6,11 @@
 #include <map>
 #include <numeric>
 #include <set>
+#include <tuple>
 
 #include "loom/comm/algorithms/allreduce.h"
 #include "loom/core/error.h"
+#include "loom/parallel/pipeline/schedule.h"
 #include "loom/plan/loom_memory.h"
 
 namespace loom::plan {
@@ -75,6 +77,31 @@ const Link& link_for(const ClusterSpec& c, int64_t gpus, int64_t stride, int64_t
   const bool inside =
       span <= c.gpus_per_node && (c.gpus_per_node % span == 0 || gpus <= c.gpus_per_node);
   return inside ? c.node : c.cluster;
+}
+
+// Pipelines of up to this many (stage, micro-batch, chunk) forwards are
+// simulated.
+constexpr int64_t kSimulatedInstructions = 4096;
+
+// Idle time of a pipeline's busiest stage over a step, in units of one
+// micro-batch's forward on a stage (a chunk's is 1/v of it; backward
+// `ratio` times the forward, rounded to eighths), from the simulated
+// schedule (cached: a search meets the same few many times; one thread).
+double bubble_units(const std::string& schedule, int p, int64_t m, int v, double ratio) {
+  static std::map<std::tuple<std::string, int, int64_t, int, int>, double> cache;
+  const int r8 = std::max(1, int(std::lround(ratio * 8)));
+  const auto key = std::make_tuple(schedule, p, m, v, r8);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  const double r = r8 / 8.0;
+  pp::SimCosts costs;
+  costs.forward = 1.0 / v;
+  costs.backward = r / v;
+  costs.backward_input = costs.backward_weight = r / (2.0 * v);
+  costs.p2p = 0;
+  const pp::SimResult sim =
+      pp::simulate(pp::make_schedule(pp::parse_schedule(schedule), p, int(m), v), costs);
+  const double busy = *std::max_element(sim.busy.begin(), sim.busy.end());
+  return cache[key] = std::max(0.0, sim.makespan - busy);
 }
 
 // The layouts refused, over every reason (all that were counted, when none ran).
@@ -243,6 +270,7 @@ Engine engine_named(const std::string& name) {
   e.max_zero = 0;
   e.executor_memory = false;
   e.p2p_overlap = false;
+  e.pipeline_tags = 0;
   return e;
 }
 
@@ -302,7 +330,7 @@ std::string invalid_reason(const ModelShape& m, int64_t batch, const Layout& l,
   if (l.schedule == "interleaved" && l.pp < engine.interleave_min_pp)
     return format("the {} engine interleaves from pp {}", engine.name, engine.interleave_min_pp);
   const int64_t micro_batches = batch / (int64_t(l.dp) * l.micro);
-  if (engine.name == "loom" && l.pp > 1 && 2 * micro_batches * l.v >= algo::kAlgoTagBase)
+  if (engine.pipeline_tags > 0 && l.pp > 1 && 2 * micro_batches * l.v >= engine.pipeline_tags)
     return format("{} micro-batches x {} chunks exceed the pipeline's message tags", micro_batches,
                   l.v);
   if (l.schedule == "interleaved" && micro_batches % l.pp != 0)
@@ -448,8 +476,20 @@ Estimate estimate(const ModelShape& m, const ClusterSpec& c, int64_t batch, cons
   const double stage_mb = double(layers) * (layer_s + comm_layer) + head;
   e.tp_comm_s = m_b * double(layers) * comm_layer;
   e.compute_s = m_b * stage_mb;
-  const double bubble_parts = l.schedule == "zero_bubble" ? (p - 1) / 3 : (p - 1) / l.v;
-  e.bubble_s = bubble_parts * stage_mb;
+  // The bubble: the schedule the executor runs, simulated in units of a
+  // stage's forward of one micro-batch (its backward, with recomputation,
+  // (bwd + rec) / fwd of them; zero-bubble's B and W half of that each).
+  // Schedules too long to simulate at interactive speed (a search of a
+  // large cluster meets thousands of micro-batches on tens of stages) take
+  // the closed form: (p - 1) / v stage-times, a third of 1F1B's for
+  // zero-bubble, which the simulation gives for long schedules too.
+  if (l.pp > 1 && int64_t(l.pp) * micro_batches * l.v <= kSimulatedInstructions) {
+    const double ratio = (bwd + rec) / std::max(1e-30, fwd);
+    e.bubble_s = bubble_units(l.schedule, l.pp, micro_batches, l.v, ratio) * stage_mb /
+                 (1 + std::max(1L, std::lround(ratio * 8)) / 8.0);
+  } else {
+    e.bubble_s = (l.schedule == "zero_bubble" ? (p - 1) / 3 : (p - 1) / l.v) * stage_mb;
+  }
   // Point to point: each micro-batch's activation and gradient on every
   // boundary of the critical path (scattered over the tensor ranks).
   if (l.pp > 1) {
@@ -463,8 +503,8 @@ Estimate estimate(const ModelShape& m, const ClusterSpec& c, int64_t batch, cons
       // message a micro-batch (and chunk) each way, hidden while the link
       // keeps up with the stage's compute. A link that does not sets the
       // pace: its messages, and one fill.
-      e.p2p_s = std::max(2 * (p - 1) * msg * v,
-                         (p - 1) * msg * v + std::max(0.0, m_b * v * msg - m_b * stage_mb));
+      const double fill = (p * v - 1) * msg;  // every boundary of every chunk, once
+      e.p2p_s = std::max(2 * fill, fill + std::max(0.0, m_b * v * msg - m_b * stage_mb));
     } else {
       e.p2p_s = 2 * msg * (m_b + (p - 1)) * v;
     }

@@ -26,6 +26,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "loom/comm/algorithms/allreduce.h"
 #include "loom/plan/cluster.h"
 
 namespace loom::plan {
@@ -109,6 +110,9 @@ struct Engine {
   // cross beside the compute (loom's executor); else every message of the
   // critical path waits (Megatron-LM 2021's blocking exchanges).
   bool p2p_overlap = true;
+  // Messages a pipeline step may tag (2 x micro-batches x chunks below it,
+  // the executor's point-to-point tags; 0: no limit).
+  int64_t pipeline_tags = algo::kAlgoTagBase;
 };
 Engine engine_named(const std::string& name);  // Error(kConfig) naming the choices
 

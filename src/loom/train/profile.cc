@@ -659,8 +659,10 @@ json step_imbalance(const std::vector<double>& compute, const std::vector<double
   return j;
 }
 
-RunProfiler::RunProfiler(const Config& config, int64_t total_steps)
-    : config_(config), total_(total_steps) {}
+RunProfiler::RunProfiler(const Config& config, int64_t total_steps, StepEngine& engine)
+    : config_(config), total_(total_steps) {
+  for (int c = 0; c < engine.num_chunks(); ++c) engine.stage(c).record_spans(true);
+}
 
 void RunProfiler::skip(StepEngine& engine) {
   for (int c = 0; c < engine.num_chunks(); ++c) engine.stage(c).take_piece_seconds();
@@ -673,6 +675,13 @@ void RunProfiler::add(StepEngine& engine, const StepResult& r, const MemStats& m
     skip(engine);
     return;
   }
+  // Every piece's spans this step, sorted, to find the one an event's
+  // enqueue time falls in: {start, end, chunk, piece}.
+  struct Span {
+    double start, end;
+    size_t chunk, piece;
+  };
+  std::vector<Span> spans;
   for (int c = 0; c < engine.num_chunks(); ++c) {
     GptStage<float>& st = engine.stage(c);
     const auto pieces = st.take_piece_seconds();
@@ -694,14 +703,20 @@ void RunProfiler::add(StepEngine& engine, const StepResult& r, const MemStats& m
       mine[k].forward += pieces[k].forward;
       mine[k].backward += pieces[k].backward;
       mine[k].recompute += pieces[k].recompute;
-      // The step's collectives issued inside one of the piece's passes.
-      for (const CommEvent& e : r.comm_events)
-        for (const auto& [start, end] : pieces[k].spans)
-          if (e.enqueued >= start && e.enqueued < end) {
-            mine[k].comm_bytes += e.sent_bytes;
-            break;
-          }
+      for (const auto& [start, end] : pieces[k].spans)
+        spans.push_back({start, end, static_cast<size_t>(c), k});
     }
+  }
+  // The step's collectives issued inside one of a piece's passes (spans
+  // of one process do not overlap).
+  std::sort(spans.begin(), spans.end(),
+            [](const Span& a, const Span& b) { return a.start < b.start; });
+  for (const CommEvent& e : r.comm_events) {
+    auto it = std::upper_bound(spans.begin(), spans.end(), e.enqueued,
+                               [](double t, const Span& s) { return t < s.start; });
+    if (it == spans.begin()) continue;
+    --it;
+    if (e.enqueued < it->end) mine_.chunks[it->chunk].pieces[it->piece].comm_bytes += e.sent_bytes;
   }
   for (const CommEvent& e : r.comm_events) {
     auto it = std::find_if(mine_.comm.begin(), mine_.comm.end(), [&](const CommProfile& c) {

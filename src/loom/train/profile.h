@@ -46,7 +46,8 @@ struct PieceProfile {
   double record_bytes = 0, bytes = 0;
   // Bytes this rank's collectives sent that were issued while the piece
   // ran (its tensor-parallel regions, all-to-alls, context ring, and the
-  // ZeRO gathers and gradient reductions its passes launched), per step,
+  // ZeRO gathers and gradient reductions its unit's hooks started, a
+  // prefetch of the next unit's with the piece that issued it), per step,
   // from the record of collectives: measured, not modelled.
   double comm_bytes = 0;
   double seconds() const { return forward + backward + recompute; }
@@ -138,7 +139,8 @@ class RunProfiler {
  public:
   // steps: how many this process will run (the first is not profiled
   // unless it is the only one).
-  RunProfiler(const Config& config, int64_t steps);
+  // The engine's stages record their pieces' spans from now on.
+  RunProfiler(const Config& config, int64_t steps, StepEngine& engine);
   // Drops what the stages timed since the last call (evaluation's forwards).
   void skip(StepEngine& engine);
   // Adds one training step: the stages' piece times, the step's figures

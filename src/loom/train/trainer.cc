@@ -94,7 +94,7 @@ Trainer::Trainer(Config config, RunOptions options, ThreadConfig threads)
   }
   load_initial_state(seed);
   if (config_.log.profile)
-    profiler_ = std::make_unique<RunProfiler>(config_, config_.train.steps - step_);
+    profiler_ = std::make_unique<RunProfiler>(config_, config_.train.steps - step_, *engine_);
   // Per rank, of the path the GEMMs take (bf16 inputs through oneDNN's
   // bf16 matmul have its peak, not the sgemm's); MFU divides the job's
   // FLOP/s by it times the ranks. Under mpirun rank 0 measures while the
