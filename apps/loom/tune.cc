@@ -27,10 +27,6 @@ namespace loom::app {
 
 namespace {
 
-bool writer0(MpiRuntime& rt) {
-  return rt.world_rank() == 0;
-}
-
 struct TuneArgs {
   std::string config, cluster, out = "tuned.json", json_out;
   std::vector<std::string> overrides, layouts;
@@ -166,7 +162,7 @@ void run_tune(const TuneArgs& a, MpiRuntime& rt, std::unique_ptr<Trainer>& holde
       refused.push_back(format("--layout {}: {}", text, e.what()));
     }
   }
-  if (writer0(rt)) {
+  if (rt.world_rank() == 0) {
     for (const std::string& r : refused) std::printf("loom: tune: skipped %s\n", r.c_str());
     std::fflush(stdout);
   }

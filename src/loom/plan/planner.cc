@@ -83,11 +83,11 @@ const Link& link_for(const ClusterSpec& c, int64_t gpus, int64_t stride, int64_t
 // simulated.
 constexpr int64_t kSimulatedInstructions = 4096;
 
-// Idle time of a pipeline's busiest stage over a step, in units of one
-// micro-batch's forward on a stage (a chunk's is 1/v of it; backward
-// `ratio` times the forward, rounded to eighths), from the simulated
+// Idle time of a pipeline's busiest stage over a step, in stage-times of
+// one micro-batch (forward and backward; the backward `ratio` times the
+// forward, rounded to eighths; a chunk's 1/v of each), from the simulated
 // schedule (cached: a search meets the same few many times; one thread).
-double bubble_units(const std::string& schedule, int p, int64_t m, int v, double ratio) {
+double bubble_stage_times(const std::string& schedule, int p, int64_t m, int v, double ratio) {
   static std::map<std::tuple<std::string, int, int64_t, int, int>, double> cache;
   const int r8 = std::max(1, int(std::lround(ratio * 8)));
   const auto key = std::make_tuple(schedule, p, m, v, r8);
@@ -101,7 +101,7 @@ double bubble_units(const std::string& schedule, int p, int64_t m, int v, double
   const pp::SimResult sim =
       pp::simulate(pp::make_schedule(pp::parse_schedule(schedule), p, int(m), v), costs);
   const double busy = *std::max_element(sim.busy.begin(), sim.busy.end());
-  return cache[key] = std::max(0.0, sim.makespan - busy);
+  return cache[key] = std::max(0.0, sim.makespan - busy) / (1 + r);
 }
 
 // The layouts refused, over every reason (all that were counted, when none ran).
@@ -485,8 +485,7 @@ Estimate estimate(const ModelShape& m, const ClusterSpec& c, int64_t batch, cons
   // zero-bubble, which the simulation gives for long schedules too.
   if (l.pp > 1 && int64_t(l.pp) * micro_batches * l.v <= kSimulatedInstructions) {
     const double ratio = (bwd + rec) / std::max(1e-30, fwd);
-    e.bubble_s = bubble_units(l.schedule, l.pp, micro_batches, l.v, ratio) * stage_mb /
-                 (1 + std::max(1L, std::lround(ratio * 8)) / 8.0);
+    e.bubble_s = bubble_stage_times(l.schedule, l.pp, micro_batches, l.v, ratio) * stage_mb;
   } else {
     e.bubble_s = (l.schedule == "zero_bubble" ? (p - 1) / 3 : (p - 1) / l.v) * stage_mb;
   }
