@@ -39,3 +39,18 @@ endif()
 if(LOOM_BUILD_TESTS)
   find_package(GTest REQUIRED)
 endif()
+# The CUDA backend: the toolkit's runtime and cuBLASLt, and NCCL (from the
+# toolkit's folders or the system's).
+if(LOOM_CUDA)
+  find_package(CUDAToolkit REQUIRED)
+  find_library(LOOM_NCCL_LIBRARY NAMES nccl HINTS ${CUDAToolkit_LIBRARY_DIR})
+  find_path(LOOM_NCCL_INCLUDE nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+  if(NOT LOOM_NCCL_LIBRARY OR NOT LOOM_NCCL_INCLUDE)
+    message(FATAL_ERROR "NCCL not found (nccl.h and libnccl): install it beside the CUDA toolkit, "
+                        "or configure without -DLOOM_CUDA=ON")
+  endif()
+  add_library(loom_nccl INTERFACE IMPORTED)
+  target_link_libraries(loom_nccl INTERFACE ${LOOM_NCCL_LIBRARY} CUDA::cudart)
+  target_include_directories(loom_nccl INTERFACE ${LOOM_NCCL_INCLUDE})
+  message(STATUS "CUDA: ${CUDAToolkit_VERSION} (sm ${CMAKE_CUDA_ARCHITECTURES}), NCCL ${LOOM_NCCL_LIBRARY}")
+endif()

@@ -1,16 +1,29 @@
 # Warnings everywhere; vectorisation for AVX2/FMA through the compiler.
-add_compile_options(-Wall -Wextra)
+# (C and C++ alone: nvcc takes its own, below.)
+add_compile_options($<$<COMPILE_LANGUAGE:C,CXX>:-Wall> $<$<COMPILE_LANGUAGE:C,CXX>:-Wextra>)
+if(LOOM_WERROR)
+  add_compile_options($<$<COMPILE_LANGUAGE:C,CXX>:-Werror>)
+endif()
+if(LOOM_CUDA)
+  # Device code: every nvcc warning an error; host code as the C++ files.
+  add_compile_options("$<$<COMPILE_LANGUAGE:CUDA>:SHELL:-Werror all-warnings>"
+    "$<$<COMPILE_LANGUAGE:CUDA>:SHELL:-Xcompiler -Wall,-Wextra>")
+  if(LOOM_WERROR)
+    add_compile_options("$<$<COMPILE_LANGUAGE:CUDA>:SHELL:-Xcompiler -Werror>")
+  endif()
+endif()
 # Neither changes results (no reassociation): loom never reads FP exception
 # flags or errno from math calls, and without them GCC keeps branches that stop
 # loops with min/max and float-to-int conversion (vexp, vtanh) from vectorising.
-add_compile_options(-fno-trapping-math -fno-math-errno)
+add_compile_options($<$<COMPILE_LANGUAGE:C,CXX>:-fno-trapping-math>
+  $<$<COMPILE_LANGUAGE:C,CXX>:-fno-math-errno>)
 if(LOOM_NATIVE)
-  add_compile_options(-march=native)
+  add_compile_options($<$<COMPILE_LANGUAGE:C,CXX>:-march=native>)
 else()
-  add_compile_options(-mavx2 -mfma)
+  add_compile_options($<$<COMPILE_LANGUAGE:C,CXX>:-mavx2> $<$<COMPILE_LANGUAGE:C,CXX>:-mfma>)
 endif()
 if(CMAKE_BUILD_TYPE STREQUAL "Release")
-  add_compile_options(-O3)
+  add_compile_options($<$<COMPILE_LANGUAGE:C,CXX>:-O3>)
 endif()
 if(LOOM_SANITIZE)
   add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer)

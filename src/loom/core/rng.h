@@ -50,6 +50,11 @@ class DropoutStream {
   void row(uint64_t sample, uint32_t site, uint32_t position, int64_t begin, int64_t end,
            T* keep) const;
   float p() const { return p_; }
+  // What a device kernel needs to draw the same masks: element c of a row
+  // is kept when word c % 4 of philox4x32({sample_lo, site, position,
+  // (sample_hi << 18) + c / 4}, key()) >= threshold().
+  const PhiloxKey& key() const { return key_; }
+  uint32_t threshold() const { return threshold_; }
 
  private:
   PhiloxKey key_;  // from (seed, step)

@@ -1,0 +1,136 @@
+// The CUDA backend (built with -DLOOM_CUDA=ON): the backend table on one
+// NVIDIA GPU. GEMMs through cuBLASLt (f32; TF32 where the run allows it; bf16
+// or f16 inputs with f32 accumulation, for 16-bit weights or
+// kernels.gemm_inputs 16bit), every other operation a kernel of its own
+// (kernels/cuda/*.cu); attention as batched GEMMs around a masked softmax
+// that writes the log-sum-exp, context-parallel chunk pairs as row kernels.
+// Dropout draws the CPU's masks (the same Philox counters), so a GPU run and
+// a CPU run of one config drop the same elements.
+//
+// Memory and ordering (what this version promises, docs/cuda.md):
+//   - alloc() hands out CUDA managed memory placed on the device, so the
+//     engine's host code (initialisation, ZeRO's host paths, checkpoints,
+//     MPI buffers) reads and writes it as before; kernels run where it
+//     lives.
+//   - every operation completes before it returns (the stream is
+//     synchronised), so host code that reads a result after an operation
+//     sees it; order_after() waits for the event.
+//   - a pointer argument in plain host memory (a data batch's tokens, a
+//     caller's std::vector) is staged through device memory, in and back
+//     out: any caller is served, at the cost of a copy.
+//
+// This header needs no CUDA headers: plain C++ translation units include it.
+#pragma once
+
+#include <string>
+
+#include "loom/kernels/backend.h"
+
+namespace loom {
+
+struct CudaGemmConfig {
+  // kF32: f32 inputs; kBF16 / kF16: f32 operands rounded to that type (a
+  // 16-bit weight is used as it is), f32 accumulation and output.
+  DType inputs = DType::kF32;
+  // f32 GEMMs may use TF32 tensor cores (10-bit mantissa inputs).
+  bool tf32 = false;
+};
+
+// The CUDA devices this process sees; 0 without a driver or a GPU, with the
+// reason in *why ("no CUDA driver: ...", "no CUDA device").
+int cuda_device_count(std::string* why = nullptr);
+// The device the process's backend uses: the local rank (OMPI_COMM_WORLD_LOCAL_RANK,
+// SLURM_LOCALID, LOCAL_RANK) modulo the device count, 0 alone. Throws
+// Error(kConfig) naming the reason when there is no device.
+int cuda_select_device();
+// "NVIDIA H200 (sm_90, 139.8 GiB)".
+std::string cuda_device_description(int device);
+
+template <typename T>
+class CudaBackend final : public Backend<T> {
+ public:
+  // Makes the process's CUDA context on cuda_select_device() (once).
+  explicit CudaBackend(CudaGemmConfig g = {});
+  const CudaGemmConfig& gemm_config() const { return g_; }
+
+  std::string name() const override;
+  Device device() const override { return Device::kCuda; }
+  // Every operation, the 16-bit ones for f32 alone.
+  bool supports(Op op) const override;
+  Buffer alloc(size_t bytes, MemCategory category, bool zeroed) const override;
+  void order_after(const DeviceEvent& e) const override;
+
+  void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
+            const T* B, int64_t ldb, T beta, T* C, int64_t ldc) const override;
+  void matmul_forward(T* out, const T* inp, WeightArg<T> weight, const T* bias, int64_t N,
+                      int64_t C, int64_t OC) const override;
+  void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
+                       WeightArg<T> weight, int64_t N, int64_t C, int64_t OC) const override;
+  void matmul_nt_forward(T* out, const T* inp, WeightArg<T> weight, int64_t N, int64_t C,
+                         int64_t V) const override;
+  void matmul_nt_backward(T* dinp, T* dweight, const T* dout, const T* inp, WeightArg<T> weight,
+                          int64_t N, int64_t C, int64_t V) const override;
+  void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias,
+                         int64_t N, int64_t C) const override;
+  void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
+                          const T* weight, const T* mean, const T* rstd, int64_t N,
+                          int64_t C) const override;
+  void gelu_forward(T* out, const T* inp, int64_t n) const override;
+  void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n) const override;
+  void residual_forward(T* out, const T* a, const T* b, int64_t n) const override;
+  void add(T* dst, const T* src, int64_t n) const override;
+  void bias_add(T* y, const T* bias, int64_t N, int64_t C) const override;
+  void dropout(T* x, const DropoutSpec& spec, int64_t Tn, int64_t C, int64_t row0,
+               int64_t n) const override;
+  void attention_forward(T* out, T* lse, const T* qkv, int64_t B, int64_t Tn, int64_t C, int64_t NH,
+                         const DropoutSpec& dropout) const override;
+  void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse,
+                          int64_t B, int64_t Tn, int64_t C, int64_t NH,
+                          const DropoutSpec& dropout) const override;
+  void attention_chunk_forward(T* out, T* lse, const T* q, const T* kv, const AttentionChunk& a,
+                               const DropoutSpec& dropout) const override;
+  void attention_chunk_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, const T* out,
+                                const T* lse, const AttentionChunk& a,
+                                const DropoutSpec& dropout) const override;
+  void cross_entropy_forward(T* losses, T* lse, const T* logits, const int32_t* targets, int64_t N,
+                             int64_t V, int64_t Vp) const override;
+  void cross_entropy_backward(T* logits, const T* lse, const int32_t* targets, const T* dloss,
+                              int64_t N, int64_t V, int64_t Vp, int64_t v0) const override;
+  void vocab_logit_stats(T* mx, T* target, const T* logits, const int32_t* targets, int64_t N,
+                         int64_t V, int64_t Vp, int64_t v0) const override;
+  void vocab_sum_exp(T* sum, const T* logits, const T* mx, int64_t N, int64_t V,
+                     int64_t Vp) const override;
+  void encoder_forward(T* out, const int32_t* tokens, WeightArg<T> wte, WeightArg<T> wpe, int64_t B,
+                       int64_t Tn, int64_t C, const int32_t* pos) const override;
+  void encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t B,
+                        int64_t Tn, int64_t C, int64_t v0, int64_t v1,
+                        const int32_t* pos) const override;
+  void embedding_lookup(T* out, const int32_t* tokens, WeightArg<T> wte, int64_t N, int64_t C,
+                        int64_t v0, int64_t v1) const override;
+  void add_positions(T* out, WeightArg<T> wpe, int64_t Tn, int64_t C, int64_t row0, int64_t n,
+                     const int32_t* pos) const override;
+  void adamw(T* params, const T* grads, T* m, T* v, int64_t n,
+             const AdamWParams& hp) const override;
+  void adamw_16(float* master, const uint16_t* grads, float grad_scale, float* m, float* v,
+                uint16_t* params, int64_t n, DType t, const AdamWParams& hp) const override;
+  double sum_squares(const T* x, int64_t n) const override;
+  double sum_squares_16(const uint16_t* x, int64_t n, DType t) const override;
+  void scale(T* x, int64_t n, T s) const override;
+  void scale_16(uint16_t* x, int64_t n, float s, DType t) const override;
+  void round_16(const float* x, uint16_t* out, int64_t n, DType t) const override;
+  void widen_16(const uint16_t* x, float* out, int64_t n, DType t) const override;
+  void accumulate_16(const float* x, const uint16_t* x16, float scale, uint16_t* acc, int64_t n,
+                     DType t) const override;
+  bool nonfinite_16(const uint16_t* x, int64_t n, DType t) const override;
+  void copy(T* dst, const T* src, int64_t n) const override;
+  void fill(T* x, int64_t n, T value) const override;
+  void axpy(T* y, T a, const T* x, int64_t n) const override;
+
+ private:
+  CudaGemmConfig g_;
+};
+
+extern template class CudaBackend<float>;
+extern template class CudaBackend<double>;
+
+}  // namespace loom
