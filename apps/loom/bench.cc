@@ -193,10 +193,10 @@ void run_train_bench(const TrainBenchArgs& a) {
       {"step_time_s", step_s},
       {"tokens_per_s", tps},
       {"model_flops_per_s", flops},
-      {"gemm_path", gemm_path_name(trainer.gemm_path())},
+      {"gemm_path", trainer.gemm_path_name()},
       {"peak_gflops", trainer.peak_gflops()},
       {"mfu", flops / (trainer.peak_gflops() * 1e9)},
-      {"gemm_backend", cpu::gemm_backend_name(trainer.backend().gemm_config().backend)},
+      {"gemm_backend", trainer.gemm_backend_name()},
       {"peak_bytes", peak_bytes}};
   // Activation checkpointing: the plan and the bytes it was made from.
   const GptStage<float>& stage = trainer.model();

@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <random>
@@ -23,6 +24,9 @@
 #include "loom/kernels/backend.h"
 #include "loom/kernels/cpu/cpu_backend.h"
 #include "loom/kernels/reference/reference_backend.h"
+#ifdef LOOM_HAVE_CUDA
+#include "loom/kernels/cuda/cuda_backend.h"
+#endif
 
 namespace loom {
 namespace {
@@ -48,6 +52,16 @@ std::vector<BackendCase> backends() {
     b.push_back({"cpu_onednn",
                  std::make_shared<CpuBackend<float>>(cpu::GemmConfig{GemmBackend::kOneDnn}),
                  std::make_shared<CpuBackend<double>>(cpu::GemmConfig{GemmBackend::kOneDnn})});
+#ifdef LOOM_HAVE_CUDA
+  // The CUDA backend where this machine has a GPU: it stages the harness's
+  // host vectors through device memory itself.
+  std::string why;
+  if (cuda_device_count(&why) > 0)
+    b.push_back({"cuda", std::make_shared<CudaBackend<float>>(),
+                 std::make_shared<CudaBackend<double>>()});
+  else
+    std::printf("loom_backend_tests: the CUDA backend is built but not tested: %s\n", why.c_str());
+#endif
   return b;
 }
 

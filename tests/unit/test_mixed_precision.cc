@@ -134,7 +134,7 @@ TEST(MixedPrecision, SixteenBitGemmInputsTrainLikeF32Inputs) {
   {
     Trainer tr(parse_config(kRun, "test", {"bf16.enabled=true", "kernels.gemm_inputs=16bit"}),
                quiet(), ThreadConfig{});
-    EXPECT_EQ(tr.backend().gemm_config().inputs, DType::kBF16);
+    EXPECT_EQ(tr.gemm_inputs(), DType::kBF16);
     EXPECT_EQ(&tr.engine().stage().backend(), &tr.backend()) << "the stage computes elsewhere";
     const auto* other = dynamic_cast<const CpuBackend<float>*>(&default_backend<float>());
     ASSERT_NE(other, nullptr);

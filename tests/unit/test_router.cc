@@ -17,11 +17,23 @@
 namespace loom {
 namespace {
 
+// A router config from its leading fields (tag tokens none).
+RouterConfig rc(int experts, int top_k, double capacity_factor,
+                RouterKind kind = RouterKind::kLearned) {
+  RouterConfig c;
+  c.num_experts = experts;
+  c.top_k = top_k;
+  c.capacity_factor = capacity_factor;
+  c.kind = kind;
+  return c;
+}
+
+
 // The hash router: k distinct experts per token id, the same for the same
 // id wherever it occurs, and over a vocabulary each expert takes close to
 // its share (1/E of the k x ids assignments).
 TEST(Router, HashRoutesEachIdToFixedDistinctExperts) {
-  RouterConfig c{8, 2, 0, RouterKind::kHash};
+  RouterConfig c = rc(8, 2, 0, RouterKind::kHash);
   std::vector<int32_t> ids(4096);
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
   std::vector<int32_t> ex(ids.size() * 2);
@@ -84,19 +96,19 @@ TEST(Router, TopKGatesAndTieBreak) {
   // renormalised gates are equal; the balancing loss of uniform
   // probabilities is E x sum_i f_i / E, here 4 x (2/4 x 1/4 + 2/4 x 1/4) = 1.
   std::vector<double> flat(2 * 4, 0.5);
-  Routing<double> r = route(flat.data(), 2, 2, RouterConfig{4, 2, 0});
+  Routing<double> r = route(flat.data(), 2, 2, rc(4, 2, 0));
   EXPECT_EQ(r.expert, (std::vector<int32_t>{0, 1, 0, 1}));
   for (double g : r.gate) EXPECT_DOUBLE_EQ(g, 0.5);
   EXPECT_DOUBLE_EQ(r.aux, 1.0);
   EXPECT_DOUBLE_EQ(r.z, std::pow(0.5 + std::log(4.0), 2));
   // Distinct logits: the largest first; top-1 keeps the probability itself.
   const double l[] = {0.0, 2.0, 1.0, -1.0};
-  Routing<double> one = route(l, 1, 1, RouterConfig{4, 1, 0});
+  Routing<double> one = route(l, 1, 1, rc(4, 1, 0));
   double sum = 0;
   for (double x : l) sum += std::exp(x);
   EXPECT_EQ(one.expert, (std::vector<int32_t>{1}));
   EXPECT_NEAR(one.gate[0], std::exp(2.0) / sum, 1e-15);
-  Routing<double> two = route(l, 1, 1, RouterConfig{4, 2, 0});
+  Routing<double> two = route(l, 1, 1, rc(4, 2, 0));
   EXPECT_EQ(two.expert, (std::vector<int32_t>{1, 2}));
   EXPECT_NEAR(two.gate[0], std::exp(2.0) / (std::exp(2.0) + std::exp(1.0)), 1e-15);
   EXPECT_NEAR(two.gate[0] + two.gate[1], 1.0, 1e-15);
@@ -107,7 +119,7 @@ TEST(Router, TopKGatesAndTieBreak) {
 TEST(Router, BiasChoosesButDoesNotWeigh) {
   const double l[] = {1.0, 0.5, 0.0, 0.2};
   const double bias[] = {0.0, 0.0, 0.9, 0.0};
-  const Routing<double> r = route(l, 1, 1, RouterConfig{4, 2, 0}, bias);
+  const Routing<double> r = route(l, 1, 1, rc(4, 2, 0), bias);
   EXPECT_EQ(r.expert, (std::vector<int32_t>{2, 0}));  // p2 + 0.9 beats p0
   EXPECT_NEAR(r.gate[0], r.probs[2] / (r.probs[2] + r.probs[0]), 1e-15);
   EXPECT_NEAR(r.gate[1], r.probs[0] / (r.probs[2] + r.probs[0]), 1e-15);
@@ -118,7 +130,7 @@ TEST(Router, CapacityDropsByGateThenTokenWithinEachGroup) {
   // expert takes ceil(1 x 4 x 1 / 2) = 2. Tokens 0-2 prefer expert 0 with
   // gates rising 0, 1, 2 steps of logit; token 3 prefers expert 1.
   const double l[] = {1.0, 0.0, 2.0, 0.0, 2.0, 0.0, 0.0, 1.0};
-  Routing<double> r = route(l, 4, 4, RouterConfig{2, 1, 1.0});
+  Routing<double> r = route(l, 4, 4, rc(2, 1, 1.0));
   EXPECT_EQ(r.capacity, 2);
   EXPECT_EQ(r.expert, (std::vector<int32_t>{0, 0, 0, 1}));
   // Token 0 has the smallest gate of expert 0's three: dropped. Tokens 1
@@ -130,12 +142,12 @@ TEST(Router, CapacityDropsByGateThenTokenWithinEachGroup) {
   // per group; in the first group tokens 0 and 1 both chose expert 0 and
   // token 1's gate is larger; in the second, tokens 2 and 3 chose
   // different experts.
-  Routing<double> g = route(l, 4, 2, RouterConfig{2, 1, 1.0});
+  Routing<double> g = route(l, 4, 2, rc(2, 1, 1.0));
   EXPECT_EQ(g.capacity, 1);
   EXPECT_EQ(g.kept, (std::vector<uint8_t>{0, 1, 1, 1}));
   // Equal gates for one expert beyond capacity: the earlier token stays.
   const double tie[] = {1.0, 0.0, 1.0, 0.0};
-  Routing<double> t = route(tie, 2, 2, RouterConfig{2, 1, 0.5});
+  Routing<double> t = route(tie, 2, 2, rc(2, 1, 0.5));
   EXPECT_EQ(t.capacity, 1);
   EXPECT_EQ(t.kept, (std::vector<uint8_t>{1, 0}));
 }
@@ -149,7 +161,7 @@ void check_backward(int E, int k, double capacity, int64_t tokens, int64_t group
   for (auto& x : logits) x = 2.0 * rng.at(n++);
   for (auto& x : w) x = rng.at(n++);
   const double a = 0.3, b = 0.05;
-  const RouterConfig c{E, k, capacity};
+  const RouterConfig c = rc(E, k, capacity);
   auto loss = [&](const std::vector<double>& l) {
     Routing<double> r = route(l.data(), tokens, group, c);
     double s = a * r.aux + b * r.z;
@@ -189,7 +201,7 @@ TEST(Router, DispatchGatherAndCombine) {
   for (auto& v : logits) v = 2.0 * rng.at(n++);
   for (auto& v : x) v = rng.at(n++);
   for (auto& v : w) v = rng.at(n++);
-  const Routing<double> r = route(logits.data(), tokens, 5, RouterConfig{E, k, 0.75});
+  const Routing<double> r = route(logits.data(), tokens, 5, rc(E, k, 0.75));
   ASSERT_GT(r.dropped, 0);  // the case with drops
   const Dispatch d = dispatch_order(r);
   ASSERT_EQ(d.offsets.back(), tokens * k - r.dropped);
@@ -250,7 +262,7 @@ struct MoeFixture {
   std::unique_ptr<MoeLayer<double>> moe;
   std::vector<double> x, w;
   MoeFixture() {
-    cfg.router = RouterConfig{4, 2, 1.0};
+    cfg.router = rc(4, 2, 1.0);
     cfg.aux_loss_coef = 0.2;
     cfg.z_loss_coef = 0.05;
     ParamLayout layout;

@@ -47,6 +47,21 @@ std::vector<std::string> children(const std::string& prefix) {
   LOOM_FAIL(kConfig, "{}: {}", source, msg);
 }
 
+// device, comm.backend and kernels.tf32 against each other and the build.
+void check_device_keys(Config& c, const std::string& source) {
+#ifndef LOOM_HAVE_CUDA
+  if (c.device == "cuda")
+    fail(source,
+         "device: cuda needs loom built with -DLOOM_CUDA=ON (docs/cuda.md); this build "
+         "computes on the CPU alone");
+#endif
+  if (c.comm.backend == "nccl" && c.device != "cuda")
+    fail(source, "comm.backend nccl needs device: cuda (NCCL moves GPU memory; device is " +
+                     c.device + ")");
+  if (c.kernels.tf32 && c.device != "cuda")
+    fail(source, "kernels.tf32 applies to device: cuda; the CPU backend has no TF32");
+}
+
 std::string type_name(const json& v) {
   if (v.is_number_integer() || v.is_number_unsigned()) return "an integer";
   if (v.is_number_float()) return "a number";
@@ -664,6 +679,7 @@ Config parse_config(const std::string& text, const std::string& source,
     fail(source,
          "kernels.gemm_inputs: 16bit rounds GEMM inputs to the run's 16-bit type; it needs "
          "bf16.enabled or fp16.enabled");
+  check_device_keys(c, source);
   c.resolved = resolved_config(c);
   return c;
 }

@@ -57,6 +57,7 @@ struct KernelsConfig {
   // f32 | 16bit: in a bf16/fp16 run, whether GEMMs round their inputs to the
   // run's 16-bit type (cpu::gemm_16) or multiply the f32 values as given.
   std::string gemm_inputs = "f32";
+  bool tf32 = false;  // device cuda: f32 GEMMs may use TF32 tensor cores
 };
 
 struct LogConfig {
@@ -105,6 +106,7 @@ struct CheckpointingConfig {
 
 struct Config {
   GptConfig model;
+  std::string device = "cpu";  // cpu | cuda (train/device.h)
   // bf16.enabled / fp16.enabled: parameters and gradients in 16 bits with
   // f32 masters (kF32: neither).
   DType precision = DType::kF32;

@@ -245,6 +245,15 @@ std::vector<ConfigKey> run_keys() {
                "real hosts (the hierarchical all-reduce); refused when nodes of that many "
                "consecutive grid ranks would span hosts "
                "([hosts.md](hosts.md#topology-from-the-job))"),
+      key("comm.backend", KeyKind::kString)
+          .one_of({"auto", "mpi", "nccl"})
+          .or_else("auto")
+          .lands(LOOM_FIELD(c.comm.backend, std::string))
+          .doc("`auto` \\| `mpi` \\| `nccl`", "`auto`",
+               "what the grid's groups communicate over: `mpi`, or `nccl` (one GPU per rank, "
+               "needs `device: cuda`; the groups bootstrapped over MPI, whose world group stays "
+               "for control messages); `auto`: `nccl` with `device: cuda`, else `mpi` "
+               "([cuda.md](cuda.md))"),
       key("comm.placement", KeyKind::kString)
           .one_of({"topology", "launcher"})
           .or_else("topology")
@@ -310,6 +319,19 @@ std::vector<ConfigKey> run_keys() {
           .lands(LOOM_FIELD(c.zero.compression.warm_start, bool))
           .when([](const Config& c) { return c.zero.compression.type == "powersgd"; })
           .doc("bool", "true", "`powersgd`: start each step's Q from the last step's"),
+      key("device", KeyKind::kString)
+          .one_of({"cpu", "cuda"})
+          .or_else("cpu")
+          .lands(LOOM_FIELD(c.device, std::string))
+          .doc("`cpu` \\| `cuda`", "`cpu`",
+               "where the run computes: the CPU backend, or one NVIDIA GPU per rank (a build with "
+               "`-DLOOM_CUDA=ON`; the GPU is the local rank's; [cuda.md](cuda.md))"),
+      key("kernels.tf32", KeyKind::kBool)
+          .or_else(false)
+          .lands(LOOM_FIELD(c.kernels.tf32, bool))
+          .doc("bool", "false",
+               "`device: cuda`: f32 GEMMs (attention's included) may round their inputs to "
+               "TF32 on the tensor cores (10-bit mantissas, f32 accumulation)"),
       key("kernels.gemm_inputs", KeyKind::kString)
           .one_of({"f32", "16bit"})
           .or_else("f32")

@@ -23,6 +23,7 @@
 #include "loom/optim/lr_schedule.h"
 #include "loom/profile/gemm_peak.h"
 #include "loom/report/report.h"
+#include "loom/train/device.h"
 #include "loom/train/whole_model.h"
 
 namespace loom {
@@ -85,8 +86,25 @@ Trainer::Trainer(Config config, RunOptions options, ThreadConfig threads)
                 options_.out_dir);
   }
   gemm_ = configure_gemm(config_.kernels.gemm);
-  backend_ = std::make_unique<CpuBackend<float>>(cpu::GemmConfig{
-      gemm_.backend, config_.kernels.gemm_inputs == "16bit" ? config_.precision : DType::kF32});
+  const bool cuda = config_.device == "cuda";
+  if (cuda) {
+    RunBackend rb = make_cuda_run_backend(config_, options_.parallel);
+    backend_ = std::move(rb.backend);
+    gemm_inputs_ = rb.gemm_inputs;
+    gemm_backend_name_ = rb.gemm_backend;
+    gemm_.describe = rb.describe;
+    gemm_.warning.clear();
+    gemm_path_name_ = std::string("cublaslt ") +
+                      (gemm_inputs_ != DType::kF32 ? std::string(dtype_name(gemm_inputs_))
+                       : config_.kernels.tf32    ? "tf32"
+                                                 : "f32");
+    // The grid's groups over NCCL (comm.backend nccl, the default on cuda).
+    options_.parallel = with_nccl_groups(std::move(options_.parallel), config_);
+  } else {
+    gemm_inputs_ = config_.kernels.gemm_inputs == "16bit" ? config_.precision : DType::kF32;
+    backend_ = std::make_unique<CpuBackend<float>>(cpu::GemmConfig{gemm_.backend, gemm_inputs_});
+    gemm_backend_name_ = cpu::gemm_backend_name(gemm_.backend);
+  }
   engine_ = std::make_unique<StepEngine>(config_, options_.parallel, *backend_);
   if (config_.log.trace) {
     trace_ = std::make_unique<RunTrace>(engine_->time_origin(), kTraceSteps);
@@ -100,9 +118,13 @@ Trainer::Trainer(Config config, RunOptions options, ThreadConfig threads)
   // FLOP/s by it times the ranks. Under mpirun rank 0 measures while the
   // others wait (ranks measuring at once would compete for the cores) and
   // every rank takes its figure.
-  gemm_path_ = gemm_path_for(backend_->gemm_config().inputs);
+  gemm_path_ = gemm_path_for(gemm_inputs_);
+  if (!cuda) gemm_path_name_ = loom::gemm_path_name(gemm_path_);
   peak_gflops_ = config_.log.peak_gflops;
-  if (peak_gflops_ <= 0) {
+  if (peak_gflops_ <= 0 && cuda) {
+    // Each rank's own GPU, measured by the backend's own GEMM path.
+    peak_gflops_ = measure_gemm_gflops(*backend_);
+  } else if (peak_gflops_ <= 0) {
     const auto& world = options_.parallel.world;
     if (world) world->barrier()->wait();
     float peak = 0;
@@ -116,7 +138,7 @@ Trainer::Trainer(Config config, RunOptions options, ThreadConfig threads)
   // times the cores the host's ranks can keep busy, per host. Ranks sharing
   // a host's cores (4 ranks of 1 thread on 2 cores) share its peak.
   const int ranks = options_.parallel.world ? options_.parallel.world->size() : 1;
-  job_peak_gflops_ = loom::job_peak_gflops(peak_gflops_, threads_, ranks);
+  job_peak_gflops_ = cuda ? peak_gflops_ * ranks : loom::job_peak_gflops(peak_gflops_, threads_, ranks);
   progress_ = std::make_unique<Progress>(config_.train.steps, config_.log.every, options_.quiet,
                                          !options_.quiet && isatty(STDOUT_FILENO));
 }
@@ -250,8 +272,8 @@ StepResult Trainer::train_step() {
   const double tokens = double(config_.train_batch_size) * double(config_.model.seq_len);
   r.tokens_per_s = tokens / r.t_step;
   r.mfu = engine_->flops_per_token() * r.tokens_per_s / (job_peak_gflops_ * 1e9);
-  r.gemm_backend = cpu::gemm_backend_name(gemm_.backend);
-  r.gemm_path = gemm_path_name(gemm_path_);
+  r.gemm_backend = gemm_backend_name_;
+  r.gemm_path = gemm_path_name_;
   r.peak_gflops = peak_gflops_;
   // A model-FLOP utilisation above 1 means the denominator is not the peak
   // of the path the GEMMs take: said once, with what to do.
@@ -722,15 +744,24 @@ void Trainer::describe_run() const {
   }
   std::printf("loom: GEMM %s: %.0f GFLOP/s %s\n", gemm_.describe.c_str(), peak_gflops_,
               config_.log.peak_gflops > 0 ? "(log.peak_gflops)"
+              : config_.device == "cuda"
+                  ? "per rank (a 4096^3 GEMM on this rank's GPU by the run's own path, measured "
+                    "at start; the MFU denominator)"
               : gemm_path_ == GemmPath::kBf16Matmul
                   ? "per rank (the 2048^3 bf16 matmul, the path this run's GEMMs take, "
                     "measured once per machine and cached; the MFU denominator)"
                   : "per rank (the best 2048^3 sgemm of any backend, measured "
                     "once per machine and cached; the MFU denominator)");
   if (!gemm_.warning.empty()) std::printf("loom: warning: %s\n", gemm_.warning.c_str());
-  if (const DType in = backend_->gemm_config().inputs; in != DType::kF32)
+  if (const DType in = gemm_inputs_; in != DType::kF32)
     std::printf("loom: GEMM inputs rounded to %s, products accumulated in f32 (%s)\n",
-                std::string(dtype_name(in)).c_str(), cpu::gemm_16_path(in));
+                std::string(dtype_name(in)).c_str(),
+                config_.device == "cuda" ? "cuBLASLt" : cpu::gemm_16_path(in));
+  if (config_.device == "cuda")
+    std::printf("loom: device cuda: %s; groups over %s\n", gemm_.describe.c_str(),
+                !options_.parallel.world ? "none (one process)"
+                : uses_nccl(config_)     ? "NCCL"
+                                         : "MPI");
   std::printf("loom: grid %s\n", options_.parallel.grid.describe().c_str());
   if (!options_.parallel.placement.empty())
     std::printf("loom: hosts %s\n", options_.parallel.placement.c_str());

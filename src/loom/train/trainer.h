@@ -63,7 +63,13 @@ class Trainer {
   GptStage<float>& model() { return engine_->stage(); }
   ZeroEngine& zero() { return engine_->zero(); }
   StepEngine& engine() { return *engine_; }
-  const CpuBackend<float>& backend() const { return *backend_; }
+  // The run's backend: the CPU's, or device cuda's (train/device.h).
+  const Backend<float>& backend() const { return *backend_; }
+  // The GEMMs' input type (f32, or the run's 16-bit type with
+  // kernels.gemm_inputs 16bit) and the library that runs them ("onednn",
+  // "openblas", "cublaslt").
+  DType gemm_inputs() const { return gemm_inputs_; }
+  const std::string& gemm_backend_name() const { return gemm_backend_name_; }
   // The whole flat parameter buffer (collective at ZeRO stage 3).
   std::vector<float> gather_params() { return engine_->gather_params(); }
   int64_t step() const { return step_; }
@@ -76,6 +82,8 @@ class Trainer {
   double peak_gflops() const { return peak_gflops_; }
   // The path the run's GEMMs take, whose peak peak_gflops() is.
   GemmPath gemm_path() const { return gemm_path_; }
+  // Its name in metrics: "f32 sgemm", "bf16 matmul", "cublaslt f32", ...
+  const std::string& gemm_path_name() const { return gemm_path_name_; }
   // The MFU denominator: the per-rank peak times the ranks, capped by the
   // cores they share on each host.
   double job_peak_gflops() const { return job_peak_gflops_; }
@@ -116,7 +124,9 @@ class Trainer {
   GemmChoice gemm_;
   // The run's backend (kernels.gemm, kernels.gemm_inputs): every stage of
   // the engine computes on it. Declared before the engine, which it outlives.
-  std::unique_ptr<CpuBackend<float>> backend_;
+  std::unique_ptr<Backend<float>> backend_;
+  DType gemm_inputs_ = DType::kF32;
+  std::string gemm_backend_name_, gemm_path_name_;
   // log.trace: the first steps' timeline (train/trace.h). Before the engine:
   // the stages' observers point at it.
   std::unique_ptr<RunTrace> trace_;

@@ -55,6 +55,9 @@ struct CommOptions {
   // comm.payloads: auto (a bf16 run's tensor-parallel, pipeline and
   // all-to-all tensors travel in bf16) | f32. Read by the training layers.
   std::string payloads = "auto";
+  // comm.backend: auto | mpi | nccl: what the grid's groups run over
+  // (train/device.h makes the NCCL groups).
+  std::string backend = "auto";
 };
 
 class MpiProcessGroup;

@@ -488,6 +488,15 @@ template <typename T>
 Buffer CudaBackend<T>::alloc(size_t bytes, MemCategory category, bool zeroed) const {
   if (bytes == 0) return Buffer::adopt(nullptr, 0, category, Device::kCuda, nullptr);
   const cuda::Context& ctx = context();
+  // Managed memory may be asked for beyond what the card holds (pages
+  // would migrate to and fro, or the device stall): refused instead.
+  size_t free_bytes = 0, total_bytes = 0;
+  LOOM_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  LOOM_CHECK(bytes <= free_bytes,
+             "out of device memory: {} bytes for {} with {} of {} free on {} (a smaller "
+             "micro-batch, activation checkpointing or ZeRO shrink the run)",
+             bytes, mem_category_name(category), free_bytes, total_bytes,
+             cuda_device_description(ctx.device));
   void* p = nullptr;
   const cudaError_t e = cudaMallocManaged(&p, bytes);
   LOOM_CHECK(e == cudaSuccess, "out of device memory allocating {} bytes for {} on {}: {}", bytes,
