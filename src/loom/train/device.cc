@@ -64,10 +64,12 @@ ParallelContext with_nccl_groups(ParallelContext ctx, const Config& c) {
     }
     g = it->second;
   };
+  // The pipeline and context-parallel groups stay MPI: their messages are
+  // separate sends and receives, which on NCCL's one stream per group wait
+  // behind each other (a 1F1B stage's receive blocks the send its peer
+  // needs). NCCL for them needs paired send-receive calls.
   convert(ctx.dp, "dp");
-  convert(ctx.cp, "cp");
   convert(ctx.tp, "tp");
-  convert(ctx.pp, "pp");
   convert(ctx.ep, "ep");
   convert(ctx.ep_dp, "ep_dp");
   convert(ctx.embedding, "embedding");

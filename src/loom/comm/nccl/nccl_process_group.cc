@@ -63,14 +63,16 @@ struct Pending {
 };
 
 struct NcclProcessGroup::State {
-  ncclComm_t comm = nullptr;
+  ncclComm_t comm = nullptr;  // null once aborted
   cudaStream_t stream = nullptr;
   int device = 0, rank = 0, size = 1;
   std::string name;
   double timeout_s = 600;
   CommRecord* record = nullptr;
-  std::mutex mu;  // issuing operations, the pending queue
+  std::mutex mu;          // issuing operations (one at a time on the stream)
+  std::mutex pending_mu;  // the pending queue, shared with the watchdog
   std::deque<Pending> pending;
+  std::mutex fail_mu;
   std::atomic<bool> failed{false};
   std::string failure;  // set once, before `failed`
   std::atomic<bool> stop{false};
@@ -78,54 +80,66 @@ struct NcclProcessGroup::State {
 
   // Aborts the communicator and ends the job with `message` (once).
   void fail(const std::string& message) {
-    bool expected = false;
-    static std::mutex fail_mu;
-    std::lock_guard<std::mutex> lock(fail_mu);
-    if (failed.load()) return;
-    failure = message;
-    failed.compare_exchange_strong(expected, true);
-    ncclCommAbort(comm);
+    {
+      std::lock_guard<std::mutex> lock(fail_mu);
+      if (failed.load()) return;
+      failure = message;
+      failed = true;
+      if (comm != nullptr) ncclCommAbort(comm);
+      comm = nullptr;
+    }
     fail_fast(message);
   }
 
   // Waits until the non-blocking communicator has settled the last call.
   ncclResult_t settle(ncclResult_t r, Clock::time_point deadline) {
     while (r == ncclInProgress) {
+      if (failed.load()) return ncclInternalError;
       if (Clock::now() > deadline) return ncclInProgress;
       std::this_thread::yield();
+      std::lock_guard<std::mutex> lock(fail_mu);
+      if (comm == nullptr) return ncclInternalError;
       ncclCommGetAsyncError(comm, &r);
     }
     return r;
   }
 
   void watch() {
+    cudaSetDevice(device);  // this thread's queries on the group's GPU
     while (!stop.load()) {
       std::this_thread::sleep_for(std::chrono::microseconds(200));
       if (failed.load()) continue;
       ncclResult_t async = ncclSuccess;
-      ncclCommGetAsyncError(comm, &async);
+      {
+        std::lock_guard<std::mutex> lock(fail_mu);
+        if (comm != nullptr) ncclCommGetAsyncError(comm, &async);
+      }
       if (async != ncclSuccess && async != ncclInProgress) {
         fail(format("NCCL group '{}' rank {} of {}: NCCL reports {}", name, rank, size,
                     nccl_error(async)));
         continue;
       }
-      std::lock_guard<std::mutex> lock(mu);
-      while (!pending.empty()) {
-        Pending& p = pending.front();
-        const cudaError_t q = cudaEventQuery(p.event);
-        if (q == cudaErrorNotReady) {
-          if (Clock::now() > p.deadline)
-            fail(format("comm timeout: NCCL group '{}' rank {} of {}: {} did not complete within "
-                        "{} s (comm.timeout_s); the communicator is aborted",
-                        name, rank, size, p.what, timeout_s));
-          break;
+      std::string timed_out;
+      {
+        std::lock_guard<std::mutex> lock(pending_mu);
+        while (!pending.empty()) {
+          Pending& p = pending.front();
+          const cudaError_t q = cudaEventQuery(p.event);
+          if (q == cudaErrorNotReady) {
+            if (Clock::now() > p.deadline)
+              timed_out = format("comm timeout: NCCL group '{}' rank {} of {}: {} did not complete "
+                                 "within {} s (comm.timeout_s); the communicator is aborted",
+                                 name, rank, size, p.what, timeout_s);
+            break;
+          }
+          p.record.ended = comm_clock();
+          p.record.failed = q != cudaSuccess;
+          if (record != nullptr) record->add(p.record);
+          cudaEventDestroy(p.event);
+          pending.pop_front();
         }
-        p.record.ended = comm_clock();
-        p.record.failed = q != cudaSuccess;
-        if (record != nullptr) record->add(p.record);
-        cudaEventDestroy(p.event);
-        pending.pop_front();
       }
+      if (!timed_out.empty()) fail(timed_out);
     }
   }
 };
@@ -136,7 +150,8 @@ namespace {
 // has failed (its communicator aborted).
 class NcclEvent final : public DeviceEvent {
  public:
-  NcclEvent(cudaEvent_t e, const NcclProcessGroup::State* s) : e_(e), s_(s) {}
+  NcclEvent(cudaEvent_t e, std::shared_ptr<const NcclProcessGroup::State> s)
+      : e_(e), s_(std::move(s)) {}
   ~NcclEvent() override { cudaEventDestroy(e_); }
   Device device() const override { return Device::kCuda; }
   bool query() const override { return cudaEventQuery(e_) == cudaSuccess; }
@@ -154,7 +169,7 @@ class NcclEvent final : public DeviceEvent {
 
  private:
   cudaEvent_t e_;
-  const NcclProcessGroup::State* s_;
+  std::shared_ptr<const NcclProcessGroup::State> s_;
 };
 
 // A caller's buffer as NCCL takes it: device and managed memory in place,
@@ -204,7 +219,7 @@ std::string nccl_version() {
 std::shared_ptr<NcclProcessGroup> NcclProcessGroup::create(ProcessGroup& bootstrap,
                                                            std::string name, int device,
                                                            double timeout_s, CommRecord* record) {
-  auto s = std::make_unique<State>();
+  auto s = std::make_shared<State>();
   s->device = device;
   s->rank = bootstrap.rank();
   s->size = bootstrap.size();
@@ -243,17 +258,16 @@ std::shared_ptr<NcclProcessGroup> NcclProcessGroup::create(ProcessGroup& bootstr
   return std::shared_ptr<NcclProcessGroup>(new NcclProcessGroup(std::move(s)));
 }
 
-NcclProcessGroup::NcclProcessGroup(std::unique_ptr<State> s) : s_(std::move(s)) {}
+NcclProcessGroup::NcclProcessGroup(std::shared_ptr<State> s) : s_(std::move(s)) {}
 
 NcclProcessGroup::~NcclProcessGroup() {
   if (!s_->failed.load()) cudaStreamSynchronize(s_->stream);
   s_->stop = true;
   if (s_->watchdog.joinable()) s_->watchdog.join();
   for (Pending& p : s_->pending) cudaEventDestroy(p.event);
-  if (s_->failed.load())
-    ncclCommAbort(s_->comm);
-  else
-    ncclCommDestroy(s_->comm);
+  s_->pending.clear();
+  if (s_->comm != nullptr) ncclCommDestroy(s_->comm);  // null: aborted already
+  s_->comm = nullptr;
   cudaStreamDestroy(s_->stream);
 }
 
@@ -268,71 +282,77 @@ namespace {
 // returns the Work (completing on the device, or before returning when a
 // buffer was staged).
 template <typename Op>
-WorkPtr issue(NcclProcessGroup::State& s, const std::string& what, CommEvent ev,
-              const std::vector<Buf>& bufs, Op op) {
+WorkPtr issue(const std::shared_ptr<NcclProcessGroup::State>& sp, const std::string& what,
+              CommEvent ev, const std::vector<Buf>& bufs, Op op) {
+  NcclProcessGroup::State& s = *sp;
   auto work = std::make_shared<Work>(what, s.timeout_s);
+  ev.enqueued = comm_clock();
+  std::unique_lock<std::mutex> lock(s.mu);
   if (s.failed.load()) {
     work->fail(s.failure);
     return work;
   }
-  ev.enqueued = comm_clock();
-  std::lock_guard<std::mutex> lock(s.mu);
   cuda_check(cudaSetDevice(s.device), "cudaSetDevice");
   std::vector<Staged> staged;
   std::vector<void*> dev;
+  auto free_staged = [&] {
+    for (const Staged& b : staged) cudaFreeAsync(b.dev, s.stream);
+  };
   for (const Buf& b : bufs)
     dev.push_back(device_usable(const_cast<void*>(b.p), b.bytes, b.written, s.stream, staged));
   work->mark_started();
   ev.started = comm_clock();
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                            std::chrono::duration<double>(std::min(s.timeout_s, 1e9)));
-  ncclResult_t r = op(dev, s.comm, s.stream);
+  ncclComm_t comm;
+  {
+    std::lock_guard<std::mutex> f(s.fail_mu);
+    comm = s.comm;
+  }
+  ncclResult_t r = comm != nullptr ? op(dev, comm, s.stream) : ncclInternalError;
   r = s.settle(r, deadline);
   if (r != ncclSuccess) {
     const std::string msg =
-        format("NCCL group '{}' rank {} of {}: {} failed: {}", s.name, s.rank, s.size, what,
-               r == ncclInProgress ? "it was not enqueued within comm.timeout_s" : nccl_error(r));
+        s.failed.load() ? s.failure
+                        : format("NCCL group '{}' rank {} of {}: {} failed: {}", s.name, s.rank,
+                                 s.size, what,
+                                 r == ncclInProgress ? "it was not enqueued within comm.timeout_s"
+                                                     : nccl_error(r));
+    free_staged();
+    lock.unlock();
     s.fail(msg);
     work->fail(msg);
     return work;
   }
-  cudaEvent_t e;
+  // Two events: the Work's, and the watchdog's (deadline and record).
+  cudaEvent_t e, watched;
   cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+  cuda_check(cudaEventCreateWithFlags(&watched, cudaEventDisableTiming), "cudaEventCreate");
   cuda_check(cudaEventRecord(e, s.stream), "cudaEventRecord");
-  if (!staged.empty()) {
-    // A host buffer: complete here, copying the results back.
-    for (const Staged& b : staged)
-      if (b.written)
-        cuda_check(cudaMemcpyAsync(b.host, b.dev, b.bytes, cudaMemcpyDeviceToHost, s.stream),
-                   "cudaMemcpyAsync");
-    for (const Staged& b : staged) cudaFreeAsync(b.dev, s.stream);
-    cudaEvent_t done;
-    cuda_check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
-    cuda_check(cudaEventRecord(done, s.stream), "cudaEventRecord");
-    NcclEvent wait_for(done, &s);
-    s.mu.unlock();  // the watchdog may need the queue while this waits
-    try {
-      wait_for.synchronize();
-    } catch (const Error& err) {
-      s.mu.lock();
-      cudaEventDestroy(e);
-      work->fail(err.what());
-      return work;
-    }
-    s.mu.lock();
-    ev.ended = comm_clock();
-    if (s.record != nullptr) s.record->add(ev);
-    cudaEventDestroy(e);
-    work->finish(ev.ended - ev.started);
+  cuda_check(cudaEventRecord(watched, s.stream), "cudaEventRecord");
+  {
+    std::lock_guard<std::mutex> p(s.pending_mu);
+    s.pending.push_back({watched, deadline, what, ev});
+  }
+  auto done = std::make_shared<NcclEvent>(e, sp);
+  if (staged.empty()) {
+    work->set_event(std::move(done));
+    work->finish(0);
     return work;
   }
-  // The watchdog keeps its own event for the deadline and the record.
-  cudaEvent_t watched;
-  cuda_check(cudaEventCreateWithFlags(&watched, cudaEventDisableTiming), "cudaEventCreate");
-  cuda_check(cudaEventRecord(watched, s.stream), "cudaEventRecord");
-  s.pending.push_back({watched, deadline, what, ev});
-  work->set_event(std::make_shared<NcclEvent>(e, &s));
-  work->finish(0);
+  // A host buffer: wait here (the watchdog enforces the deadline and ends
+  // the wait by failing the group), copy the results back, free the copies.
+  lock.unlock();
+  try {
+    done->synchronize();
+  } catch (const Error& err) {
+    work->fail(err.what());
+    return work;  // the copies stay: the aborted communicator may still hold them
+  }
+  for (const Staged& b : staged)
+    if (b.written) cuda_check(cudaMemcpy(b.host, b.dev, b.bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
+  for (const Staged& b : staged) cudaFreeAsync(b.dev, s.stream);
+  work->finish(comm_clock() - ev.started);
   return work;
 }
 
@@ -360,7 +380,7 @@ WorkPtr NcclProcessGroup::all_reduce(const void* in, void* out, size_t count, DT
                                      ReduceOp op) {
   const size_t bytes = count * dtype_size(t);
   const double p = s_->size;
-  return issue(*s_, describe(*s_, "all-reduce", count, t),
+  return issue(s_, describe(*s_, "all-reduce", count, t),
                event_of(*s_, "allreduce", t, count, 2 * (p - 1) / p * double(bytes), false),
                {{in, bytes, false}, {out, bytes, true}},
                [&](const std::vector<void*>& d, ncclComm_t c, cudaStream_t st) {
@@ -372,7 +392,7 @@ WorkPtr NcclProcessGroup::reduce_scatter(const void* in, void* out, size_t count
                                          ReduceOp op) {
   const size_t bytes = count * dtype_size(t);
   const double p = s_->size;
-  return issue(*s_, describe(*s_, "reduce-scatter", count, t),
+  return issue(s_, describe(*s_, "reduce-scatter", count, t),
                event_of(*s_, "reducescatter", t, count, (p - 1) * double(bytes), false),
                {{in, bytes * static_cast<size_t>(s_->size), false}, {out, bytes, true}},
                [&](const std::vector<void*>& d, ncclComm_t c, cudaStream_t st) {
@@ -383,7 +403,7 @@ WorkPtr NcclProcessGroup::reduce_scatter(const void* in, void* out, size_t count
 WorkPtr NcclProcessGroup::all_gather(const void* in, void* out, size_t count, DType t) {
   const size_t bytes = count * dtype_size(t);
   const double p = s_->size;
-  return issue(*s_, describe(*s_, "all-gather", count, t),
+  return issue(s_, describe(*s_, "all-gather", count, t),
                event_of(*s_, "allgather", t, count, (p - 1) * double(bytes), false),
                {{in, bytes, false}, {out, bytes * static_cast<size_t>(s_->size), true}},
                [&](const std::vector<void*>& d, ncclComm_t c, cudaStream_t st) {
@@ -394,7 +414,7 @@ WorkPtr NcclProcessGroup::all_gather(const void* in, void* out, size_t count, DT
 WorkPtr NcclProcessGroup::broadcast(void* buf, size_t count, DType t, int root) {
   const size_t bytes = count * dtype_size(t);
   const double p = s_->size;
-  return issue(*s_, describe(*s_, "broadcast", count, t),
+  return issue(s_, describe(*s_, "broadcast", count, t),
                event_of(*s_, "broadcast", t, count, (p - 1) / p * double(bytes), false),
                {{buf, bytes, true}},
                [&](const std::vector<void*>& d, ncclComm_t c, cudaStream_t st) {
@@ -413,7 +433,7 @@ WorkPtr NcclProcessGroup::all_to_all(const void* in, const std::vector<size_t>& 
   double sent = 0;
   for (size_t r = 0; r < n; ++r)
     if (static_cast<int>(r) != s_->rank) sent += double(send_counts[r] * es);
-  return issue(*s_, describe(*s_, "all-to-all", sends, t),
+  return issue(s_, describe(*s_, "all-to-all", sends, t),
                event_of(*s_, "alltoall", t, sends, sent, true),
                {{in, sends * es, false}, {out, recvs * es, true}},
                [&](const std::vector<void*>& d, ncclComm_t c, cudaStream_t st) {
@@ -441,7 +461,7 @@ WorkPtr NcclProcessGroup::send(const void* buf, size_t count, DType t, int peer,
   const std::string w = what.empty() ? format("send of {} {} to rank {} (tag {}) on group '{}'",
                                               count, dtype_name(t), peer, tag, s_->name)
                                      : what;
-  return issue(*s_, w, event_of(*s_, "send", t, count, double(bytes), true, peer),
+  return issue(s_, w, event_of(*s_, "send", t, count, double(bytes), true, peer),
                {{buf, bytes, false}},
                [&](const std::vector<void*>& d, ncclComm_t c, cudaStream_t st) {
                  return ncclSend(d[0], count, nccl_type(t), peer, c, st);
@@ -454,7 +474,7 @@ WorkPtr NcclProcessGroup::recv(void* buf, size_t count, DType t, int peer, int t
   const std::string w = what.empty() ? format("receive of {} {} from rank {} (tag {}) on group '{}'",
                                               count, dtype_name(t), peer, tag, s_->name)
                                      : what;
-  return issue(*s_, w, event_of(*s_, "recv", t, count, 0, true, peer), {{buf, bytes, true}},
+  return issue(s_, w, event_of(*s_, "recv", t, count, 0, true, peer), {{buf, bytes, true}},
                [&](const std::vector<void*>& d, ncclComm_t c, cudaStream_t st) {
                  return ncclRecv(d[0], count, nccl_type(t), peer, c, st);
                });
@@ -465,7 +485,7 @@ WorkPtr NcclProcessGroup::barrier() {
   void* one = nullptr;
   cuda_check(cudaMallocAsync(&one, sizeof(float), s_->stream), "cudaMallocAsync");
   cuda_check(cudaMemsetAsync(one, 0, sizeof(float), s_->stream), "cudaMemsetAsync");
-  WorkPtr w = issue(*s_, format("barrier on group '{}'", s_->name),
+  WorkPtr w = issue(s_, format("barrier on group '{}'", s_->name),
                     event_of(*s_, "barrier", DType::kF32, 1, 0, true), {{one, sizeof(float), true}},
                     [&](const std::vector<void*>& d, ncclComm_t c, cudaStream_t st) {
                       return ncclAllReduce(d[0], d[0], 1, ncclFloat32, ncclSum, c, st);

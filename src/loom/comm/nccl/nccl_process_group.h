@@ -65,8 +65,8 @@ class NcclProcessGroup final : public ProcessGroup {
   struct State;
 
  private:
-  explicit NcclProcessGroup(std::unique_ptr<State> s);
-  std::unique_ptr<State> s_;
+  explicit NcclProcessGroup(std::shared_ptr<State> s);
+  std::shared_ptr<State> s_;  // shared with the device events of its operations
 };
 
 // The NCCL library's version ("2.28.3"), for logs.

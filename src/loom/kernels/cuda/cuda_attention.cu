@@ -182,7 +182,9 @@ __global__ void k_chunk_forward(T* out, T* lse, const T* q, const T* kv, Attenti
   T* li = lse + b * a.lse_batch + h * a.lse_head + i;
   const T lo = *li;
   const bool none = isinf(lo) && lo < 0;
-  const T ln = none ? lb : log(exp(lo) + exp(lb));
+  // log(e^lo + e^lb) without overflow: the larger one out front.
+  const T big = max(lo, lb), small = min(lo, lb);
+  const T ln = none ? lb : big + log1p(exp(small - big));
   const T wo = none ? T(0) : exp(lo - ln), wb = exp(lb - ln);
   T* o = out + b * a.o_batch + i * a.o_row + h * hs;
   for (int k = 0; k < kMaxPerThread; ++k) {

@@ -74,6 +74,15 @@ __global__ void k_rows_from(T* out, const T* row, int64_t N, int64_t C) {
   LOOM_GRID_STRIDE(i, N * C) out[i] = row[i % C];
 }
 
+// C (M, N; leading dimension ldc) *= beta: a GEMM with nothing to add.
+template <typename T>
+__global__ void k_scale_rows(T* c, int64_t M, int64_t N, int64_t ldc, T beta) {
+  LOOM_GRID_STRIDE(i, M * N) {
+    T& x = c[(i / N) * ldc + i % N];
+    x = beta == T(0) ? T(0) : x * beta;
+  }
+}
+
 template <typename T>
 __global__ void k_to16(uint16_t* out, const T* x, int64_t n, bool bf16) {
   LOOM_GRID_STRIDE(i, n) out[i] = cuda::narrow16(float(x[i]), bf16);
@@ -326,14 +335,22 @@ void grouped_rows_add(T* dst, const T* src, const std::vector<int32_t>& keys, in
     rows.insert(rows.end(), rs.begin(), rs.end());
     offsets.push_back(static_cast<int32_t>(rows.size()));
   }
-  Args args;
-  const int32_t* d_dest = args.in(dest.data(), static_cast<int64_t>(dest.size()));
-  const int32_t* d_off = args.in(offsets.data(), static_cast<int64_t>(offsets.size()));
-  const int32_t* d_rows = args.in(rows.data(), static_cast<int64_t>(rows.size()));
+  // The groups to the device by copies of their own (fresh host vectors
+  // are not registered: they may share a page with a caller's buffer).
+  auto upload = [](const std::vector<int32_t>& v, Scratch& d) {
+    d = Scratch(sizeof(int32_t) * v.size());
+    LOOM_CUDA_CHECK(cudaMemcpyAsync(d.as<int32_t>(), v.data(), sizeof(int32_t) * v.size(),
+                                    cudaMemcpyHostToDevice, context().stream));
+  };
+  Scratch d_dest, d_off, d_rows;
+  upload(dest, d_dest);
+  upload(offsets, d_off);
+  upload(rows, d_rows);
   k_grouped_rows_add<T><<<static_cast<unsigned>(dest.size()), kThreads, 0, context().stream>>>(
-      dst, src, d_dest, d_off, d_rows, C);
+      dst, src, d_dest.as<int32_t>(), d_off.as<int32_t>(), d_rows.as<int32_t>(), C);
   LOOM_CUDA_LAUNCHED();
-  args.finish();
+  // The host vectors stay alive until the copies are done.
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(context().stream));
 }
 
 template <typename T>
@@ -531,6 +548,10 @@ void weight_gemm(const CudaGemmConfig& g, Args& args, bool ta, bool tb, int64_t 
   if (M == 0 || N == 0) return;
   const int64_t ea = extent(ta ? K : M, ta ? M : K, lda), eb = extent(tb ? N : K, tb ? K : N, ldb);
   T* c = args.inout(C, extent(M, N, ldc));
+  if (K == 0) {  // op(A) op(B) is zero: C = beta C
+    if (beta != T(1)) launch(k_scale_rows<T>, M * N, c, M, N, ldc, beta);
+    return;
+  }
   const T* a = args.in(A, ea);
   DType type = DType::kF32;
   if constexpr (std::is_same_v<T, float>) type = B.w16 != nullptr ? B.t : g.inputs;
@@ -899,10 +920,12 @@ bool CudaBackend<T>::nonfinite_16(const uint16_t* x, int64_t n, DType t) const {
   if constexpr (!std::is_same_v<T, float>) this->unsupported(Op::kNonfinite16);
   check_16(t);
   Args args;
+  Scratch d_flag(sizeof(int));
+  LOOM_CUDA_CHECK(cudaMemsetAsync(d_flag.as<int>(), 0, sizeof(int), context().stream));
+  launch(k_nonfinite_16, n, args.in(x, n), n, t == DType::kBF16, d_flag.as<int>());
   int flag = 0;
-  int* d_flag = args.inout(&flag, 1);
-  LOOM_CUDA_CHECK(cudaMemsetAsync(d_flag, 0, sizeof(int), context().stream));
-  launch(k_nonfinite_16, n, args.in(x, n), n, t == DType::kBF16, d_flag);
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(&flag, d_flag.as<int>(), sizeof(int), cudaMemcpyDeviceToHost,
+                                  context().stream));
   args.finish();
   return flag != 0;
 }

@@ -69,34 +69,35 @@ class Scratch {
 
 // One operation's pointer arguments made usable on the device: device and
 // managed memory pass through, registered host memory by its device alias,
-// plain host memory through a device copy (copied back at finish() for
-// what the operation writes). finish() synchronises the stream: every
-// operation of the backend completes before it returns.
+// plain host memory is registered (page-locked and mapped) for the
+// operation, so the kernels read and write it in place (overlapping ranges,
+// such as two gradients in one buffer, are merged into one registration).
+// finish() synchronises the stream and releases the registrations: every
+// operation of the backend completes before it returns. The constructor
+// makes the backend's device the calling thread's.
 class Args {
  public:
-  Args() = default;
+  Args();
   Args(const Args&) = delete;
   Args& operator=(const Args&) = delete;
   ~Args();
   template <typename U>
   const U* in(const U* p, int64_t n) {
-    return static_cast<const U*>(stage(const_cast<U*>(p), sizeof(U) * static_cast<size_t>(n), false));
+    return static_cast<const U*>(stage(const_cast<U*>(p), sizeof(U) * static_cast<size_t>(n)));
   }
   template <typename U>
   U* inout(U* p, int64_t n) {
-    return static_cast<U*>(stage(p, sizeof(U) * static_cast<size_t>(n), true));
+    return static_cast<U*>(stage(p, sizeof(U) * static_cast<size_t>(n)));
   }
   void finish();
 
  private:
-  void* stage(void* p, size_t bytes, bool written);
-  struct Staged {
-    void* host;
-    void* dev;
-    size_t bytes;
-    bool written;
+  void* stage(void* p, size_t bytes);
+  void release();
+  struct Range {
+    uintptr_t lo, hi;  // page-aligned
   };
-  std::vector<Staged> staged_;
+  std::vector<Range> registered_;
   bool finished_ = false;
 };
 

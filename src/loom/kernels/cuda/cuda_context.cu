@@ -1,6 +1,8 @@
 // The CUDA backend's process state, staging of host pointers and GEMMs.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <initializer_list>
 #include <mutex>
 #include <string>
 
@@ -85,8 +87,15 @@ Scratch::~Scratch() {
   if (p_ != nullptr) cudaFreeAsync(p_, context().stream);
 }
 
-void* Args::stage(void* p, size_t bytes, bool written) {
+Args::Args() { LOOM_CUDA_CHECK(cudaSetDevice(context().device)); }
+
+void* Args::stage(void* p, size_t bytes) {
   if (p == nullptr || bytes == 0) return p;
+  const uintptr_t page = 4096;
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(p) / page * page;
+  const uintptr_t hi = (reinterpret_cast<uintptr_t>(p) + bytes + page - 1) / page * page;
+  for (const Range& r : registered_)
+    if (r.lo <= lo && hi <= r.hi) return p;  // inside a range this operation registered
   cudaPointerAttributes a{};
   if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
     cudaGetLastError();
@@ -94,35 +103,45 @@ void* Args::stage(void* p, size_t bytes, bool written) {
   }
   if (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged) return p;
   if (a.type == cudaMemoryTypeHost && a.devicePointer != nullptr) return a.devicePointer;
-  for (Staged& s : staged_)
-    if (s.host == p && s.bytes >= bytes) {
-      s.written = s.written || written;
-      return s.dev;
+  // Plain host memory: registered for this operation, merged with any range
+  // it overlaps (registrations may not overlap). Registered memory is
+  // addressed on the device by its host address (unified addressing).
+  Range u{lo, hi};
+  for (size_t i = 0; i < registered_.size();) {
+    const Range& r = registered_[i];
+    if (r.lo < u.hi && u.lo < r.hi) {
+      u.lo = std::min(u.lo, r.lo), u.hi = std::max(u.hi, r.hi);
+      LOOM_CUDA_CHECK(cudaHostUnregister(reinterpret_cast<void*>(r.lo)));
+      registered_.erase(registered_.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
     }
-  const cudaStream_t stream = context().stream;
+  }
+  LOOM_CUDA_CHECK(cudaHostRegister(reinterpret_cast<void*>(u.lo), u.hi - u.lo,
+                                   cudaHostRegisterMapped));
+  registered_.push_back(u);
   void* d = nullptr;
-  LOOM_CUDA_CHECK(cudaMallocAsync(&d, bytes, stream));
-  staged_.push_back({p, d, bytes, written});
-  LOOM_CUDA_CHECK(cudaMemcpyAsync(d, p, bytes, cudaMemcpyHostToDevice, stream));
+  LOOM_CUDA_CHECK(cudaHostGetDevicePointer(&d, p, 0));
   return d;
 }
 
+void Args::release() {
+  for (const Range& r : registered_) cudaHostUnregister(reinterpret_cast<void*>(r.lo));
+  registered_.clear();
+}
+
 void Args::finish() {
-  const cudaStream_t stream = context().stream;
-  for (const Staged& s : staged_)
-    if (s.written) LOOM_CUDA_CHECK(cudaMemcpyAsync(s.host, s.dev, s.bytes, cudaMemcpyDeviceToHost, stream));
-  for (const Staged& s : staged_) LOOM_CUDA_CHECK(cudaFreeAsync(s.dev, stream));
-  staged_.clear();
   finished_ = true;
-  LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const cudaError_t e = cudaStreamSynchronize(context().stream);
+  release();
+  LOOM_CUDA_CHECK(e);
 }
 
 Args::~Args() {
   if (finished_) return;
-  // An operation that threw: its staged copies go, nothing is copied back.
-  const cudaStream_t stream = context().stream;
-  for (const Staged& s : staged_) cudaFreeAsync(s.dev, stream);
-  cudaStreamSynchronize(stream);
+  // An operation that threw: wait for what it queued, then release.
+  cudaStreamSynchronize(context().stream);
+  release();
 }
 
 DeviceDropout device_dropout(const DropoutSpec& spec, Args& args, int64_t Tn) {
@@ -213,6 +232,29 @@ void lt_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const v
   const uint64_t ws = ctx.workspace_bytes;
   LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
       pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  // The alignment each operand really has (the heuristic assumes 256 bytes
+  // otherwise): the largest power of two up to 256 dividing its address
+  // and its rows' and batches' strides in bytes.
+  const size_t es = f64 ? 8 : (ab == DType::kF32 ? 4 : 2), cs = f64 ? 8 : 4;
+  auto align = [](const void* p, size_t elem, std::initializer_list<int64_t> strides) {
+    uint32_t a = 256;
+    auto fit = [&](uint64_t v) {
+      while (a > 1 && v % a != 0) a /= 2;
+    };
+    fit(reinterpret_cast<uintptr_t>(p));
+    for (int64_t s : strides) fit(static_cast<uint64_t>(s) * elem);
+    return a;
+  };
+  const uint32_t al_first = align(B, es, {ldb, sb}), al_second = align(A, es, {lda, sa}),
+                 al_c = align(C, cs, {ldc, sc});
+  LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_first, sizeof(al_first)));
+  LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_second, sizeof(al_second)));
+  LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c)));
+  LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c)));
   cublasLtMatmulHeuristicResult_t heur{};
   int found = 0;
   LOOM_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(ctx.lt, desc, la.l, lb.l, lc.l, lc.l, pref, 1,
