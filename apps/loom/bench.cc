@@ -183,21 +183,20 @@ void run_train_bench(const TrainBenchArgs& a) {
   nlohmann::json peak_bytes = nlohmann::json::object();
   for (int k = 0; k < kNumMemCategories; ++k)
     peak_bytes[std::string(mem_category_name(static_cast<MemCategory>(k)))] = mem.peak[k];
-  nlohmann::json j = {
-      {"config", a.config},
-      {"threads", threads.threads},
-      {"steps", a.steps},
-      {"warmup", a.warmup},
-      {"params", trainer.model().num_params()},
-      {"tokens_per_step", tokens},
-      {"step_time_s", step_s},
-      {"tokens_per_s", tps},
-      {"model_flops_per_s", flops},
-      {"gemm_path", trainer.gemm_path_name()},
-      {"peak_gflops", trainer.peak_gflops()},
-      {"mfu", flops / (trainer.peak_gflops() * 1e9)},
-      {"gemm_backend", trainer.gemm_backend_name()},
-      {"peak_bytes", peak_bytes}};
+  nlohmann::json j = {{"config", a.config},
+                      {"threads", threads.threads},
+                      {"steps", a.steps},
+                      {"warmup", a.warmup},
+                      {"params", trainer.model().num_params()},
+                      {"tokens_per_step", tokens},
+                      {"step_time_s", step_s},
+                      {"tokens_per_s", tps},
+                      {"model_flops_per_s", flops},
+                      {"gemm_path", trainer.gemm_path_name()},
+                      {"peak_gflops", trainer.peak_gflops()},
+                      {"mfu", flops / (trainer.peak_gflops() * 1e9)},
+                      {"gemm_backend", trainer.gemm_backend_name()},
+                      {"peak_bytes", peak_bytes}};
   // Activation checkpointing: the plan and the bytes it was made from.
   const GptStage<float>& stage = trainer.model();
   const int64_t B = c.micro_batch, Tn = c.model.seq_len;

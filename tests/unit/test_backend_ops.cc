@@ -57,8 +57,8 @@ std::vector<BackendCase> backends() {
   // host vectors through device memory itself.
   std::string why;
   if (cuda_device_count(&why) > 0)
-    b.push_back({"cuda", std::make_shared<CudaBackend<float>>(),
-                 std::make_shared<CudaBackend<double>>()});
+    b.push_back(
+        {"cuda", std::make_shared<CudaBackend<float>>(), std::make_shared<CudaBackend<double>>()});
   else
     std::printf("loom_backend_tests: the CUDA backend is built but not tested: %s\n", why.c_str());
 #endif
@@ -362,14 +362,14 @@ TEST(AttentionChunks, ComposeToWholeSequenceAttention) {
   const DropoutSpec drop{&stream, 2, dropout_site(1, DropoutSite::kAttnProbs)};
   const CpuBackend<double> cpu;
   const ReferenceBackend<double> ref;
-  for (const Backend<double>* be : {static_cast<const Backend<double>*>(&cpu),
-                                    static_cast<const Backend<double>*>(&ref)}) {
+  for (const Backend<double>* be :
+       {static_cast<const Backend<double>*>(&cpu), static_cast<const Backend<double>*>(&ref)}) {
     for (int64_t Tc : {5, 10, 20}) {
       std::vector<double> out(B * Tn * C), lse(B * NH * Tn), out1(out.size()), lse1(lse.size());
       std::vector<double> g(qkv.size(), 0.0), g1(qkv.size(), 0.0);
       be->attention_forward(out1.data(), lse1.data(), qkv.data(), B, Tn, C, NH, drop);
-      be->attention_backward(g1.data(), dout.data(), qkv.data(), out1.data(), lse1.data(), B, Tn,
-                             C, NH, drop);
+      be->attention_backward(g1.data(), dout.data(), qkv.data(), out1.data(), lse1.data(), B, Tn, C,
+                             NH, drop);
       backend_test::chunked_attention(*be, out.data(), lse.data(), qkv.data(), B, Tn, C, NH, Tc,
                                       drop);
       backend_test::chunked_attention_backward(*be, g.data(), dout.data(), qkv.data(), out.data(),

@@ -128,7 +128,9 @@ TEST(Cuda, AnNcclGroupOfOneRankDoesEveryCollective) {
                        DType) override {
       return done();
     }
-    WorkPtr send(const void*, size_t, DType, int, int, const std::string&) override { return done(); }
+    WorkPtr send(const void*, size_t, DType, int, int, const std::string&) override {
+      return done();
+    }
     WorkPtr recv(void*, size_t, DType, int, int, const std::string&) override { return done(); }
     WorkPtr barrier() override { return done(); }
   } self;

@@ -28,7 +28,6 @@ RouterConfig rc(int experts, int top_k, double capacity_factor,
   return c;
 }
 
-
 // The hash router: k distinct experts per token id, the same for the same
 // id wherever it occurs, and over a vocabulary each expert takes close to
 // its share (1/E of the k x ids assignments).

@@ -57,9 +57,9 @@ ParallelContext with_nccl_groups(ParallelContext ctx, const Config& c) {
     if (!g) return;
     auto it = made.find(g.get());
     if (it == made.end()) {
-      std::shared_ptr<ProcessGroup> n = NcclProcessGroup::create(
-          *g, g->name() == "world" ? std::string(role) : g->name(), device, c.comm.timeout_s,
-          g->record());
+      std::shared_ptr<ProcessGroup> n =
+          NcclProcessGroup::create(*g, g->name() == "world" ? std::string(role) : g->name(), device,
+                                   c.comm.timeout_s, g->record());
       it = made.emplace(g.get(), std::move(n)).first;
     }
     g = it->second;
@@ -89,8 +89,7 @@ double measure_gemm_gflops(const Backend<float>& b) {
   b.fill(A.as<float>(), n * n, 0.01f);
   b.fill(B.as<float>(), n * n, 0.02f);
   auto once = [&] {
-    b.gemm(false, false, n, n, n, 1.0f, A.as<float>(), n, B.as<float>(), n, 0.0f, C.as<float>(),
-           n);
+    b.gemm(false, false, n, n, n, 1.0f, A.as<float>(), n, B.as<float>(), n, 0.0f, C.as<float>(), n);
   };
   once();  // warm-up (algorithm choice, clocks)
   std::vector<double> s;

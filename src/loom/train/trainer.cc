@@ -94,10 +94,10 @@ Trainer::Trainer(Config config, RunOptions options, ThreadConfig threads)
     gemm_backend_name_ = rb.gemm_backend;
     gemm_.describe = rb.describe;
     gemm_.warning.clear();
-    gemm_path_name_ = std::string("cublaslt ") +
-                      (gemm_inputs_ != DType::kF32 ? std::string(dtype_name(gemm_inputs_))
-                       : config_.kernels.tf32    ? "tf32"
-                                                 : "f32");
+    gemm_path_name_ = std::string("cublaslt ") + (gemm_inputs_ != DType::kF32
+                                                      ? std::string(dtype_name(gemm_inputs_))
+                                                  : config_.kernels.tf32 ? "tf32"
+                                                                         : "f32");
     // The grid's groups over NCCL (comm.backend nccl, the default on cuda).
     options_.parallel = with_nccl_groups(std::move(options_.parallel), config_);
   } else {
@@ -138,7 +138,8 @@ Trainer::Trainer(Config config, RunOptions options, ThreadConfig threads)
   // times the cores the host's ranks can keep busy, per host. Ranks sharing
   // a host's cores (4 ranks of 1 thread on 2 cores) share its peak.
   const int ranks = options_.parallel.world ? options_.parallel.world->size() : 1;
-  job_peak_gflops_ = cuda ? peak_gflops_ * ranks : loom::job_peak_gflops(peak_gflops_, threads_, ranks);
+  job_peak_gflops_ =
+      cuda ? peak_gflops_ * ranks : loom::job_peak_gflops(peak_gflops_, threads_, ranks);
   progress_ = std::make_unique<Progress>(config_.train.steps, config_.log.every, options_.quiet,
                                          !options_.quiet && isatty(STDOUT_FILENO));
 }

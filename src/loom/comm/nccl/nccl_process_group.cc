@@ -21,21 +21,30 @@ using Clock = std::chrono::steady_clock;
 
 ncclDataType_t nccl_type(DType t) {
   switch (t) {
-    case DType::kF32: return ncclFloat32;
-    case DType::kBF16: return ncclBfloat16;
-    case DType::kF16: return ncclFloat16;
-    case DType::kU8: return ncclUint8;
-    case DType::kF64: return ncclFloat64;
-    case DType::kI64: return ncclInt64;
+    case DType::kF32:
+      return ncclFloat32;
+    case DType::kBF16:
+      return ncclBfloat16;
+    case DType::kF16:
+      return ncclFloat16;
+    case DType::kU8:
+      return ncclUint8;
+    case DType::kF64:
+      return ncclFloat64;
+    case DType::kI64:
+      return ncclInt64;
   }
   return ncclFloat32;
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return ncclSum;
-    case ReduceOp::kAvg: return ncclAvg;
-    case ReduceOp::kMax: return ncclMax;
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kAvg:
+      return ncclAvg;
+    case ReduceOp::kMax:
+      return ncclMax;
   }
   return ncclSum;
 }
@@ -127,9 +136,10 @@ struct NcclProcessGroup::State {
           const cudaError_t q = cudaEventQuery(p.event);
           if (q == cudaErrorNotReady) {
             if (Clock::now() > p.deadline)
-              timed_out = format("comm timeout: NCCL group '{}' rank {} of {}: {} did not complete "
-                                 "within {} s (comm.timeout_s); the communicator is aborted",
-                                 name, rank, size, p.what, timeout_s);
+              timed_out = format(
+                  "comm timeout: NCCL group '{}' rank {} of {}: {} did not complete "
+                  "within {} s (comm.timeout_s); the communicator is aborted",
+                  name, rank, size, p.what, timeout_s);
             break;
           }
           p.record.ended = comm_clock();
@@ -232,22 +242,23 @@ std::shared_ptr<NcclProcessGroup> NcclProcessGroup::create(ProcessGroup& bootstr
   // Every member learns whether rank 0 made an id (else all throw alike).
   uint8_t ok = r == ncclSuccess ? 1 : 0;
   bootstrap.broadcast(&ok, 1, DType::kU8, 0)->wait();
-  LOOM_CHECK_KIND(kComm, ok == 1, "NCCL failed to initialise group '{}': rank 0 could not make "
-                  "the unique id{}", s->name, s->rank == 0 ? ": " + nccl_error(r) : "");
+  LOOM_CHECK_KIND(kComm, ok == 1,
+                  "NCCL failed to initialise group '{}': rank 0 could not make "
+                  "the unique id{}",
+                  s->name, s->rank == 0 ? ": " + nccl_error(r) : "");
   bootstrap.broadcast(&id, sizeof(id), DType::kU8, 0)->wait();
   cuda_check(cudaSetDevice(device), "cudaSetDevice");
   cuda_check(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), "cudaStreamCreate");
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
-  const auto deadline =
-      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
-                         std::min(timeout_s, 1e9)));
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(std::min(timeout_s, 1e9)));
   r = ncclCommInitRankConfig(&s->comm, s->size, id, s->rank, &config);
   if (r == ncclSuccess || r == ncclInProgress) r = s->settle(ncclInProgress, deadline);
   if (r != ncclSuccess) {
-    const std::string why = r == ncclInProgress
-                                ? format("it did not finish within {} s (comm.timeout_s)", timeout_s)
-                                : nccl_error(r);
+    const std::string why =
+        r == ncclInProgress ? format("it did not finish within {} s (comm.timeout_s)", timeout_s)
+                            : nccl_error(r);
     if (s->comm != nullptr) ncclCommAbort(s->comm);
     cudaStreamDestroy(s->stream);
     LOOM_FAIL(kComm, "NCCL failed to initialise group '{}' (rank {} of {}, GPU {}): {}", s->name,
@@ -271,10 +282,18 @@ NcclProcessGroup::~NcclProcessGroup() {
   cudaStreamDestroy(s_->stream);
 }
 
-int NcclProcessGroup::rank() const { return s_->rank; }
-int NcclProcessGroup::size() const { return s_->size; }
-const std::string& NcclProcessGroup::name() const { return s_->name; }
-CommRecord* NcclProcessGroup::record() const { return s_->record; }
+int NcclProcessGroup::rank() const {
+  return s_->rank;
+}
+int NcclProcessGroup::size() const {
+  return s_->size;
+}
+const std::string& NcclProcessGroup::name() const {
+  return s_->name;
+}
+CommRecord* NcclProcessGroup::record() const {
+  return s_->record;
+}
 
 namespace {
 
@@ -302,8 +321,9 @@ WorkPtr issue(const std::shared_ptr<NcclProcessGroup::State>& sp, const std::str
     dev.push_back(device_usable(const_cast<void*>(b.p), b.bytes, b.written, s.stream, staged));
   work->mark_started();
   ev.started = comm_clock();
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(std::min(s.timeout_s, 1e9)));
+  const auto deadline =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                         std::chrono::duration<double>(std::min(s.timeout_s, 1e9)));
   ncclComm_t comm;
   {
     std::lock_guard<std::mutex> f(s.fail_mu);
@@ -313,11 +333,11 @@ WorkPtr issue(const std::shared_ptr<NcclProcessGroup::State>& sp, const std::str
   r = s.settle(r, deadline);
   if (r != ncclSuccess) {
     const std::string msg =
-        s.failed.load() ? s.failure
-                        : format("NCCL group '{}' rank {} of {}: {} failed: {}", s.name, s.rank,
-                                 s.size, what,
-                                 r == ncclInProgress ? "it was not enqueued within comm.timeout_s"
-                                                     : nccl_error(r));
+        s.failed.load()
+            ? s.failure
+            : format("NCCL group '{}' rank {} of {}: {} failed: {}", s.name, s.rank, s.size, what,
+                     r == ncclInProgress ? "it was not enqueued within comm.timeout_s"
+                                         : nccl_error(r));
     free_staged();
     lock.unlock();
     s.fail(msg);
@@ -350,7 +370,8 @@ WorkPtr issue(const std::shared_ptr<NcclProcessGroup::State>& sp, const std::str
     return work;  // the copies stay: the aborted communicator may still hold them
   }
   for (const Staged& b : staged)
-    if (b.written) cuda_check(cudaMemcpy(b.host, b.dev, b.bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    if (b.written)
+      cuda_check(cudaMemcpy(b.host, b.dev, b.bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
   for (const Staged& b : staged) cudaFreeAsync(b.dev, s.stream);
   work->finish(comm_clock() - ev.started);
   return work;
@@ -426,8 +447,8 @@ WorkPtr NcclProcessGroup::all_to_all(const void* in, const std::vector<size_t>& 
                                      void* out, const std::vector<size_t>& recv_counts, DType t) {
   const size_t n = static_cast<size_t>(s_->size), es = dtype_size(t);
   LOOM_CHECK(send_counts.size() == n && recv_counts.size() == n,
-             "all-to-all on group '{}' of {} ranks with {} send and {} receive counts", s_->name,
-             n, send_counts.size(), recv_counts.size());
+             "all-to-all on group '{}' of {} ranks with {} send and {} receive counts", s_->name, n,
+             send_counts.size(), recv_counts.size());
   const size_t sends = std::accumulate(send_counts.begin(), send_counts.end(), size_t{0});
   const size_t recvs = std::accumulate(recv_counts.begin(), recv_counts.end(), size_t{0});
   double sent = 0;
@@ -445,8 +466,8 @@ WorkPtr NcclProcessGroup::all_to_all(const void* in, const std::vector<size_t>& 
                      r = ncclSend(static_cast<const char*>(d[0]) + so * es, send_counts[k],
                                   nccl_type(t), peer, c, st);
                    if (r == ncclSuccess && recv_counts[k] > 0)
-                     r = ncclRecv(static_cast<char*>(d[1]) + ro * es, recv_counts[k],
-                                  nccl_type(t), peer, c, st);
+                     r = ncclRecv(static_cast<char*>(d[1]) + ro * es, recv_counts[k], nccl_type(t),
+                                  peer, c, st);
                    so += send_counts[k];
                    ro += recv_counts[k];
                  }
@@ -471,9 +492,10 @@ WorkPtr NcclProcessGroup::send(const void* buf, size_t count, DType t, int peer,
 WorkPtr NcclProcessGroup::recv(void* buf, size_t count, DType t, int peer, int tag,
                                const std::string& what) {
   const size_t bytes = count * dtype_size(t);
-  const std::string w = what.empty() ? format("receive of {} {} from rank {} (tag {}) on group '{}'",
-                                              count, dtype_name(t), peer, tag, s_->name)
-                                     : what;
+  const std::string w = what.empty()
+                            ? format("receive of {} {} from rank {} (tag {}) on group '{}'", count,
+                                     dtype_name(t), peer, tag, s_->name)
+                            : what;
   return issue(s_, w, event_of(*s_, "recv", t, count, 0, true, peer), {{buf, bytes, true}},
                [&](const std::vector<void*>& d, ncclComm_t c, cudaStream_t st) {
                  return ncclRecv(d[0], count, nccl_type(t), peer, c, st);

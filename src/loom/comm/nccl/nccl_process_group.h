@@ -41,8 +41,7 @@ class NcclProcessGroup final : public ProcessGroup {
   // Error(kComm) naming the NCCL error, or the timeout, when the
   // communicator cannot be made.
   static std::shared_ptr<NcclProcessGroup> create(ProcessGroup& bootstrap, std::string name,
-                                                  int device, double timeout_s,
-                                                  CommRecord* record);
+                                                  int device, double timeout_s, CommRecord* record);
   ~NcclProcessGroup() override;
 
   int rank() const override;

@@ -16,14 +16,11 @@ namespace loom {
 using cuda::Args;
 using cuda::context;
 using cuda::grid_for;
+using cuda::kThreads;
+using cuda::launch;
 using cuda::Scratch;
 
 namespace {
-
-constexpr int kThreads = 256;
-
-#define LOOM_GRID_STRIDE(i, n) \
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); i += int64_t{blockDim.x} * gridDim.x)
 
 // (b, t, [q | k | v], h, d) -> q, k, v each (b, h, t, d).
 template <typename T>
@@ -295,13 +292,6 @@ __global__ void k_chunk_dkv(T* dkv, const T* Dv, const T* dout, const T* q, cons
     gk[dd] += acc_k[kk];
     gk[a.v_col + dd] += acc_v[kk];
   }
-}
-
-template <typename K, typename... A>
-void launch(K kernel, int64_t n, A... a) {
-  if (n == 0) return;
-  kernel<<<grid_for(n, kThreads), kThreads, 0, context().stream>>>(a...);
-  LOOM_CUDA_LAUNCHED();
 }
 
 struct ChunkExtents {

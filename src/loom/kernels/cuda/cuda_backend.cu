@@ -17,11 +17,11 @@ namespace loom {
 using cuda::Args;
 using cuda::context;
 using cuda::grid_for;
+using cuda::kThreads;
+using cuda::launch;
 using cuda::Scratch;
 
 namespace {
-
-constexpr int kThreads = 256;
 
 // A weight as a kernel reads it: T values or 16-bit ones.
 template <typename T>
@@ -65,9 +65,6 @@ void check_16(DType t) {
 }
 
 // ---- kernels ------------------------------------------------------------------------
-
-#define LOOM_GRID_STRIDE(i, n) \
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); i += int64_t{blockDim.x} * gridDim.x)
 
 template <typename T>
 __global__ void k_rows_from(T* out, const T* row, int64_t N, int64_t C) {
@@ -469,13 +466,6 @@ __global__ void k_fill(T* x, int64_t n, T value) {
 template <typename T>
 __global__ void k_axpy(T* y, T a, const T* x, int64_t n) {
   LOOM_GRID_STRIDE(i, n) y[i] += a * x[i];
-}
-
-template <typename K, typename... A>
-void launch(K kernel, int64_t n, A... a) {
-  if (n == 0) return;
-  kernel<<<grid_for(n, kThreads), kThreads, 0, context().stream>>>(a...);
-  LOOM_CUDA_LAUNCHED();
 }
 
 }  // namespace

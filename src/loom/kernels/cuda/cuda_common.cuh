@@ -107,6 +107,20 @@ inline unsigned grid_for(int64_t n, int threads = 256) {
   return static_cast<unsigned>(b < 1 ? 1 : (b > 65535 * 4 ? 65535 * 4 : b));
 }
 
+// Threads per block of the element-wise kernels, and their grid-stride loop.
+constexpr int kThreads = 256;
+#define LOOM_GRID_STRIDE(i, n)                                                  \
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); \
+       i += int64_t{blockDim.x} * gridDim.x)
+
+// Launches an element-wise kernel over n elements on the backend's stream.
+template <typename K, typename... A>
+void launch(K kernel, int64_t n, A... a) {
+  if (n == 0) return;
+  kernel<<<grid_for(n, kThreads), kThreads, 0, context().stream>>>(a...);
+  LOOM_CUDA_LAUNCHED();
+}
+
 // ---- device helpers -----------------------------------------------------------
 
 __device__ __forceinline__ void philox_round(uint32_t c[4], uint32_t k0, uint32_t k1) {
