@@ -84,8 +84,8 @@ __global__ void k_causal_softmax(T* s, T* lse, int64_t NH, int64_t Tn, cuda::Dev
   if (threadIdx.x == 0) lse[row] = l;
   for (int64_t j = threadIdx.x; j < Tn; j += blockDim.x)
     r[j] = j <= i ? exp(r[j] - l) * cuda::keep_of<T>(d, d.sample0 + static_cast<uint64_t>(b),
-                                                      d.site + static_cast<uint32_t>(h),
-                                                      static_cast<uint32_t>(i), j)
+                                                     d.site + static_cast<uint32_t>(h),
+                                                     static_cast<uint32_t>(i), j)
                   : T(0);
 }
 
@@ -145,7 +145,8 @@ __global__ void k_chunk_forward(T* out, T* lse, const T* q, const T* kv, Attenti
                                 cuda::DeviceDropout d) {
   __shared__ T sh[32];
   __shared__ T w[kRowThreads];
-  const int64_t i = blockIdx.x % a.Tq, h = (blockIdx.x / a.Tq) % a.NH, b = blockIdx.x / (a.Tq * a.NH);
+  const int64_t i = blockIdx.x % a.Tq, h = (blockIdx.x / a.Tq) % a.NH,
+                b = blockIdx.x / (a.Tq * a.NH);
   const int64_t hs = a.C / a.NH;
   const int64_t n = min(a.Tk, a.q_pos + i - a.k_pos + 1);
   if (n <= 0) return;
@@ -153,10 +154,12 @@ __global__ void k_chunk_forward(T* out, T* lse, const T* q, const T* kv, Attenti
   const T* qi = q + b * a.q_batch + i * a.q_row + h * hs;
   const T* kb = kv + b * a.kv_batch + h * hs;
   T m = T(-INFINITY);
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) m = max(m, dot(qi, kb + j * a.kv_row, hs) * scale);
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
+    m = max(m, dot(qi, kb + j * a.kv_row, hs) * scale);
   m = cuda::block_max(m, sh);
   T s = 0;
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) s += exp(dot(qi, kb + j * a.kv_row, hs) * scale - m);
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
+    s += exp(dot(qi, kb + j * a.kv_row, hs) * scale - m);
   s = cuda::block_sum(s, sh);
   const T lb = m + log(s);
   T acc[kMaxPerThread] = {};
@@ -199,7 +202,8 @@ __global__ void k_chunk_dq(T* dq, T* Dv, const T* dout, const T* q, const T* kv,
                            const T* lse, AttentionChunk a, cuda::DeviceDropout d) {
   __shared__ T sh[32];
   __shared__ T w[kRowThreads];
-  const int64_t i = blockIdx.x % a.Tq, h = (blockIdx.x / a.Tq) % a.NH, b = blockIdx.x / (a.Tq * a.NH);
+  const int64_t i = blockIdx.x % a.Tq, h = (blockIdx.x / a.Tq) % a.NH,
+                b = blockIdx.x / (a.Tq * a.NH);
   const int64_t hs = a.C / a.NH;
   const T scale = T(1) / sqrt(T(hs));
   const T* qi = q + b * a.q_batch + i * a.q_row + h * hs;
@@ -249,7 +253,8 @@ __global__ void k_chunk_dkv(T* dkv, const T* Dv, const T* dout, const T* q, cons
                             const T* lse, AttentionChunk a, cuda::DeviceDropout d) {
   __shared__ T ws[kRowThreads];
   __shared__ T wp[kRowThreads];
-  const int64_t j = blockIdx.x % a.Tk, h = (blockIdx.x / a.Tk) % a.NH, b = blockIdx.x / (a.Tk * a.NH);
+  const int64_t j = blockIdx.x % a.Tk, h = (blockIdx.x / a.Tk) % a.NH,
+                b = blockIdx.x / (a.Tk * a.NH);
   const int64_t hs = a.C / a.NH;
   const T scale = T(1) / sqrt(T(hs));
   const int64_t i0 = max(int64_t{0}, a.k_pos + j - a.q_pos);  // the first query that sees key j
@@ -318,8 +323,8 @@ void CudaBackend<T>::attention_forward(T* out, T* lse, const T* qkv, int64_t B, 
   launch(k_split_heads<T>, n, q.as<T>(), k.as<T>(), v.as<T>(), args.in(qkv, 3 * n), B, Tn, NH, hs);
   const T scale = T(1) / std::sqrt(T(hs));
   const int batch = static_cast<int>(BH);
-  cuda::lt_gemm<T>(false, true, Tn, Tn, hs, scale, q.as<T>(), hs, k.as<T>(), hs, T(0), s.as<T>(), Tn,
-                   DType::kF32, g_.tf32, batch, Tn * hs, Tn * hs, Tn * Tn);
+  cuda::lt_gemm<T>(false, true, Tn, Tn, hs, scale, q.as<T>(), hs, k.as<T>(), hs, T(0), s.as<T>(),
+                   Tn, DType::kF32, g_.tf32, batch, Tn * hs, Tn * hs, Tn * Tn);
   k_causal_softmax<T><<<static_cast<unsigned>(BH * Tn), kThreads, 0, context().stream>>>(
       s.as<T>(), args.inout(lse, BH * Tn), NH, Tn, d);
   LOOM_CUDA_LAUNCHED();
@@ -349,8 +354,8 @@ void CudaBackend<T>::attention_backward(T* dqkv, const T* dout, const T* qkv, co
   const int batch = static_cast<int>(BH);
   const bool tf32 = g_.tf32;
   const int64_t sq = Tn * hs, ss = Tn * Tn;
-  cuda::lt_gemm<T>(false, true, Tn, Tn, hs, scale, q.as<T>(), hs, k.as<T>(), hs, T(0), p.as<T>(), Tn,
-                   DType::kF32, tf32, batch, sq, sq, ss);
+  cuda::lt_gemm<T>(false, true, Tn, Tn, hs, scale, q.as<T>(), hs, k.as<T>(), hs, T(0), p.as<T>(),
+                   Tn, DType::kF32, tf32, batch, sq, sq, ss);
   launch(k_probs_rows<T>, BH * Tn * Tn, p.as<T>(), x.as<T>(), args.in(lse, BH * Tn), NH, Tn,
          BH * Tn, d);
   // dV = (P keep)^T dO; then dP = dO V^T into x; then dS in place.
@@ -375,29 +380,32 @@ void CudaBackend<T>::attention_chunk_forward(T* out, T* lse, const T* q, const T
                                              const AttentionChunk& a,
                                              const DropoutSpec& dropout) const {
   if (!a.visible()) return;
-  LOOM_CHECK(a.C / a.NH <= kRowThreads * kMaxPerThread, "head size {} above the CUDA chunk "
-             "kernels' {}", a.C / a.NH, kRowThreads * kMaxPerThread);
+  LOOM_CHECK(a.C / a.NH <= kRowThreads * kMaxPerThread,
+             "head size {} above the CUDA chunk "
+             "kernels' {}",
+             a.C / a.NH, kRowThreads * kMaxPerThread);
   const ChunkExtents e = chunk_extents(a);
   Args args;
   // Positions of chunk pairs are global (q_pos, k_pos): no positions array.
   DropoutSpec spec = dropout;
   spec.positions = nullptr;
   const cuda::DeviceDropout d = cuda::device_dropout(spec, args, 0);
-  k_chunk_forward<T><<<static_cast<unsigned>(a.B * a.NH * a.Tq), kRowThreads, 0,
-                       context().stream>>>(args.inout(out, e.o), args.inout(lse, e.lse),
-                                           args.in(q, e.q), args.in(kv, e.kv), a, d);
+  k_chunk_forward<T>
+      <<<static_cast<unsigned>(a.B * a.NH * a.Tq), kRowThreads, 0, context().stream>>>(
+          args.inout(out, e.o), args.inout(lse, e.lse), args.in(q, e.q), args.in(kv, e.kv), a, d);
   LOOM_CUDA_LAUNCHED();
   args.finish();
 }
 
 template <typename T>
-void CudaBackend<T>::attention_chunk_backward(T* dq, T* dkv, const T* dout, const T* q,
-                                              const T* kv, const T* out, const T* lse,
-                                              const AttentionChunk& a,
+void CudaBackend<T>::attention_chunk_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv,
+                                              const T* out, const T* lse, const AttentionChunk& a,
                                               const DropoutSpec& dropout) const {
   if (!a.visible()) return;
-  LOOM_CHECK(a.C / a.NH <= kRowThreads * kMaxPerThread, "head size {} above the CUDA chunk "
-             "kernels' {}", a.C / a.NH, kRowThreads * kMaxPerThread);
+  LOOM_CHECK(a.C / a.NH <= kRowThreads * kMaxPerThread,
+             "head size {} above the CUDA chunk "
+             "kernels' {}",
+             a.C / a.NH, kRowThreads * kMaxPerThread);
   const ChunkExtents e = chunk_extents(a);
   Args args;
   DropoutSpec spec = dropout;
@@ -419,19 +427,17 @@ void CudaBackend<T>::attention_chunk_backward(T* dq, T* dkv, const T* dout, cons
 
 // The attention members of both backends (the rest are instantiated in
 // cuda_backend.cu).
-#define LOOM_INSTANTIATE(T)                                                                      \
-  template void CudaBackend<T>::attention_forward(T*, T*, const T*, int64_t, int64_t, int64_t,   \
-                                                  int64_t, const DropoutSpec&) const;            \
-  template void CudaBackend<T>::attention_backward(T*, const T*, const T*, const T*, const T*,   \
-                                                   int64_t, int64_t, int64_t, int64_t,           \
-                                                   const DropoutSpec&) const;                    \
-  template void CudaBackend<T>::attention_chunk_forward(T*, T*, const T*, const T*,              \
-                                                        const AttentionChunk&,                   \
-                                                        const DropoutSpec&) const;               \
-  template void CudaBackend<T>::attention_chunk_backward(T*, T*, const T*, const T*, const T*,   \
-                                                         const T*, const T*,                     \
-                                                         const AttentionChunk&,                  \
-                                                         const DropoutSpec&) const;
+#define LOOM_INSTANTIATE(T)                                                                    \
+  template void CudaBackend<T>::attention_forward(T*, T*, const T*, int64_t, int64_t, int64_t, \
+                                                  int64_t, const DropoutSpec&) const;          \
+  template void CudaBackend<T>::attention_backward(T*, const T*, const T*, const T*, const T*, \
+                                                   int64_t, int64_t, int64_t, int64_t,         \
+                                                   const DropoutSpec&) const;                  \
+  template void CudaBackend<T>::attention_chunk_forward(                                       \
+      T*, T*, const T*, const T*, const AttentionChunk&, const DropoutSpec&) const;            \
+  template void CudaBackend<T>::attention_chunk_backward(                                      \
+      T*, T*, const T*, const T*, const T*, const T*, const T*, const AttentionChunk&,         \
+      const DropoutSpec&) const;
 LOOM_INSTANTIATE(float)
 LOOM_INSTANTIATE(double)
 #undef LOOM_INSTANTIATE

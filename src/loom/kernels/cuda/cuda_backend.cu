@@ -54,8 +54,8 @@ int64_t extent(int64_t rows, int64_t cols, int64_t ld) {
 std::vector<int32_t> host_ints(const int32_t* p, int64_t n) {
   std::vector<int32_t> h(static_cast<size_t>(n));
   if (n > 0)
-    LOOM_CUDA_CHECK(cudaMemcpy(h.data(), p, sizeof(int32_t) * static_cast<size_t>(n),
-                               cudaMemcpyDefault));
+    LOOM_CUDA_CHECK(
+        cudaMemcpy(h.data(), p, sizeof(int32_t) * static_cast<size_t>(n), cudaMemcpyDefault));
   return h;
 }
 
@@ -111,10 +111,12 @@ void colsum_add(T* dst, const T* x, int64_t N, int64_t C) {
   if (N == 0 || C == 0) return;
   const int64_t chunks = (N + kRowChunk - 1) / kRowChunk;
   Scratch partial(sizeof(T) * static_cast<size_t>(chunks * C));
-  const dim3 grid(static_cast<unsigned>((C + kThreads - 1) / kThreads), static_cast<unsigned>(chunks));
+  const dim3 grid(static_cast<unsigned>((C + kThreads - 1) / kThreads),
+                  static_cast<unsigned>(chunks));
   k_colsum_partial<T><<<grid, kThreads, 0, context().stream>>>(partial.as<T>(), x, N, C);
   LOOM_CUDA_LAUNCHED();
-  k_colsum_final<T><<<grid_for(C), kThreads, 0, context().stream>>>(dst, partial.as<T>(), chunks, C);
+  k_colsum_final<T>
+      <<<grid_for(C), kThreads, 0, context().stream>>>(dst, partial.as<T>(), chunks, C);
   LOOM_CUDA_LAUNCHED();
 }
 
@@ -296,9 +298,8 @@ __global__ void k_vocab_sum_exp(T* sum, const T* logits, const T* mx, int64_t V,
 }
 
 template <typename T>
-__global__ void k_encoder_forward(T* out, const int32_t* tokens, DevWeight<T> wte,
-                                  DevWeight<T> wpe, int64_t Tn, int64_t C, const int32_t* pos,
-                                  int64_t n) {
+__global__ void k_encoder_forward(T* out, const int32_t* tokens, DevWeight<T> wte, DevWeight<T> wpe,
+                                  int64_t Tn, int64_t C, const int32_t* pos, int64_t n) {
   LOOM_GRID_STRIDE(i, n) {
     const int64_t bt = i / C, c = i % C, t = bt % Tn;
     const int64_t p = pos ? int64_t{pos[t]} : t;
@@ -457,7 +458,7 @@ __global__ void k_accumulate_16(const float* x, const uint16_t* x16, float scale
   }
 }
 __global__ void k_nonfinite_16(const uint16_t* x, int64_t n, bool bf16, int* flag) {
-  LOOM_GRID_STRIDE(i, n) if (!isfinite(cuda::widen16(x[i], bf16))) *flag = 1;
+  LOOM_GRID_STRIDE(i, n) if (!isfinite(cuda::widen16(x[i], bf16)))* flag = 1;
 }
 template <typename T>
 __global__ void k_fill(T* x, int64_t n, T value) {
@@ -481,7 +482,8 @@ CudaBackend<T>::CudaBackend(CudaGemmConfig g) : g_(g) {
 template <typename T>
 std::string CudaBackend<T>::name() const {
   std::string s = "cuda (" + cuda_device_description(context().device) + ", cuBLASLt";
-  if (g_.inputs != DType::kF32) s += std::string(", ") + std::string(dtype_name(g_.inputs)) + " inputs";
+  if (g_.inputs != DType::kF32)
+    s += std::string(", ") + std::string(dtype_name(g_.inputs)) + " inputs";
   if (g_.tf32) s += ", tf32";
   return s + ")";
 }
@@ -583,15 +585,14 @@ void CudaBackend<T>::matmul_forward(T* out, const T* inp, WeightArg<T> weight, c
   Args args;
   T* o = args.inout(out, N * OC);
   if (bias != nullptr) launch(k_rows_from<T>, N * OC, o, args.in(bias, OC), N, OC);
-  weight_gemm<T>(g_, args, false, false, N, OC, C, T(1), inp, C, weight, OC, bias ? T(1) : T(0),
-                 o, OC);
+  weight_gemm<T>(g_, args, false, false, N, OC, C, T(1), inp, C, weight, OC, bias ? T(1) : T(0), o,
+                 OC);
   args.finish();
 }
 
 template <typename T>
 void CudaBackend<T>::matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
-                                     WeightArg<T> weight, int64_t N, int64_t C,
-                                     int64_t OC) const {
+                                     WeightArg<T> weight, int64_t N, int64_t C, int64_t OC) const {
   Args args;
   const T* dy = args.in(dout, N * OC);
   if (dinp != nullptr)
@@ -631,18 +632,18 @@ void CudaBackend<T>::layernorm_forward(T* out, T* mean, T* rstd, const T* inp, c
   if (N == 0) return;
   Args args;
   constexpr int rows = kThreads / 32;
-  k_layernorm_forward<T><<<static_cast<unsigned>((N + rows - 1) / rows), kThreads, 0,
-                           context().stream>>>(args.inout(out, N * C), args.inout(mean, N),
-                                               args.inout(rstd, N), args.in(inp, N * C),
-                                               args.in(weight, C), args.in(bias, C), N, C);
+  k_layernorm_forward<T>
+      <<<static_cast<unsigned>((N + rows - 1) / rows), kThreads, 0, context().stream>>>(
+          args.inout(out, N * C), args.inout(mean, N), args.inout(rstd, N), args.in(inp, N * C),
+          args.in(weight, C), args.in(bias, C), N, C);
   LOOM_CUDA_LAUNCHED();
   args.finish();
 }
 
 template <typename T>
-void CudaBackend<T>::layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout,
-                                        const T* inp, const T* weight, const T* mean,
-                                        const T* rstd, int64_t N, int64_t C) const {
+void CudaBackend<T>::layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
+                                        const T* weight, const T* mean, const T* rstd, int64_t N,
+                                        int64_t C) const {
   if (N == 0) return;
   Args args;
   const T* dy = args.in(dout, N * C);
@@ -651,20 +652,23 @@ void CudaBackend<T>::layernorm_backward(T* dinp, T* dweight, T* dbias, const T* 
   const T* r = args.in(rstd, N);
   if (dweight != nullptr) {
     const int64_t chunks = (N + kRowChunk - 1) / kRowChunk;
-    Scratch pw(sizeof(T) * static_cast<size_t>(chunks * C)), pb(sizeof(T) * static_cast<size_t>(chunks * C));
+    Scratch pw(sizeof(T) * static_cast<size_t>(chunks * C)),
+        pb(sizeof(T) * static_cast<size_t>(chunks * C));
     const dim3 grid(static_cast<unsigned>((C + kThreads - 1) / kThreads),
                     static_cast<unsigned>(chunks));
-    k_layernorm_dparams<T><<<grid, kThreads, 0, context().stream>>>(pw.as<T>(), pb.as<T>(), dy, x,
-                                                                    m, r, N, C);
+    k_layernorm_dparams<T>
+        <<<grid, kThreads, 0, context().stream>>>(pw.as<T>(), pb.as<T>(), dy, x, m, r, N, C);
     LOOM_CUDA_LAUNCHED();
-    launch(k_colsum_final<T>, C, args.inout(dweight, C), static_cast<const T*>(pw.as<T>()), chunks, C);
-    launch(k_colsum_final<T>, C, args.inout(dbias, C), static_cast<const T*>(pb.as<T>()), chunks, C);
+    launch(k_colsum_final<T>, C, args.inout(dweight, C), static_cast<const T*>(pw.as<T>()), chunks,
+           C);
+    launch(k_colsum_final<T>, C, args.inout(dbias, C), static_cast<const T*>(pb.as<T>()), chunks,
+           C);
   }
   if (dinp != nullptr) {
     constexpr int rows = kThreads / 32;
-    k_layernorm_dinp<T><<<static_cast<unsigned>((N + rows - 1) / rows), kThreads, 0,
-                          context().stream>>>(args.inout(dinp, N * C), dy, x, args.in(weight, C),
-                                              m, r, N, C);
+    k_layernorm_dinp<T>
+        <<<static_cast<unsigned>((N + rows - 1) / rows), kThreads, 0, context().stream>>>(
+            args.inout(dinp, N * C), dy, x, args.in(weight, C), m, r, N, C);
     LOOM_CUDA_LAUNCHED();
   }
   args.finish();
@@ -728,8 +732,8 @@ void CudaBackend<T>::cross_entropy_backward(T* logits, const T* lse, const int32
                                             const T* dloss, int64_t N, int64_t V, int64_t Vp,
                                             int64_t v0) const {
   Args args;
-  launch(k_ce_backward<T>, N * Vp, args.inout(logits, N * Vp), args.in(lse, N),
-         args.in(targets, N), args.in(dloss, N), N, V, Vp, v0);
+  launch(k_ce_backward<T>, N * Vp, args.inout(logits, N * Vp), args.in(lse, N), args.in(targets, N),
+         args.in(dloss, N), N, V, Vp, v0);
   args.finish();
 }
 
@@ -895,8 +899,8 @@ void CudaBackend<T>::widen_16(const uint16_t* x, float* out, int64_t n, DType t)
 }
 
 template <typename T>
-void CudaBackend<T>::accumulate_16(const float* x, const uint16_t* x16, float scale,
-                                   uint16_t* acc, int64_t n, DType t) const {
+void CudaBackend<T>::accumulate_16(const float* x, const uint16_t* x16, float scale, uint16_t* acc,
+                                   int64_t n, DType t) const {
   if constexpr (!std::is_same_v<T, float>) this->unsupported(Op::kAccumulate16);
   check_16(t);
   Args args;

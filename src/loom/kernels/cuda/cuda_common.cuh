@@ -18,17 +18,17 @@
 
 namespace loom::cuda {
 
-#define LOOM_CUDA_CHECK(expr)                                                                \
-  do {                                                                                       \
-    const cudaError_t loom_err_ = (expr);                                                    \
-    LOOM_CHECK(loom_err_ == cudaSuccess, "CUDA: {} failed: {} ({})", #expr,                  \
-               cudaGetErrorName(loom_err_), cudaGetErrorString(loom_err_));                  \
+#define LOOM_CUDA_CHECK(expr)                                               \
+  do {                                                                      \
+    const cudaError_t loom_err_ = (expr);                                   \
+    LOOM_CHECK(loom_err_ == cudaSuccess, "CUDA: {} failed: {} ({})", #expr, \
+               cudaGetErrorName(loom_err_), cudaGetErrorString(loom_err_)); \
   } while (0)
-#define LOOM_CUBLAS_CHECK(expr)                                                              \
-  do {                                                                                       \
-    const cublasStatus_t loom_st_ = (expr);                                                  \
-    LOOM_CHECK(loom_st_ == CUBLAS_STATUS_SUCCESS, "cuBLASLt: {} failed: {}", #expr,          \
-               cublasLt_status_name(loom_st_));                                              \
+#define LOOM_CUBLAS_CHECK(expr)                                                     \
+  do {                                                                              \
+    const cublasStatus_t loom_st_ = (expr);                                         \
+    LOOM_CHECK(loom_st_ == CUBLAS_STATUS_SUCCESS, "cuBLASLt: {} failed: {}", #expr, \
+               cublasLt_status_name(loom_st_));                                     \
   } while (0)
 // After a kernel launch: a bad configuration is reported at once.
 #define LOOM_CUDA_LAUNCHED() LOOM_CUDA_CHECK(cudaGetLastError())
@@ -109,7 +109,7 @@ inline unsigned grid_for(int64_t n, int threads = 256) {
 
 // Threads per block of the element-wise kernels, and their grid-stride loop.
 constexpr int kThreads = 256;
-#define LOOM_GRID_STRIDE(i, n)                                                  \
+#define LOOM_GRID_STRIDE(i, n)                                              \
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); \
        i += int64_t{blockDim.x} * gridDim.x)
 
@@ -158,9 +158,9 @@ __device__ __forceinline__ T keep_of(const DeviceDropout& d, uint64_t sample, ui
                                      uint32_t position, int64_t c) {
   if (!d.active) return T(1);
   const uint32_t hi = static_cast<uint32_t>(sample >> 32) << 18;
-  const uint32_t w = philox_word(static_cast<uint32_t>(sample), site, position,
-                                 hi + static_cast<uint32_t>(c / 4), d.k0, d.k1,
-                                 static_cast<int>(c % 4));
+  const uint32_t w =
+      philox_word(static_cast<uint32_t>(sample), site, position, hi + static_cast<uint32_t>(c / 4),
+                  d.k0, d.k1, static_cast<int>(c % 4));
   return w >= d.threshold ? T(1) / (T(1) - T(d.p)) : T(0);
 }
 
@@ -204,8 +204,8 @@ __device__ U block_max(U v, U* shared) {
 // strides sa, sb, sc (elements). A and B have type `ab` (kF32 / kBF16 /
 // kF16; for T = double, f64), C has T's type.
 template <typename T>
-void lt_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const void* A,
-             int64_t lda, const void* B, int64_t ldb, T beta, T* C, int64_t ldc, DType ab,
-             bool tf32, int batch = 1, int64_t sa = 0, int64_t sb = 0, int64_t sc = 0);
+void lt_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const void* A, int64_t lda,
+             const void* B, int64_t ldb, T beta, T* C, int64_t ldc, DType ab, bool tf32,
+             int batch = 1, int64_t sa = 0, int64_t sb = 0, int64_t sc = 0);
 
 }  // namespace loom::cuda

@@ -50,14 +50,22 @@ namespace cuda {
 
 const char* cublasLt_status_name(cublasStatus_t s) {
   switch (s) {
-    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
-    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
-    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
-    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
-    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
-    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
-    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
-    default: return "a cuBLAS error";
+    case CUBLAS_STATUS_SUCCESS:
+      return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+      return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "CUBLAS_STATUS_NOT_SUPPORTED";
+    default:
+      return "a cuBLAS error";
   }
 }
 
@@ -87,7 +95,9 @@ Scratch::~Scratch() {
   if (p_ != nullptr) cudaFreeAsync(p_, context().stream);
 }
 
-Args::Args() { LOOM_CUDA_CHECK(cudaSetDevice(context().device)); }
+Args::Args() {
+  LOOM_CUDA_CHECK(cudaSetDevice(context().device));
+}
 
 void* Args::stage(void* p, size_t bytes) {
   if (p == nullptr || bytes == 0) return p;
@@ -117,8 +127,8 @@ void* Args::stage(void* p, size_t bytes) {
       ++i;
     }
   }
-  LOOM_CUDA_CHECK(cudaHostRegister(reinterpret_cast<void*>(u.lo), u.hi - u.lo,
-                                   cudaHostRegisterMapped));
+  LOOM_CUDA_CHECK(
+      cudaHostRegister(reinterpret_cast<void*>(u.lo), u.hi - u.lo, cudaHostRegisterMapped));
   registered_.push_back(u);
   void* d = nullptr;
   LOOM_CUDA_CHECK(cudaHostGetDevicePointer(&d, p, 0));
@@ -162,11 +172,16 @@ namespace {
 
 cudaDataType_t cuda_type(DType t) {
   switch (t) {
-    case DType::kF32: return CUDA_R_32F;
-    case DType::kBF16: return CUDA_R_16BF;
-    case DType::kF16: return CUDA_R_16F;
-    case DType::kF64: return CUDA_R_64F;
-    default: LOOM_FAIL(kInternal, "no GEMM input type {}", dtype_name(t));
+    case DType::kF32:
+      return CUDA_R_32F;
+    case DType::kBF16:
+      return CUDA_R_16BF;
+    case DType::kF16:
+      return CUDA_R_16F;
+    case DType::kF64:
+      return CUDA_R_64F;
+    default:
+      LOOM_FAIL(kInternal, "no GEMM input type {}", dtype_name(t));
   }
 }
 
@@ -183,8 +198,8 @@ void make_layout(LayoutGuard& g, cudaDataType_t type, int64_t rows, int64_t cols
                                                static_cast<uint64_t>(cols), ld));
   if (batch > 1) {
     int32_t b = batch;
-    LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(g.l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &b,
-                                                       sizeof(b)));
+    LOOM_CUBLAS_CHECK(
+        cublasLtMatrixLayoutSetAttribute(g.l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &b, sizeof(b)));
     LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
         g.l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
   }
@@ -193,9 +208,9 @@ void make_layout(LayoutGuard& g, cudaDataType_t type, int64_t rows, int64_t cols
 }  // namespace
 
 template <typename T>
-void lt_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const void* A,
-             int64_t lda, const void* B, int64_t ldb, T beta, T* C, int64_t ldc, DType ab,
-             bool tf32, int batch, int64_t sa, int64_t sb, int64_t sc) {
+void lt_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const void* A, int64_t lda,
+             const void* B, int64_t ldb, T beta, T* C, int64_t ldc, DType ab, bool tf32, int batch,
+             int64_t sa, int64_t sb, int64_t sc) {
   if (M == 0 || N == 0) return;
   const Context& ctx = context();
   constexpr bool f64 = std::is_same_v<T, double>;
@@ -257,10 +272,10 @@ void lt_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const v
       pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c)));
   cublasLtMatmulHeuristicResult_t heur{};
   int found = 0;
-  LOOM_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(ctx.lt, desc, la.l, lb.l, lc.l, lc.l, pref, 1,
-                                                   &heur, &found));
-  LOOM_CHECK(found > 0, "cuBLASLt has no algorithm for a {} x {} x {} GEMM ({} inputs, batch {})", M,
-             N, K, f64 ? "f64" : dtype_name(ab), batch);
+  LOOM_CUBLAS_CHECK(
+      cublasLtMatmulAlgoGetHeuristic(ctx.lt, desc, la.l, lb.l, lc.l, lc.l, pref, 1, &heur, &found));
+  LOOM_CHECK(found > 0, "cuBLASLt has no algorithm for a {} x {} x {} GEMM ({} inputs, batch {})",
+             M, N, K, f64 ? "f64" : dtype_name(ab), batch);
   LOOM_CUBLAS_CHECK(cublasLtMatmul(ctx.lt, desc, &alpha, B, la.l, A, lb.l, &beta, C, lc.l, C, lc.l,
                                    &heur.algo, ctx.workspace, ctx.workspace_bytes, ctx.stream));
 }
