@@ -7,8 +7,12 @@ Each optimizer step (gradient_accumulation_steps micro-batches) is timed with
 time.perf_counter(); the first --warmup steps are discarded and the median of
 the rest is reported as one JSON line on stdout.
 
+With --autocast bf16 the forward pass and the loss run under
+torch.autocast("cpu", torch.bfloat16) (bf16 GEMMs with f32 accumulation,
+f32 master weights and optimizer), PyTorch's mixed-precision recipe on CPU.
+
 Run with Debian's interpreter, which has torch:
-    /usr/bin/python3 bench/torch_gpt.py --config FILE.json --steps N --warmup W --threads T
+    /usr/bin/python3 bench/torch_gpt.py --config FILE.json --steps N --warmup W --threads T [--autocast bf16]
 """
 
 import argparse
@@ -112,6 +116,8 @@ def parse_args():
     p.add_argument("--steps", type=int, required=True, help="total optimizer steps")
     p.add_argument("--warmup", type=int, default=1, help="leading steps excluded from timing")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    p.add_argument("--autocast", choices=["none", "bf16"], default="none",
+                   help="run forward and loss under torch.autocast with this dtype")
     args = p.parse_args()
     if args.steps <= args.warmup:
         p.error("--steps must exceed --warmup")
@@ -144,13 +150,14 @@ def load_config(path):
     }
 
 
-def train_step(model, optimizer, gen, cfg):
+def train_step(model, optimizer, gen, cfg, autocast):
     vocab, T = cfg["model"]["vocab_size"], cfg["model"]["seq_len"]
     accum = cfg["accum"]
     total = 0.0
     for _ in range(accum):
         tokens = torch.randint(0, vocab, (cfg["batch"], T + 1), generator=gen)
-        loss = model(tokens[:, :-1], tokens[:, 1:]) / accum
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = model(tokens[:, :-1], tokens[:, 1:]) / accum
         loss.backward()
         total += loss.item()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -173,7 +180,7 @@ def main():
     times, loss = [], float("nan")
     for _ in range(args.steps):
         t0 = time.perf_counter()
-        loss = train_step(model, optimizer, gen, cfg)
+        loss = train_step(model, optimizer, gen, cfg, args.autocast == "bf16")
         times.append(time.perf_counter() - t0)
 
     step_time = statistics.median(times[args.warmup:])
@@ -182,6 +189,7 @@ def main():
         "impl": "pytorch",
         "torch_version": torch.__version__,
         "threads": args.threads,
+        "autocast": args.autocast,
         "steps": args.steps,
         "tokens_per_step": tokens_per_step,
         "step_time_s": step_time,

@@ -17,6 +17,7 @@
 #include "loom/core/error.h"
 #include "loom/core/memory.h"
 #include "loom/kernels/cpu/matmul.h"
+#include "loom/kernels/cpu/precision.h"
 
 extern "C" char* openblas_get_corename();
 
@@ -259,15 +260,33 @@ struct Bf16Matmul {
 // changing (generation, varying sequence lengths) holds bounded memory.
 constexpr size_t kCachedPrimitives = 64;
 
-Bf16Matmul& bf16_matmul(int64_t M, int64_t N, int64_t K, int64_t ldc, float alpha, float beta) {
-  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, float, float>;
+// One product's shape: op(A) is M x K and op(B) K x N, each a bf16 matrix
+// stored row-major with leading dimension lda / ldb, transposed (ta / tb)
+// or not; C is f32 with ldc.
+struct Bf16Shape {
+  int64_t M, N, K;
+  bool ta, tb;
+  int64_t lda, ldb, ldc;
+  float alpha, beta;
+  auto key() const { return std::tuple{M, N, K, ta, tb, lda, ldb, ldc, alpha, beta}; }
+};
+
+// oneDNN's description of op(X) (rows x cols) for X stored with ld, as the
+// strides of the untransposed rows or of the transposed columns.
+dnnl::memory::desc bf16_operand(int64_t rows, int64_t cols, bool trans, int64_t ld) {
+  return dnnl::memory::desc({rows, cols}, dnnl::memory::data_type::bf16,
+                            trans ? dnnl::memory::dims{1, ld} : dnnl::memory::dims{ld, 1});
+}
+
+Bf16Matmul& bf16_matmul(const Bf16Shape& s) {
+  using Key = decltype(s.key());
   struct Entry {
     std::unique_ptr<Bf16Matmul> m;
     uint64_t used = 0;
   };
   thread_local std::map<Key, Entry> cache;
   thread_local uint64_t clock = 0;
-  Entry& e = cache[Key{M, N, K, ldc, alpha, beta}];
+  Entry& e = cache[s.key()];
   e.used = ++clock;
   std::unique_ptr<Bf16Matmul>& m = e.m;
   if (m) return *m;
@@ -278,11 +297,11 @@ Bf16Matmul& bf16_matmul(int64_t M, int64_t N, int64_t K, int64_t ldc, float alph
         oldest = it;
     if (oldest != cache.end()) cache.erase(oldest);
   }
+  const auto [M, N, K, ta, tb, lda, ldb, ldc, alpha, beta] = s.key();
   using dt = dnnl::memory::data_type;
-  using tag = dnnl::memory::format_tag;
   auto made = std::make_unique<Bf16Matmul>();
-  made->a_md = dnnl::memory::desc({M, K}, dt::bf16, tag::ab);
-  made->b_md = dnnl::memory::desc({K, N}, dt::bf16, tag::ab);
+  made->a_md = bf16_operand(M, K, ta, lda);
+  made->b_md = bf16_operand(K, N, tb, ldb);
   made->c_md = dnnl::memory::desc({M, N}, dt::f32, dnnl::memory::dims{ldc, 1});
   dnnl::primitive_attr attr;
   if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
@@ -307,13 +326,39 @@ Bf16Matmul& bf16_matmul(int64_t M, int64_t N, int64_t K, int64_t ldc, float alph
 bool bf16_matmul_runs() {
   static const bool runs = [] {
     try {
-      bf16_matmul(2, 2, 2, 2, 1.0f, 0.0f);
+      bf16_matmul(Bf16Shape{2, 2, 2, false, false, 2, 2, 2, 1.0f, 0.0f});
       return true;
     } catch (const Error&) {
       return false;
     }
   }();
   return runs;
+}
+
+// A thread's bf16 copies of gemm_16's f32 operands (slot 0: A, 1: B), grown
+// to the largest product it has met and kept: fresh pages for every product
+// cost more than the rounding itself.
+uint16_t* bf16_scratch(int slot, int64_t n) {
+  thread_local Buffer scratch[2];
+  const size_t bytes = static_cast<size_t>(n) * 2;
+  if (scratch[slot].bytes() < bytes) {
+    scratch[slot] = Buffer();
+    scratch[slot] = Buffer(bytes, MemCategory::kWorkspace, false);
+  }
+  return scratch[slot].as<uint16_t>();
+}
+
+// X (rows x cols, leading dimension ld) rounded to bf16 into dense out
+// (leading dimension cols), in X's own layout: a transposed operand is
+// described to oneDNN by its strides, never transposed here.
+void round_rows_bf16(const float* X, int64_t ld, int64_t rows, int64_t cols, uint16_t* out) {
+  if (ld == cols) {
+    round_to_16(X, out, rows * cols, DType::kBF16);
+    return;
+  }
+#pragma omp parallel for schedule(static) if (rows * cols >= (int64_t{1} << 15))
+  for (int64_t r = 0; r < rows; ++r)
+    round_to_16_serial(X + r * ld, out + r * cols, cols, DType::kBF16);
 }
 #endif
 
@@ -340,24 +385,21 @@ void gemm_16(GemmBackend be, DType t, bool ta, bool tb, int64_t M, int64_t N, in
   if (M == 0 || N == 0) return;
 #ifdef LOOM_HAVE_ONEDNN
   if (t == DType::kBF16 && K > 0 && bf16_matmul_runs()) {
-    // op(A) and op(B) as contiguous bf16 copies, then one primitive; a
-    // 16-bit B already laid out as op(B) is read where it is.
-    Buffer a(static_cast<size_t>(M * K) * 2, MemCategory::kWorkspace, false);
-    uint16_t* a16 = a.as<uint16_t>();
-#pragma omp parallel for
-    for (int64_t i = 0; i < M; ++i)
-      for (int64_t k = 0; k < K; ++k) a16[i * K + k] = f32_to_bf16(at(A, lda, ta, i, k));
-    Buffer b;
+    // A (and B when it is f32) rounded to bf16 in its stored layout; a
+    // 16-bit B is read where it is. oneDNN reads the transposed ones by
+    // their strides.
+    const int64_t a_rows = ta ? K : M, a_cols = ta ? M : K;
+    uint16_t* a16 = bf16_scratch(0, M * K);
+    round_rows_bf16(A, lda, a_rows, a_cols, a16);
     uint16_t* b16 = const_cast<uint16_t*>(B16);  // oneDNN's handle is not const; only read
-    if (!B16 || tb || ldb != N) {
-      b = Buffer(static_cast<size_t>(K * N) * 2, MemCategory::kWorkspace, false);
-      b16 = b.as<uint16_t>();
-#pragma omp parallel for
-      for (int64_t k = 0; k < K; ++k)
-        for (int64_t j = 0; j < N; ++j)
-          b16[k * N + j] = B16 ? at(B16, ldb, tb, k, j) : f32_to_bf16(at(B, ldb, tb, k, j));
+    int64_t b_ld = ldb;
+    if (!B16) {
+      const int64_t b_rows = tb ? N : K, b_cols = tb ? K : N;
+      b16 = bf16_scratch(1, K * N);
+      round_rows_bf16(B, ldb, b_rows, b_cols, b16);
+      b_ld = b_cols;
     }
-    Bf16Matmul& mm = bf16_matmul(M, N, K, ldc, alpha, beta);
+    Bf16Matmul& mm = bf16_matmul(Bf16Shape{M, N, K, ta, tb, a_cols, b_ld, ldc, alpha, beta});
     dnnl::memory am(mm.a_md, mm.engine, a16), bm(mm.b_md, mm.engine, b16),
         cm(mm.c_md, mm.engine, C);
     mm.prim.execute(mm.stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});

@@ -57,8 +57,10 @@ void gemm_f32(GemmBackend b, bool ta, bool tb, int64_t M, int64_t N, int64_t K, 
               int64_t ldc);
 // The same with op(A) and op(B) rounded to t (kBF16 or kF16) and the
 // products accumulated in f32: bf16 through oneDNN's bf16 matmul (the
-// operands converted into 16-bit copies, never into f32 ones); f16, or bf16
-// without oneDNN or on a CPU where it refuses bf16, by converting K-tiles of both operands (256
+// f32 operands rounded into 16-bit copies in their stored layout, a
+// transposed one described to oneDNN by its strides; the copies live in a
+// per-thread scratch kept between calls); f16, or bf16 without oneDNN or on
+// a CPU where it refuses bf16, by converting K-tiles of both operands (256
 // deep) to their rounded values and accumulating the tiles' f32 GEMMs into C.
 // With B16, B is that 16-bit matrix (values in t, same layout and ldb) and
 // B is not read: a weight held in 16 bits, multiplied as it is (bf16) or

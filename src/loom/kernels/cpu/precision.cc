@@ -1,6 +1,7 @@
 #include "loom/kernels/cpu/precision.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <vector>
 
@@ -42,10 +43,19 @@ void from_f16_f16c(const uint16_t*, float*, int64_t) {}
 #endif
 
 // One thread's part of a conversion: n elements, serially.
+// f32_to_bf16 without its early return, so that the loop vectorises: ties
+// to even, a NaN made quiet (the same bits).
+inline uint16_t to_bf16_lanes(float x) {
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t quiet = (u >> 16) | 0x40u;
+  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+}
+
 void to_16_serial(const float* x, uint16_t* out, int64_t n, DType t) {
   if (t == DType::kBF16) {
 #pragma omp simd
-    for (int64_t i = 0; i < n; ++i) out[i] = f32_to_bf16(x[i]);
+    for (int64_t i = 0; i < n; ++i) out[i] = to_bf16_lanes(x[i]);
   } else if (kF16c) {
     to_f16_f16c(x, out, n);
   } else {
@@ -80,6 +90,11 @@ inline uint16_t narrow(float x, DType t) {
 }
 
 }  // namespace
+
+void round_to_16_serial(const float* x, uint16_t* out, int64_t n, DType t) {
+  check_16(t);
+  to_16_serial(x, out, n, t);
+}
 
 void round_to_16(const float* x, uint16_t* out, int64_t n, DType t) {
   check_16(t);

@@ -15,6 +15,8 @@ namespace loom::cpu {
 
 // out (n) = x rounded to t (kBF16 or kF16).
 void round_to_16(const float* x, uint16_t* out, int64_t n, DType t);
+// The same on the calling thread alone (for callers that split the work).
+void round_to_16_serial(const float* x, uint16_t* out, int64_t n, DType t);
 // out (n) = x (t) as f32 (exact).
 void widen_16(const uint16_t* x, float* out, int64_t n, DType t);
 // The sum of squares of x (t) in double, over the same fixed chunks as
