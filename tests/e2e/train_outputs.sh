@@ -27,12 +27,22 @@ json_check "$WORK/run/metrics.jsonl" 'all(l["time"]["recompute"] == 0 for l in l
 json_check "$WORK/run/metrics.jsonl" 'all(l["gemm_backend"] in ("openblas", "onednn") and l["gemm_path"] == "f32 sgemm" and l["peak_gflops"] > 0 and 0 < l["mfu"] <= 1 for l in lines)'
 # bf16 GEMM inputs: the MFU denominator is the peak of the path the GEMMs
 # take (oneDNN's bf16 matmul where it runs, measured and cached under its
-# own key), not the sgemm's.
-"$LOOM" train --config "$WORK/cfg.json" --set bf16.enabled=true --set kernels.gemm_inputs=16bit \
-  --set train.steps=2 --set train.sample_tokens=0 --set train.eval_every=0 --out "$WORK/run16" > "$WORK/out16.txt"
-if grep -q "GEMM inputs rounded to bf16.*oneDNN's bf16 matmul" "$WORK/out16.txt"; then path="bf16 matmul"; else path="f32 sgemm"; fi
-json_check "$WORK/run16/metrics.jsonl" "all(l['gemm_path'] == '$path' and l['peak_gflops'] > 0 and 0 < l['mfu'] <= 1 for l in lines)"
-if [[ $path == "bf16 matmul" ]]; then
+# own key), not the sgemm's. kernels.gemm_inputs auto (the default) takes
+# bf16 inputs where oneDNN's bf16 matmul has AMX, and says why either way.
+"$LOOM" train --config "$WORK/cfg.json" --set bf16.enabled=true \
+  --set train.steps=2 --set train.sample_tokens=0 --set train.eval_every=0 --out "$WORK/runauto" > "$WORK/outauto.txt"
+if grep -q "GEMM inputs rounded to bf16, products accumulated in f32 (oneDNN's bf16 matmul); kernels.gemm_inputs auto: bf16: auto, oneDNN's bf16 matmul on AMX tiles (ISA avx512_core_amx)" "$WORK/outauto.txt"; then
+  json_check "$WORK/runauto/metrics.jsonl" "all(l['gemm_path'] == 'bf16 matmul' for l in lines)"
+else
+  grep -q "GEMM inputs f32 in a bf16 run; kernels.gemm_inputs auto: f32: auto, ISA .* has no AMX" "$WORK/outauto.txt" ||
+    fail "kernels.gemm_inputs auto's choice not logged: $(cat "$WORK/outauto.txt")"
+  json_check "$WORK/runauto/metrics.jsonl" "all(l['gemm_path'] == 'f32 sgemm' for l in lines)"
+fi
+if "$LOOM" train --config "$WORK/cfg.json" --set bf16.enabled=true --set kernels.gemm_inputs=16bit \
+  --set train.steps=2 --set train.sample_tokens=0 --set train.eval_every=0 --out "$WORK/run16" > "$WORK/out16.txt" 2>&1; then
+  grep -q "GEMM inputs rounded to bf16.*oneDNN's bf16 matmul" "$WORK/out16.txt" || fail "16bit: $(cat "$WORK/out16.txt")"
+  path="bf16 matmul"
+  json_check "$WORK/run16/metrics.jsonl" "all(l['gemm_path'] == '$path' and l['peak_gflops'] > 0 and 0 < l['mfu'] <= 1 for l in lines)"
   grep -q "the 2048^3 bf16 matmul, the path this run's GEMMs take" "$WORK/out16.txt" || fail "bf16 peak not logged: $(cat "$WORK/out16.txt")"
   python3 - "$XDG_CACHE_HOME/loom/peak_gflops.json" "$WORK/run16/metrics.jsonl" <<'PY' || fail "the bf16 run's peak is not the cached bf16 matmul peak"
 import json, sys
@@ -41,6 +51,10 @@ bf16 = [v["gflops"] for k, v in cache.items() if k.endswith("| bf16 matmul")]
 peak = json.loads(open(sys.argv[2]).readline())["peak_gflops"]
 assert len(bf16) == 1 and abs(peak - bf16[0]) <= 1e-3 * bf16[0], (bf16, peak)
 PY
+else
+  # A CPU without a bf16 matmul: 16bit is refused, naming the ISA.
+  grep -q "kernels.gemm_inputs: 16bit with bf16.enabled: this CPU has no bf16 GEMM (oneDNN's bf16 matmul does not run at ISA" "$WORK/out16.txt" ||
+    fail "16bit without a bf16 matmul: $(cat "$WORK/out16.txt")"
 fi
 # Which GEMM backends this build has (oneDNN unless configured without).
 "$LOOM" bench gemm --sizes 64 --reps 1 --json > "$WORK/gemm-probe.json"

@@ -7,6 +7,7 @@
 
 #include "loom/core/error.h"
 #include "loom/io/fs.h"
+#include "loom/kernels/cpu/gemm_backend.h"
 #include "loom/train/config.h"
 #include "loom/train/config_keys.h"
 #include "test_util.h"
@@ -263,6 +264,39 @@ TEST(Config, DataAndPrecisionErrors) {
   EXPECT_HAS(error_of(kBase, {"fp16.hysteresis=0"}), "fp16.hysteresis");
   EXPECT_HAS(error_of(kBase, {"fp16.loss_scale_window=0"}), "fp16.loss_scale_window");
   EXPECT_HAS(error_of(kBase, {"train.on_nonfinite=ignore"}), "train.on_nonfinite");
+}
+
+// kernels.gemm_inputs auto: a rule of the precision and the CPU's ISA as
+// oneDNN sees it (bf16 16-bit exactly where its bf16 matmul has AMX tiles);
+// 16bit asked of bf16 where there is no bf16 matmul names the ISA. ctest
+// runs it again under ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 and AVX2
+// (unit.gemm_inputs.*), where the other branches are the ones checked.
+TEST(Config, GemmInputsAutoFollowsTheCpu) {
+  const Config f32 = parse_config(kBase, "test", {});
+  EXPECT_EQ(f32.kernels.gemm_inputs, "auto");
+  EXPECT_FALSE(f32.kernels.gemm16);
+  EXPECT_EQ(f32.kernels.gemm_inputs_why, "f32: an f32 run");
+  const Config bf16 = parse_config(kBase, "test", {"bf16.enabled=true"});
+  EXPECT_EQ(bf16.kernels.gemm16, cpu::bf16_matmul_on_amx());
+  EXPECT_EQ(bf16.zero.weights16, bf16.kernels.gemm16);
+  EXPECT_HAS(bf16.kernels.gemm_inputs_why,
+             cpu::bf16_matmul_on_amx() ? "bf16: auto, oneDNN's bf16 matmul on AMX tiles"
+                                       : "f32: auto, ISA ");
+  const Config fp16 = parse_config(kBase, "test", {"fp16.enabled=true"});
+  EXPECT_FALSE(fp16.kernels.gemm16);
+  EXPECT_HAS(fp16.kernels.gemm_inputs_why, "no CPU multiplies fp16 natively");
+  EXPECT_FALSE(parse_config(kBase, "test", {"bf16.enabled=true", "kernels.gemm_inputs=f32"})
+                   .kernels.gemm16);
+  if (cpu::gemm_16_uses_bf16_matmul(DType::kBF16)) {
+    EXPECT_TRUE(parse_config(kBase, "test", {"bf16.enabled=true", "kernels.gemm_inputs=16bit"})
+                    .kernels.gemm16);
+  } else {
+    EXPECT_HAS(error_of(kBase, {"bf16.enabled=true", "kernels.gemm_inputs=16bit"}),
+               "kernels.gemm_inputs: 16bit with bf16.enabled: this CPU has no bf16 GEMM "
+               "(oneDNN's bf16 matmul does not run at ISA " +
+                   cpu::gemm_backend_isa(cpu::GemmBackend::kOneDnn));
+  }
+  EXPECT_HAS(error_of(kBase, {"kernels.gemm_inputs=bf16"}), "kernels.gemm_inputs");
 }
 
 TEST(Config, MixtureOfExpertsKeys) {

@@ -12,6 +12,7 @@
 #include "loom/parallel/pipeline/schedule.h"
 #include "loom/parallel/zero/offload.h"
 #include "loom/train/config_keys.h"
+#include "loom/train/gemm_choice.h"
 
 namespace loom {
 
@@ -674,11 +675,14 @@ Config parse_config(const std::string& text, const std::string& source,
     check_writable_dir(z.nvme_path, source + ": zero_optimization.offload_optimizer.nvme_path");
   if (c.checkpoint.async && c.checkpoint.format == "whole")
     fail(source, "checkpoint.async writes sharded checkpoints; checkpoint.format is whole");
-  c.zero.weights16 = c.kernels.gemm_inputs == "16bit" && c.precision != DType::kF32;
-  if (c.kernels.gemm_inputs == "16bit" && c.precision == DType::kF32)
-    fail(source,
-         "kernels.gemm_inputs: 16bit rounds GEMM inputs to the run's 16-bit type; it needs "
-         "bf16.enabled or fp16.enabled");
+  try {
+    const GemmInputsChoice g = resolve_gemm_inputs(c.kernels.gemm_inputs, c.precision, c.device);
+    c.kernels.gemm16 = g.sixteen;
+    c.kernels.gemm_inputs_why = g.why;
+  } catch (const Error& e) {
+    fail(source, e.what());
+  }
+  c.zero.weights16 = c.kernels.gemm16;
   check_device_keys(c, source);
   c.resolved = resolved_config(c);
   return c;

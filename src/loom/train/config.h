@@ -54,9 +54,13 @@ struct CheckpointConfig {
 // kernels: which GEMM backend runs the f32 matrix products.
 struct KernelsConfig {
   std::string gemm = "auto";  // auto | onednn | openblas
-  // f32 | 16bit: in a bf16/fp16 run, whether GEMMs round their inputs to the
-  // run's 16-bit type (cpu::gemm_16) or multiply the f32 values as given.
-  std::string gemm_inputs = "f32";
+  // auto | f32 | 16bit: in a bf16/fp16 run, whether GEMMs round their
+  // inputs to the run's 16-bit type (cpu::gemm_16) or multiply the f32
+  // values as given; resolved at load (train/gemm_choice.h) into gemm16,
+  // with the reason in words.
+  std::string gemm_inputs = "auto";
+  bool gemm16 = false;
+  std::string gemm_inputs_why;
   bool tf32 = false;  // device cuda: f32 GEMMs may use TF32 tensor cores
 };
 

@@ -333,13 +333,15 @@ std::vector<ConfigKey> run_keys() {
                "`device: cuda`: f32 GEMMs (attention's included) may round their inputs to "
                "TF32 on the tensor cores (10-bit mantissas, f32 accumulation)"),
       key("kernels.gemm_inputs", KeyKind::kString)
-          .one_of({"f32", "16bit"})
-          .or_else("f32")
+          .one_of({"auto", "f32", "16bit"})
+          .or_else("auto")
           .lands(LOOM_FIELD(c.kernels.gemm_inputs, std::string))
-          .doc("`f32` \\| `16bit`", "`f32`",
+          .doc("`auto` \\| `f32` \\| `16bit`", "`auto`",
                "in a bf16/fp16 run, `16bit` rounds every GEMM's operands to the run's 16-bit type "
-               "(products accumulated in f32; [precision](precision.md#16-bit-gemms)); needs "
-               "`bf16.enabled` or `fp16.enabled`"),
+               "(products accumulated in f32; [precision](precision.md#16-bit-gemms)); `auto`: "
+               "16-bit on a GPU and for bf16 on CPUs with AMX, f32 elsewhere (the log says "
+               "which and why); `16bit` needs `bf16.enabled` or `fp16.enabled`, and for bf16 a "
+               "CPU with a bf16 matmul"),
       key("fp16.enabled", KeyKind::kBool)
           .or_else(false)
           .resolved([](const Config& c) { return json(c.precision == DType::kF16); })

@@ -31,7 +31,7 @@ RunBackend make_cuda_run_backend(const Config& c, const ParallelContext& ctx) {
                     gpus == 1 ? "" : "s");
   }
   RunBackend r;
-  r.gemm_inputs = c.kernels.gemm_inputs == "16bit" ? c.precision : DType::kF32;
+  r.gemm_inputs = c.kernels.gemm16 ? c.precision : DType::kF32;
   r.backend = std::make_unique<CudaBackend<float>>(CudaGemmConfig{r.gemm_inputs, c.kernels.tf32});
   r.gemm_backend = "cublaslt";
   r.describe = r.backend->name();

@@ -18,4 +18,22 @@ struct GemmChoice {
 // The run's CPU backend then holds the choice (nothing is set process-wide).
 GemmChoice configure_gemm(const std::string& setting);
 
+// kernels.gemm_inputs resolved for a run whose 16-bit type is `precision`
+// (kF32: an f32 run) on `device` ("cpu" or "cuda"): whether its GEMMs take
+// 16-bit inputs, and why, in words for the log.
+struct GemmInputsChoice {
+  bool sixteen = false;
+  std::string why;
+};
+// "auto" is a rule of the precision, the device and the CPU's ISA as oneDNN
+// sees it, so every rank and run on like machines computes the same:
+// 16-bit on a GPU and for bf16 where oneDNN's bf16 matmul has AMX tiles
+// (4-7x its f32 at the model's shapes); f32 elsewhere (AVX512-BF16 without
+// AMX, AVX2, fp16 on any CPU), where rounding the operands costs more than
+// the GEMMs gain. "16bit" on a CPU with no bf16 matmul is an error naming the
+// ISA (fp16 keeps its rounded-tile path: no CPU here multiplies fp16). Throws
+// kConfig naming kernels.gemm_inputs.
+GemmInputsChoice resolve_gemm_inputs(const std::string& setting, DType precision,
+                                     const std::string& device);
+
 }  // namespace loom

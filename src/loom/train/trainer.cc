@@ -101,10 +101,11 @@ Trainer::Trainer(Config config, RunOptions options, ThreadConfig threads)
     // The grid's groups over NCCL (comm.backend nccl, the default on cuda).
     options_.parallel = with_nccl_groups(std::move(options_.parallel), config_);
   } else {
-    gemm_inputs_ = config_.kernels.gemm_inputs == "16bit" ? config_.precision : DType::kF32;
+    gemm_inputs_ = config_.kernels.gemm16 ? config_.precision : DType::kF32;
     backend_ = std::make_unique<CpuBackend<float>>(cpu::GemmConfig{gemm_.backend, gemm_inputs_});
     gemm_backend_name_ = cpu::gemm_backend_name(gemm_.backend);
   }
+  check_gemm_inputs_agree();
   engine_ = std::make_unique<StepEngine>(config_, options_.parallel, *backend_);
   if (config_.log.trace) {
     trace_ = std::make_unique<RunTrace>(engine_->time_origin(), kTraceSteps);
@@ -711,6 +712,26 @@ void Trainer::write_profile() {
   std::fflush(stdout);
 }
 
+// kernels.gemm_inputs auto is a rule of each rank's CPU: ranks on unlike
+// CPUs would round their GEMM inputs differently and the replicas drift
+// apart, so the job stops, naming the first rank that differs from rank 0.
+void Trainer::check_gemm_inputs_agree() const {
+  const auto& world = options_.parallel.world;
+  if (!world || world->size() == 1) return;
+  const int64_t mine = config_.kernels.gemm16 ? 1 : 0;
+  std::vector<int64_t> all(static_cast<size_t>(world->size()));
+  world->all_gather(&mine, all.data(), 1, DType::kI64)->wait();
+  for (size_t r = 1; r < all.size(); ++r)
+    LOOM_CHECK_KIND(kConfig, all[r] == all[0],
+                    "kernels.gemm_inputs {}: rank {} chose {} GEMM inputs and rank 0 {} (their "
+                    "CPUs differ: {}); set kernels.gemm_inputs to f32 or 16bit for the job",
+                    config_.kernels.gemm_inputs, r, all[r] ? "16-bit" : "f32",
+                    all[0] ? "16-bit" : "f32",
+                    world->rank() == static_cast<int>(r) || world->rank() == 0
+                        ? config_.kernels.gemm_inputs_why
+                        : std::string("see ranks 0 and ") + std::to_string(r));
+}
+
 void Trainer::describe_run() const {
   const GptConfig& m = config_.model;
   std::printf("loom: %s\n", describe(threads_).c_str());
@@ -755,9 +776,15 @@ void Trainer::describe_run() const {
                     "once per machine and cached; the MFU denominator)");
   if (!gemm_.warning.empty()) std::printf("loom: warning: %s\n", gemm_.warning.c_str());
   if (const DType in = gemm_inputs_; in != DType::kF32)
-    std::printf("loom: GEMM inputs rounded to %s, products accumulated in f32 (%s)\n",
+    std::printf("loom: GEMM inputs rounded to %s, products accumulated in f32 (%s); "
+                "kernels.gemm_inputs %s: %s\n",
                 std::string(dtype_name(in)).c_str(),
-                config_.device == "cuda" ? "cuBLASLt" : cpu::gemm_16_path(in));
+                config_.device == "cuda" ? "cuBLASLt" : cpu::gemm_16_path(in),
+                config_.kernels.gemm_inputs.c_str(), config_.kernels.gemm_inputs_why.c_str());
+  else if (config_.precision != DType::kF32)
+    std::printf("loom: GEMM inputs f32 in a %s run; kernels.gemm_inputs %s: %s\n",
+                std::string(dtype_name(config_.precision)).c_str(),
+                config_.kernels.gemm_inputs.c_str(), config_.kernels.gemm_inputs_why.c_str());
   if (config_.device == "cuda")
     std::printf("loom: device cuda: %s; groups over %s\n", gemm_.describe.c_str(),
                 !options_.parallel.world ? "none (one process)"

@@ -114,6 +114,7 @@ class Trainer {
   std::vector<StepResult> run_steps();
   std::string checkpoint_root() const;
   void describe_run() const;
+  void check_gemm_inputs_agree() const;
   void describe_zero() const;
   void describe_compression() const;
   void describe_checkpointing() const;

@@ -373,6 +373,15 @@ bool gemm_16_uses_bf16_matmul(DType t) {
 #endif
 }
 
+bool bf16_matmul_on_amx() {
+#ifdef LOOM_HAVE_ONEDNN
+  return gemm_16_uses_bf16_matmul(DType::kBF16) &&
+         dnnl_get_effective_cpu_isa() == dnnl_cpu_isa_avx512_core_amx;
+#else
+  return false;
+#endif
+}
+
 const char* gemm_16_path(DType t) {
   return gemm_16_uses_bf16_matmul(t) ? "oneDNN's bf16 matmul"
                                      : "K-tiles rounded, then the backend's sgemm";

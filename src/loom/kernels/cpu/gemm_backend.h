@@ -70,6 +70,9 @@ void gemm_16(GemmBackend b, DType t, bool ta, bool tb, int64_t M, int64_t N, int
              int64_t ldc, const uint16_t* B16 = nullptr);
 // Which way gemm_16 multiplies t on this machine, in words.
 const char* gemm_16_path(DType t);
+// Whether this CPU, as oneDNN sees it (ONEDNN_MAX_CPU_ISA included), has
+// AMX tiles for its bf16 matmul.
+bool bf16_matmul_on_amx();
 // Whether 16-bit inputs of type t run through oneDNN's bf16 matmul (bf16,
 // a build with oneDNN, a CPU it runs the primitive on).
 bool gemm_16_uses_bf16_matmul(DType t);
