@@ -66,8 +66,12 @@ inline const char* kBase = R"({
   "model": {"n_layer": 4, "n_embd": 64, "n_head": 4, "vocab_size": 256, "seq_len": 32, "dropout": 0.1},
   "data": {"synthetic": true},
   "train": {"steps": 20, "seed": 17, "eval_steps": 3},
-  "log": {"peak_gflops": 100}
+  "log": {"peak_gflops": 100},
+  "kernels": {"gemm_inputs": "f32"}
 })";
+// (GEMM inputs pinned to f32: kernels.gemm_inputs auto would round them to
+// 16 bits in bf16 runs on CPUs with AMX alone; a layout that wants 16-bit
+// inputs says kernels.gemm_inputs=16bit.)
 
 struct RunResult {
   std::vector<double> losses;
