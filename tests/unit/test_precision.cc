@@ -17,7 +17,7 @@ namespace loom {
 namespace {
 
 // Values across the ranges that matter: normal numbers of many scales,
-// exact ties for both formats, f16 subnormals and overflow, signed zeros,
+// exact ties for both formats, f16 and f32 subnormals and overflow, signed zeros,
 // infinities and NaN.
 std::vector<float> awkward_values() {
   std::vector<float> x = {0.0f,
@@ -34,6 +34,9 @@ std::vector<float> awkward_values() {
                           std::bit_cast<float>(0x3f808000u),  // a bf16 tie (to even: down)
                           std::bit_cast<float>(0x3f818000u),  // a bf16 tie (to even: up)
                           std::bit_cast<float>(0x3f801000u),  // an f16 tie
+                          std::bit_cast<float>(0x00000001u),  // f32's smallest subnormal
+                          std::bit_cast<float>(0x807fffffu),  // rounds up to bf16's -min normal
+                          std::bit_cast<float>(0x00408000u),  // a subnormal bf16 tie
                           3.4e38f};
   const NormalStream rng(7, "awkward");
   for (int i = 0; i < 4000; ++i)
