@@ -279,14 +279,14 @@ TEST(Config, GemmInputsAutoFollowsTheCpu) {
   const Config bf16 = parse_config(kBase, "test", {"bf16.enabled=true"});
   EXPECT_EQ(bf16.kernels.gemm16, cpu::bf16_matmul_on_amx());
   EXPECT_EQ(bf16.zero.weights16, bf16.kernels.gemm16);
-  EXPECT_HAS(bf16.kernels.gemm_inputs_why,
-             cpu::bf16_matmul_on_amx() ? "bf16: auto, oneDNN's bf16 matmul on AMX tiles"
-                                       : "f32: auto, ISA ");
+  EXPECT_HAS(bf16.kernels.gemm_inputs_why, cpu::bf16_matmul_on_amx()
+                                               ? "bf16: auto, oneDNN's bf16 matmul on AMX tiles"
+                                               : "f32: auto, ISA ");
   const Config fp16 = parse_config(kBase, "test", {"fp16.enabled=true"});
   EXPECT_FALSE(fp16.kernels.gemm16);
   EXPECT_HAS(fp16.kernels.gemm_inputs_why, "no CPU multiplies fp16 natively");
-  EXPECT_FALSE(parse_config(kBase, "test", {"bf16.enabled=true", "kernels.gemm_inputs=f32"})
-                   .kernels.gemm16);
+  EXPECT_FALSE(
+      parse_config(kBase, "test", {"bf16.enabled=true", "kernels.gemm_inputs=f32"}).kernels.gemm16);
   if (cpu::gemm_16_uses_bf16_matmul(DType::kBF16)) {
     EXPECT_TRUE(parse_config(kBase, "test", {"bf16.enabled=true", "kernels.gemm_inputs=16bit"})
                     .kernels.gemm16);

@@ -266,5 +266,53 @@ TEST(Gemm, SixteenBitInputsAccumulateInF32) {
   EXPECT_GT(cpu::measure_gemm_gflops(kBlas, DType::kF16, 64, 2), 0);
 }
 
+// A linear's backward with bf16 inputs rounds dout once for both of its
+// products (round_shared_operand): bit for bit the two products made
+// separately, each rounding its own operands, with the weight given as f32
+// and as its 16-bit values; the LM head's (matmul_nt_backward) alike.
+TEST(Gemm, BackwardRoundsDoutOnceForBothProducts) {
+  if (!cpu::gemm_16_uses_bf16_matmul(DType::kBF16)) GTEST_SKIP() << "no bf16 matmul on this CPU";
+  std::mt19937 gen(9);
+  std::uniform_real_distribution<float> u(-1, 1);
+  const int64_t N = 37, C = 24, OC = 40;
+  auto fill = [&](std::vector<float>& v, int64_t n) {
+    v.resize(static_cast<size_t>(n));
+    for (float& x : v) x = u(gen);
+  };
+  std::vector<float> dout, inp, w, dinp0, dw0;
+  fill(dout, N * OC), fill(inp, N * C), fill(w, C * OC), fill(dinp0, N * C), fill(dw0, C * OC);
+  std::vector<uint16_t> w16(w.size());
+  for (size_t i = 0; i < w.size(); ++i) w16[i] = f32_to_bf16(w[i]);
+  const cpu::GemmConfig g{kBlas, DType::kBF16};
+  for (const bool sixteen : {false, true}) {
+    const Weight<float> weight =
+        sixteen ? Weight<float>(w16.data(), DType::kBF16) : Weight<float>(w.data());
+    // matmul_backward: dinp += dout W^T, dW += inp^T dout.
+    std::vector<float> dinp = dinp0, dw = dw0, want_dinp = dinp0, want_dw = dw0;
+    cpu::matmul_backward<float>(g, dinp.data(), dw.data(), nullptr, dout.data(), inp.data(), weight,
+                                N, C, OC);
+    cpu::gemm_16(kBlas, DType::kBF16, false, true, N, C, OC, 1.0f, dout.data(), OC,
+                 sixteen ? nullptr : w.data(), OC, 1.0f, want_dinp.data(), C,
+                 sixteen ? w16.data() : nullptr);
+    cpu::gemm_16(kBlas, DType::kBF16, true, false, C, OC, N, 1.0f, inp.data(), C, dout.data(), OC,
+                 1.0f, want_dw.data(), OC);
+    EXPECT_EQ(dinp, want_dinp) << "16-bit weight " << sixteen;
+    EXPECT_EQ(dw, want_dw) << "16-bit weight " << sixteen;
+    // matmul_nt_backward (W is V x C): dinp += dout W, dW += dout^T inp.
+    const int64_t V = OC;
+    dinp = dinp0, want_dinp = dinp0;
+    std::vector<float> dwt(static_cast<size_t>(V * C), 0.5f), want_dwt = dwt;
+    cpu::matmul_nt_backward<float>(g, dinp.data(), dwt.data(), dout.data(), inp.data(), weight, N,
+                                   C, V);
+    cpu::gemm_16(kBlas, DType::kBF16, false, false, N, C, V, 1.0f, dout.data(), V,
+                 sixteen ? nullptr : w.data(), C, 1.0f, want_dinp.data(), C,
+                 sixteen ? w16.data() : nullptr);
+    cpu::gemm_16(kBlas, DType::kBF16, true, false, V, C, N, 1.0f, dout.data(), V, inp.data(), C,
+                 1.0f, want_dwt.data(), C);
+    EXPECT_EQ(dinp, want_dinp) << "nt, 16-bit weight " << sixteen;
+    EXPECT_EQ(dwt, want_dwt) << "nt, 16-bit weight " << sixteen;
+  }
+}
+
 }  // namespace
 }  // namespace loom

@@ -35,14 +35,16 @@ GemmChoice configure_gemm(const std::string& setting) {
 GemmInputsChoice resolve_gemm_inputs(const std::string& setting, DType precision,
                                      const std::string& device) {
   if (setting != "auto" && setting != "f32" && setting != "16bit")
-    LOOM_FAIL(kConfig, "kernels.gemm_inputs: unknown value \"{}\" (expected one of auto, f32, 16bit)",
-                  setting);
+    LOOM_FAIL(kConfig,
+              "kernels.gemm_inputs: unknown value \"{}\" (expected one of auto, f32, 16bit)",
+              setting);
   const std::string t(dtype_name(precision));
   if (setting == "f32") return {false, "f32, as kernels.gemm_inputs asks"};
   if (precision == DType::kF32) {
     if (setting != "auto")
-      LOOM_FAIL(kConfig, "kernels.gemm_inputs: 16bit rounds GEMM inputs to the run's 16-bit type; it "
-                    "needs bf16.enabled or fp16.enabled");
+      LOOM_FAIL(kConfig,
+                "kernels.gemm_inputs: 16bit rounds GEMM inputs to the run's 16-bit type; it "
+                "needs bf16.enabled or fp16.enabled");
     return {false, "f32: an f32 run"};
   }
   const std::string isa = cpu::gemm_backend_isa(cpu::GemmBackend::kOneDnn);
@@ -51,12 +53,14 @@ GemmInputsChoice resolve_gemm_inputs(const std::string& setting, DType precision
                                     : format("{}, as kernels.gemm_inputs asks", t)};
   if (setting == "16bit") {
     if (precision == DType::kBF16 && !cpu::gemm_16_uses_bf16_matmul(precision))
-      LOOM_FAIL(kConfig, "kernels.gemm_inputs: 16bit with bf16.enabled: this CPU has no bf16 GEMM "
-                    "(oneDNN's bf16 matmul does not run at ISA {}{}); use auto or f32, which "
-                    "multiply in f32 here",
-                    isa, cpu::gemm_backend_available(cpu::GemmBackend::kOneDnn)
-                             ? ""
-                             : ", and this build has no oneDNN");
+      LOOM_FAIL(kConfig,
+                "kernels.gemm_inputs: 16bit with bf16.enabled: this CPU has no bf16 GEMM "
+                "(oneDNN's bf16 matmul does not run at ISA {}{}); use auto or f32, which "
+                "multiply in f32 here",
+                isa,
+                cpu::gemm_backend_available(cpu::GemmBackend::kOneDnn)
+                    ? ""
+                    : ", and this build has no oneDNN");
     return {true, format("{}, as kernels.gemm_inputs asks ({})", t, cpu::gemm_16_path(precision))};
   }
   if (precision == DType::kBF16 && cpu::bf16_matmul_on_amx())
@@ -65,8 +69,9 @@ GemmInputsChoice resolve_gemm_inputs(const std::string& setting, DType precision
     return {false, format("f32: auto, ISA {} has no AMX, where rounding the operands to bf16 "
                           "costs more than its bf16 GEMMs gain (docs/precision.md#16-bit-gemms)",
                           isa)};
-  return {false, "f32: auto, no CPU multiplies fp16 natively (16bit would round K-tiles "
-                 "for the sgemm, slower than f32)"};
+  return {false,
+          "f32: auto, no CPU multiplies fp16 natively (16bit would round K-tiles "
+          "for the sgemm, slower than f32)"};
 }
 
 }  // namespace loom

@@ -776,11 +776,12 @@ void Trainer::describe_run() const {
                     "once per machine and cached; the MFU denominator)");
   if (!gemm_.warning.empty()) std::printf("loom: warning: %s\n", gemm_.warning.c_str());
   if (const DType in = gemm_inputs_; in != DType::kF32)
-    std::printf("loom: GEMM inputs rounded to %s, products accumulated in f32 (%s); "
-                "kernels.gemm_inputs %s: %s\n",
-                std::string(dtype_name(in)).c_str(),
-                config_.device == "cuda" ? "cuBLASLt" : cpu::gemm_16_path(in),
-                config_.kernels.gemm_inputs.c_str(), config_.kernels.gemm_inputs_why.c_str());
+    std::printf(
+        "loom: GEMM inputs rounded to %s, products accumulated in f32 (%s); "
+        "kernels.gemm_inputs %s: %s\n",
+        std::string(dtype_name(in)).c_str(),
+        config_.device == "cuda" ? "cuBLASLt" : cpu::gemm_16_path(in),
+        config_.kernels.gemm_inputs.c_str(), config_.kernels.gemm_inputs_why.c_str());
   else if (config_.precision != DType::kF32)
     std::printf("loom: GEMM inputs f32 in a %s run; kernels.gemm_inputs %s: %s\n",
                 std::string(dtype_name(config_.precision)).c_str(),

@@ -335,11 +335,12 @@ bool bf16_matmul_runs() {
   return runs;
 }
 
-// A thread's bf16 copies of gemm_16's f32 operands (slot 0: A, 1: B), grown
+// A thread's bf16 copies of gemm_16's f32 operands (slot 0: A, 1: B, 2: an
+// operand shared by several products, round_shared_operand), grown
 // to the largest product it has met and kept: fresh pages for every product
 // cost more than the rounding itself.
 uint16_t* bf16_scratch(int slot, int64_t n) {
-  thread_local Buffer scratch[2];
+  thread_local Buffer scratch[3];
   const size_t bytes = static_cast<size_t>(n) * 2;
   if (scratch[slot].bytes() < bytes) {
     scratch[slot] = Buffer();
@@ -387,9 +388,20 @@ const char* gemm_16_path(DType t) {
                                      : "K-tiles rounded, then the backend's sgemm";
 }
 
+const uint16_t* round_shared_operand(const float* X, int64_t n) {
+#ifdef LOOM_HAVE_ONEDNN
+  uint16_t* out = bf16_scratch(2, n);
+  round_to_16(X, out, n, DType::kBF16);
+  return out;
+#else
+  (void)X, (void)n;
+  LOOM_FAIL(kUnsupported, "round_shared_operand: this build has no bf16 matmul");
+#endif
+}
+
 void gemm_16(GemmBackend be, DType t, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
              float alpha, const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
-             float* C, int64_t ldc, const uint16_t* B16) {
+             float* C, int64_t ldc, const uint16_t* B16, const uint16_t* A16) {
   LOOM_CHECK(t == DType::kBF16 || t == DType::kF16, "gemm_16 asked for {}", dtype_name(t));
   if (M == 0 || N == 0) return;
 #ifdef LOOM_HAVE_ONEDNN
@@ -397,9 +409,14 @@ void gemm_16(GemmBackend be, DType t, bool ta, bool tb, int64_t M, int64_t N, in
     // A (and B when it is f32) rounded to bf16 in its stored layout; a
     // 16-bit B is read where it is. oneDNN reads the transposed ones by
     // their strides.
-    const int64_t a_rows = ta ? K : M, a_cols = ta ? M : K;
-    uint16_t* a16 = bf16_scratch(0, M * K);
-    round_rows_bf16(A, lda, a_rows, a_cols, a16);
+    uint16_t* a16 = const_cast<uint16_t*>(A16);
+    int64_t a_ld = lda;
+    if (!A16) {
+      const int64_t a_rows = ta ? K : M, a_cols = ta ? M : K;
+      a16 = bf16_scratch(0, M * K);
+      round_rows_bf16(A, lda, a_rows, a_cols, a16);
+      a_ld = a_cols;
+    }
     uint16_t* b16 = const_cast<uint16_t*>(B16);  // oneDNN's handle is not const; only read
     int64_t b_ld = ldb;
     if (!B16) {
@@ -408,7 +425,7 @@ void gemm_16(GemmBackend be, DType t, bool ta, bool tb, int64_t M, int64_t N, in
       round_rows_bf16(B, ldb, b_rows, b_cols, b16);
       b_ld = b_cols;
     }
-    Bf16Matmul& mm = bf16_matmul(Bf16Shape{M, N, K, ta, tb, a_cols, b_ld, ldc, alpha, beta});
+    Bf16Matmul& mm = bf16_matmul(Bf16Shape{M, N, K, ta, tb, a_ld, b_ld, ldc, alpha, beta});
     dnnl::memory am(mm.a_md, mm.engine, a16), bm(mm.b_md, mm.engine, b16),
         cm(mm.c_md, mm.engine, C);
     mm.prim.execute(mm.stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
@@ -416,6 +433,7 @@ void gemm_16(GemmBackend be, DType t, bool ta, bool tb, int64_t M, int64_t N, in
     return;
   }
 #endif
+  LOOM_CHECK(A16 == nullptr, "gemm_16: a 16-bit A needs the bf16 matmul");
   gemm_16_tiled(be, t, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, B16);
 }
 

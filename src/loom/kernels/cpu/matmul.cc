@@ -86,9 +86,38 @@ void matmul_forward(const GemmConfig& g, T* out, const T* inp, WeightArg<T> weig
   gemm_weight<T>(g, false, false, N, OC, C, T(1), inp, C, weight, OC, bias ? T(1) : T(0), out, OC);
 }
 
+namespace {
+
+// Whether dout, read by both products of a backward, is rounded to bf16 once
+// for the two: bf16 inputs through the bf16 matmul, f32 layers, both
+// products wanted and none empty.
+template <typename T>
+bool share_dout(const GemmConfig& g, const void* dinp, const void* dweight, int64_t N, int64_t C,
+                int64_t OC) {
+  return std::is_same_v<T, float> && dinp != nullptr && dweight != nullptr && N > 0 && C > 0 &&
+         OC > 0 && gemm_16_uses_bf16_matmul(g.inputs);
+}
+
+}  // namespace
+
 template <typename T>
 void matmul_backward(const GemmConfig& g, T* dinp, T* dweight, T* dbias, const T* dout,
                      const T* inp, WeightArg<T> weight, int64_t N, int64_t C, int64_t OC) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (share_dout<T>(g, dinp, dweight, N, C, OC) &&
+        (weight.w16 == nullptr || weight.t == g.inputs)) {
+      const uint16_t* dout16 = round_shared_operand(dout, N * OC);
+      if (weight.w16 != nullptr)
+        gemm_16(g.backend, g.inputs, false, true, N, C, OC, 1.0f, nullptr, OC, nullptr, OC, 1.0f,
+                dinp, C, weight.w16, dout16);
+      else
+        gemm_16(g.backend, g.inputs, false, true, N, C, OC, 1.0f, nullptr, OC, weight.data, OC,
+                1.0f, dinp, C, nullptr, dout16);
+      gemm_16(g.backend, g.inputs, true, false, C, OC, N, 1.0f, inp, C, nullptr, OC, 1.0f, dweight,
+              OC, dout16);
+      dinp = nullptr, dweight = nullptr;
+    }
+  }
   if (dinp != nullptr)
     gemm_weight<T>(g, false, true, N, C, OC, T(1), dout, OC, weight, OC, T(1), dinp, C);
   if (dweight != nullptr)
@@ -117,6 +146,21 @@ void matmul_nt_forward(const GemmConfig& g, T* out, const T* inp, WeightArg<T> w
 template <typename T>
 void matmul_nt_backward(const GemmConfig& g, T* dinp, T* dweight, const T* dout, const T* inp,
                         WeightArg<T> weight, int64_t N, int64_t C, int64_t V) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (share_dout<T>(g, dinp, dweight, N, C, V) &&
+        (weight.w16 == nullptr || weight.t == g.inputs)) {
+      const uint16_t* dout16 = round_shared_operand(dout, N * V);
+      if (weight.w16 != nullptr)
+        gemm_16(g.backend, g.inputs, false, false, N, C, V, 1.0f, nullptr, V, nullptr, C, 1.0f,
+                dinp, C, weight.w16, dout16);
+      else
+        gemm_16(g.backend, g.inputs, false, false, N, C, V, 1.0f, nullptr, V, weight.data, C, 1.0f,
+                dinp, C, nullptr, dout16);
+      gemm_16(g.backend, g.inputs, true, false, V, C, N, 1.0f, nullptr, V, inp, C, 1.0f, dweight, C,
+              nullptr, dout16);
+      return;
+    }
+  }
   if (dinp != nullptr)
     gemm_weight<T>(g, false, false, N, C, V, T(1), dout, V, weight, C, T(1), dinp, C);
   if (dweight != nullptr) gemm<T>(g, true, false, V, C, N, T(1), dout, V, inp, C, T(1), dweight, C);

@@ -57,12 +57,11 @@ inline uint16_t to_bf16_lanes(float x) {
 // reads as zero, so a block holding one is rounded by the formula instead
 // (bit for bit f32_to_bf16 either way).
 #if defined(__x86_64__)
-const bool kAvx512Bf16 =
-    __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
+const bool kAvx512Bf16 = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
 
 __attribute__((target("avx512f,avx512bw,avx512bf16"))) int64_t to_bf16_avx512(const float* x,
-                                                                               uint16_t* out,
-                                                                               int64_t n) {
+                                                                              uint16_t* out,
+                                                                              int64_t n) {
   const __m512i exponent = _mm512_set1_epi32(0x7f800000), mantissa = _mm512_set1_epi32(0x007fffff);
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
@@ -80,7 +79,9 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) int64_t to_bf16_avx512(co
 }
 #else
 const bool kAvx512Bf16 = false;
-int64_t to_bf16_avx512(const float*, uint16_t*, int64_t) { return 0; }
+int64_t to_bf16_avx512(const float*, uint16_t*, int64_t) {
+  return 0;
+}
 #endif
 
 void to_16_serial(const float* x, uint16_t* out, int64_t n, DType t) {
