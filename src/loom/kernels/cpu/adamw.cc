@@ -25,21 +25,7 @@ void adamw_update(T* params, const T* grads, T* m, T* v, int64_t n, const AdamWP
 
 template <typename T>
 double sum_squares(const T* x, int64_t n) {
-  // Fixed chunks summed in chunk order: the result does not depend on the
-  // thread count or on scheduling, which bitwise-reproducible runs need.
-  constexpr int64_t kChunk = 1 << 16;
-  int64_t chunks = (n + kChunk - 1) / kChunk;
-  std::vector<double> partial(static_cast<size_t>(chunks), 0.0);
-#pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < chunks; ++c) {
-    double acc = 0;
-    int64_t end = std::min(n, (c + 1) * kChunk);
-    for (int64_t i = c * kChunk; i < end; ++i) acc += double(x[i]) * double(x[i]);
-    partial[c] = acc;
-  }
-  double total = 0;
-  for (double p : partial) total += p;
-  return total;
+  return sum_squares_chunked(n, [x](int64_t i) { return double(x[i]); });
 }
 
 template <typename T>

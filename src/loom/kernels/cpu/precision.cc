@@ -152,23 +152,9 @@ void widen_16(const uint16_t* x, float* out, int64_t n, DType t) {
 
 double sum_squares_16(const uint16_t* x, int64_t n, DType t) {
   check_16(t);
-  // The chunks of sum_squares<float>, summed in chunk order.
-  constexpr int64_t kChunk = 1 << 16;
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-  std::vector<double> partial(static_cast<size_t>(chunks), 0.0);
-#pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < chunks; ++c) {
-    double acc = 0;
-    const int64_t end = std::min(n, (c + 1) * kChunk);
-    for (int64_t i = c * kChunk; i < end; ++i) {
-      const double w = widen(x[i], t);
-      acc += w * w;
-    }
-    partial[static_cast<size_t>(c)] = acc;
-  }
-  double total = 0;
-  for (double p : partial) total += p;
-  return total;
+  if (t == DType::kBF16)
+    return sum_squares_chunked(n, [x](int64_t i) { return double(bf16_to_f32(x[i])); });
+  return sum_squares_chunked(n, [x](int64_t i) { return double(f16_to_f32(x[i])); });
 }
 
 void accumulate_16(const float* x, float scale, uint16_t* acc, int64_t n, DType t) {
