@@ -314,5 +314,37 @@ TEST(Gemm, BackwardRoundsDoutOnceForBothProducts) {
   }
 }
 
+// A linear's forward with bf16 inputs adds its bias in the matmul's
+// epilogue: the rounded inputs' products in double plus the bias, to f32
+// accumulation's rounding, with the weight as f32 and as 16-bit values.
+TEST(Gemm, ForwardAddsTheBiasInTheEpilogue) {
+  if (!cpu::gemm_16_uses_bf16_matmul(DType::kBF16)) GTEST_SKIP() << "no bf16 matmul on this CPU";
+  std::mt19937 gen(11);
+  std::uniform_real_distribution<float> u(-1, 1);
+  const int64_t N = 29, C = 48, OC = 36;
+  std::vector<float> inp(N * C), w(C * OC), bias(OC);
+  for (float& x : inp) x = u(gen);
+  for (float& x : w) x = u(gen);
+  for (float& x : bias) x = 4 * u(gen);
+  std::vector<uint16_t> w16(w.size());
+  for (size_t i = 0; i < w.size(); ++i) w16[i] = f32_to_bf16(w[i]);
+  auto r = [](float x) { return double(bf16_to_f32(f32_to_bf16(x))); };
+  for (const bool sixteen : {false, true}) {
+    const Weight<float> weight =
+        sixteen ? Weight<float>(w16.data(), DType::kBF16) : Weight<float>(w.data());
+    std::vector<float> out(N * OC, std::nanf(""));  // overwritten, never read
+    cpu::matmul_forward<float>(cpu::GemmConfig{kBlas, DType::kBF16}, out.data(), inp.data(), weight,
+                               bias.data(), N, C, OC);
+    double worst = 0;
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t j = 0; j < OC; ++j) {
+        double want = bias[j];
+        for (int64_t k = 0; k < C; ++k) want += r(inp[i * C + k]) * r(w[k * OC + j]);
+        worst = std::max(worst, std::abs(out[i * OC + j] - want));
+      }
+    EXPECT_LT(worst, 1e-4) << "16-bit weight " << sixteen;
+  }
+}
+
 }  // namespace
 }  // namespace loom

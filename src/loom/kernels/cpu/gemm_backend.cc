@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <tuple>
+#include <unordered_map>
 
 #ifdef LOOM_HAVE_ONEDNN
 #include <oneapi/dnnl/dnnl.h>
@@ -250,7 +251,7 @@ void gemm_16_tiled(GemmBackend be, DType t, bool ta, bool tb, int64_t M, int64_t
 struct Bf16Matmul {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
-  dnnl::memory::desc a_md, b_md, c_md;
+  dnnl::memory::desc a_md, b_md, c_md, bias_md;
   dnnl::matmul prim;
 };
 
@@ -268,7 +269,8 @@ struct Bf16Shape {
   bool ta, tb;
   int64_t lda, ldb, ldc;
   float alpha, beta;
-  auto key() const { return std::tuple{M, N, K, ta, tb, lda, ldb, ldc, alpha, beta}; }
+  bool bias = false;  // a row of N f32 added to every row of the product
+  auto key() const { return std::tuple{M, N, K, ta, tb, lda, ldb, ldc, alpha, beta, bias}; }
 };
 
 // oneDNN's description of op(X) (rows x cols) for X stored with ld, as the
@@ -297,12 +299,13 @@ Bf16Matmul& bf16_matmul(const Bf16Shape& s) {
         oldest = it;
     if (oldest != cache.end()) cache.erase(oldest);
   }
-  const auto [M, N, K, ta, tb, lda, ldb, ldc, alpha, beta] = s.key();
+  const auto [M, N, K, ta, tb, lda, ldb, ldc, alpha, beta, bias] = s.key();
   using dt = dnnl::memory::data_type;
   auto made = std::make_unique<Bf16Matmul>();
   made->a_md = bf16_operand(M, K, ta, lda);
   made->b_md = bf16_operand(K, N, tb, ldb);
   made->c_md = dnnl::memory::desc({M, N}, dt::f32, dnnl::memory::dims{ldc, 1});
+  if (bias) made->bias_md = dnnl::memory::desc({1, N}, dt::f32, dnnl::memory::dims{N, 1});
   dnnl::primitive_attr attr;
   if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
   if (beta != 0.0f) {
@@ -312,7 +315,9 @@ Bf16Matmul& bf16_matmul(const Bf16Shape& s) {
   }
   try {
     made->prim = dnnl::matmul(dnnl::matmul::primitive_desc(
-        dnnl::matmul::desc(made->a_md, made->b_md, made->c_md), attr, made->engine));
+        bias ? dnnl::matmul::desc(made->a_md, made->b_md, made->bias_md, made->c_md)
+             : dnnl::matmul::desc(made->a_md, made->b_md, made->c_md),
+        attr, made->engine));
   } catch (const dnnl::error& e) {
     LOOM_FAIL(kUnsupported, "oneDNN cannot run a bf16 matmul of {} x {} x {} on this CPU ({}): {}",
               M, N, K, gemm_backend_isa(GemmBackend::kOneDnn), e.what());
@@ -401,7 +406,7 @@ const uint16_t* round_shared_operand(const float* X, int64_t n) {
 
 void gemm_16(GemmBackend be, DType t, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
              float alpha, const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
-             float* C, int64_t ldc, const uint16_t* B16, const uint16_t* A16) {
+             float* C, int64_t ldc, const uint16_t* B16, const uint16_t* A16, const float* bias) {
   LOOM_CHECK(t == DType::kBF16 || t == DType::kF16, "gemm_16 asked for {}", dtype_name(t));
   if (M == 0 || N == 0) return;
 #ifdef LOOM_HAVE_ONEDNN
@@ -425,15 +430,21 @@ void gemm_16(GemmBackend be, DType t, bool ta, bool tb, int64_t M, int64_t N, in
       round_rows_bf16(B, ldb, b_rows, b_cols, b16);
       b_ld = b_cols;
     }
-    Bf16Matmul& mm = bf16_matmul(Bf16Shape{M, N, K, ta, tb, a_ld, b_ld, ldc, alpha, beta});
+    Bf16Matmul& mm =
+        bf16_matmul(Bf16Shape{M, N, K, ta, tb, a_ld, b_ld, ldc, alpha, beta, bias != nullptr});
     dnnl::memory am(mm.a_md, mm.engine, a16), bm(mm.b_md, mm.engine, b16),
         cm(mm.c_md, mm.engine, C);
-    mm.prim.execute(mm.stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+    std::unordered_map<int, dnnl::memory> args{
+        {DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
+    if (bias)  // oneDNN's handle is not const; only read
+      args.emplace(DNNL_ARG_BIAS, dnnl::memory(mm.bias_md, mm.engine, const_cast<float*>(bias)));
+    mm.prim.execute(mm.stream, args);
     mm.stream.wait();
     return;
   }
 #endif
-  LOOM_CHECK(A16 == nullptr, "gemm_16: a 16-bit A needs the bf16 matmul");
+  LOOM_CHECK(A16 == nullptr && bias == nullptr,
+             "gemm_16: a 16-bit A or a bias needs the bf16 matmul");
   gemm_16_tiled(be, t, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, B16);
 }
 

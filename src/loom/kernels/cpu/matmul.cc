@@ -79,6 +79,16 @@ void gemm_weight(const GemmConfig& g, bool ta, bool tb, int64_t M, int64_t N, in
 template <typename T>
 void matmul_forward(const GemmConfig& g, T* out, const T* inp, WeightArg<T> weight, const T* bias,
                     int64_t N, int64_t C, int64_t OC) {
+  if constexpr (std::is_same_v<T, float>) {
+    // bf16 inputs: the bias added in the matmul's epilogue, not copied
+    // into every row first.
+    if (bias != nullptr && N > 0 && OC > 0 && C > 0 && gemm_16_uses_bf16_matmul(g.inputs) &&
+        (weight.w16 == nullptr || weight.t == g.inputs)) {
+      gemm_16(g.backend, g.inputs, false, false, N, OC, C, 1.0f, inp, C, weight.data, OC, 0.0f, out,
+              OC, weight.w16, nullptr, bias);
+      return;
+    }
+  }
   if (bias != nullptr) {
 #pragma omp parallel for
     for (int64_t n = 0; n < N; ++n) std::copy(bias, bias + OC, out + n * OC);
