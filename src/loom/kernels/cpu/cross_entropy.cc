@@ -14,10 +14,24 @@ void cross_entropy_forward(T* losses, T* lse, const T* logits, const int32_t* ta
 #pragma omp parallel for
   for (int64_t n = 0; n < N; ++n) {
     const T* row = logits + n * Vp;
+    // The maximum and the sum of exponentials in kLanes interleaved lanes
+    // (combined in lane order), so that both loops vectorise; the result
+    // depends on neither the thread count nor the schedule.
+    constexpr int64_t kLanes = 16;
+    T lane[kLanes];
+    std::fill(lane, lane + kLanes, row[0]);
+    int64_t v = 0;
+    for (; v + kLanes <= V; v += kLanes)
+      for (int64_t j = 0; j < kLanes; ++j) lane[j] = std::max(lane[j], row[v + j]);
     T mx = row[0];
-    for (int64_t v = 1; v < V; ++v) mx = std::max(mx, row[v]);
+    for (int64_t j = 0; j < kLanes; ++j) mx = std::max(mx, lane[j]);
+    for (; v < V; ++v) mx = std::max(mx, row[v]);
+    std::fill(lane, lane + kLanes, T(0));
+    for (v = 0; v + kLanes <= V; v += kLanes)
+      for (int64_t j = 0; j < kLanes; ++j) lane[j] += vexp(row[v + j] - mx);
     T sum = 0;
-    for (int64_t v = 0; v < V; ++v) sum += vexp(row[v] - mx);
+    for (int64_t j = 0; j < kLanes; ++j) sum += lane[j];
+    for (; v < V; ++v) sum += vexp(row[v] - mx);
     T l = mx + std::log(sum);
     lse[n] = l;
     losses[n] = l - row[targets[n]];
