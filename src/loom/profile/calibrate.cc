@@ -50,9 +50,9 @@ HostCalibration calibrate_host(int threads, int ranks_on_host,
                                const std::vector<std::array<int64_t, 3>>& shapes) {
   HostCalibration h;
   h.peak_gflops_32 = machine_peak_gflops(threads).gflops;
-  const bool bf16 = cpu_isa().find("avx512_bf16") != std::string::npos;
-  // 16-bit GEMMs take oneDNN's bf16 matmul where the CPU has the
-  // instructions (kernels.gemm_inputs 16bit); else the f32 sgemm.
+  // A bf16 run's GEMMs take oneDNN's bf16 matmul where kernels.gemm_inputs
+  // auto picks it (AMX tiles); else the f32 sgemm.
+  const bool bf16 = cpu::bf16_matmul_on_amx();
   h.peak_gflops_16 =
       bf16 ? std::max(h.peak_gflops_32, machine_peak_gflops(threads, GemmPath::kBf16Matmul).gflops)
            : h.peak_gflops_32;
