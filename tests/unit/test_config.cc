@@ -281,7 +281,7 @@ TEST(Config, GemmInputsAutoFollowsTheCpu) {
   EXPECT_EQ(bf16.zero.weights16, bf16.kernels.gemm16);
   EXPECT_HAS(bf16.kernels.gemm_inputs_why, cpu::bf16_matmul_on_amx()
                                                ? "bf16: auto, oneDNN's bf16 matmul on AMX tiles"
-                                               : "f32: auto, ISA ");
+                                               : "f32: auto, ");
   const Config fp16 = parse_config(kBase, "test", {"fp16.enabled=true"});
   EXPECT_FALSE(fp16.kernels.gemm16);
   EXPECT_HAS(fp16.kernels.gemm_inputs_why, "no CPU multiplies fp16 natively");

@@ -41,6 +41,14 @@ std::vector<float> awkward_values() {
   const NormalStream rng(7, "awkward");
   for (int i = 0; i < 4000; ++i)
     x.push_back(rng.at(static_cast<uint64_t>(i)) * std::ldexp(1.0f, i % 60 - 30));
+  // The special values again from element 64 on, in 32-element blocks
+  // without a subnormal, where the CPU's bf16 instruction (if it has one)
+  // rounds them rather than the formula.
+  std::vector<float> special;
+  for (int i = 0; i < 20; ++i)
+    if (std::fpclassify(x[static_cast<size_t>(i)]) != FP_SUBNORMAL)
+      special.push_back(x[static_cast<size_t>(i)]);
+  x.insert(x.begin() + 64, special.begin(), special.end());
   return x;
 }
 

@@ -65,6 +65,8 @@ GemmInputsChoice resolve_gemm_inputs(const std::string& setting, DType precision
   }
   if (precision == DType::kBF16 && cpu::bf16_matmul_on_amx())
     return {true, format("bf16: auto, oneDNN's bf16 matmul on AMX tiles (ISA {})", isa)};
+  if (precision == DType::kBF16 && !cpu::gemm_backend_available(cpu::GemmBackend::kOneDnn))
+    return {false, "f32: auto, this build has no oneDNN (so no bf16 matmul)"};
   if (precision == DType::kBF16)
     return {false, format("f32: auto, ISA {} has no AMX, where rounding the operands to bf16 "
                           "costs more than its bf16 GEMMs gain (docs/precision.md#16-bit-gemms)",

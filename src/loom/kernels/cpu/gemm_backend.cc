@@ -409,6 +409,8 @@ void gemm_16(GemmBackend be, DType t, bool ta, bool tb, int64_t M, int64_t N, in
              float* C, int64_t ldc, const uint16_t* B16, const uint16_t* A16, const float* bias) {
   LOOM_CHECK(t == DType::kBF16 || t == DType::kF16, "gemm_16 asked for {}", dtype_name(t));
   if (M == 0 || N == 0) return;
+  LOOM_CHECK(bias == nullptr || alpha == 1.0f, "gemm_16: a bias needs alpha 1 (alpha is {})",
+             alpha);
 #ifdef LOOM_HAVE_ONEDNN
   if (t == DType::kBF16 && K > 0 && bf16_matmul_runs()) {
     // A (and B when it is f32) rounded to bf16 in its stored layout; a
