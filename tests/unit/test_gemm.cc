@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -345,6 +346,66 @@ TEST(Gemm, ForwardAddsTheBiasInTheEpilogue) {
       }
     EXPECT_LT(worst, 1e-4) << "16-bit weight " << sixteen;
   }
+}
+
+// 16-bit weights kept in oneDNN's blocked layout (WeightPacks): the same
+// products as from the weights as stored, forward and backward, at shapes
+// the blocks do not divide; made once and reused until cleared, then made
+// again from the weights' new values.
+TEST(Gemm, WeightPacksKeepTheBlockedLayoutUntilCleared) {
+  if (!cpu::gemm_16_uses_bf16_matmul(DType::kBF16)) GTEST_SKIP() << "no bf16 matmul on this CPU";
+  std::unique_ptr<WeightPacks> packs = cpu::make_weight_packs();
+  ASSERT_NE(packs, nullptr);
+  std::mt19937 gen(13);
+  std::uniform_real_distribution<float> u(-1, 1);
+  const int64_t N = 45, C = 72, OC = 88;
+  std::vector<float> inp(N * C), dout(N * OC), bias(OC);
+  std::vector<uint16_t> w16(C * OC);
+  auto draw = [&] {
+    for (uint16_t& x : w16) x = f32_to_bf16(u(gen));
+  };
+  for (float& x : inp) x = u(gen);
+  for (float& x : dout) x = u(gen);
+  for (float& x : bias) x = u(gen);
+  draw();
+  const cpu::GemmConfig g{kBlas, DType::kBF16};
+  struct Out {
+    std::vector<float> y, dinp, ynt, dinp_nt;
+  };
+  auto run = [&](const Weight<float>& w) {
+    Out o{std::vector<float>(N * OC), std::vector<float>(N * C, 0.25f),
+          std::vector<float>(N * C), std::vector<float>(N * C, -0.5f)};
+    cpu::matmul_forward<float>(g, o.y.data(), inp.data(), w, bias.data(), N, C, OC);
+    cpu::matmul_backward<float>(g, o.dinp.data(), nullptr, nullptr, dout.data(), inp.data(), w, N,
+                                C, OC);
+    // The LM head's shapes: W is V x C with V = C here, read transposed.
+    cpu::matmul_nt_forward<float>(g, o.ynt.data(), inp.data(), w, N, C, C);
+    cpu::matmul_nt_backward<float>(g, o.dinp_nt.data(), nullptr, inp.data(), inp.data(), w, N, C,
+                                   C);
+    return o;
+  };
+  auto expect_same = [](const Out& a, const Out& b, const char* when) {
+    EXPECT_EQ(a.y, b.y) << when;
+    EXPECT_EQ(a.dinp, b.dinp) << when;
+    EXPECT_EQ(a.ynt, b.ynt) << when;
+    EXPECT_EQ(a.dinp_nt, b.dinp_nt) << when;
+  };
+  const Weight<float> plain(w16.data(), DType::kBF16);
+  const Weight<float> packed(w16.data(), DType::kBF16, packs.get());
+  EXPECT_EQ(packs->bytes(), 0u);
+  expect_same(run(packed), run(plain), "first use");
+  const size_t bytes = packs->bytes();
+  EXPECT_GE(bytes, 2 * w16.size() * sizeof(uint16_t)) << "a layout for each direction";
+  expect_same(run(packed), run(plain), "kept");
+  EXPECT_EQ(packs->bytes(), bytes) << "reused, not made again";
+  // The owner writes the weights and clears: the next products read them.
+  const Out before = run(plain);
+  draw();
+  packs->clear();
+  const Out after = run(plain);
+  EXPECT_NE(after.y, before.y);
+  expect_same(run(packed), after, "after clear");
+  EXPECT_EQ(packs->bytes(), bytes);
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "loom/core/dtype.h"
@@ -94,6 +95,10 @@ class Backend {
   // until the device has passed it; a backend with a stream of its own
   // orders the stream after it and returns at once.
   virtual void order_after(const DeviceEvent& e) const { e.synchronize(); }
+  // A cache for the GEMMs' own layouts of 16-bit weights (types.h), for
+  // the owner of such weights to hand out with them and clear when it
+  // writes them; null where the GEMMs have no such layout.
+  virtual std::unique_ptr<WeightPacks> make_weight_packs() const { return nullptr; }
 
   // ---- GEMM ----
   // C (M, N) = alpha op(A) op(B) + beta C; op = transpose when trans_*.

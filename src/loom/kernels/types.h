@@ -2,6 +2,7 @@
 // a GEMM takes it, where a dropout mask applies, AdamW's hyperparameters.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
@@ -10,19 +11,35 @@
 
 namespace loom {
 
+// 16-bit weights as a GEMM keeps them in the layout it multiplies fastest
+// (oneDNN's blocked bf16 weights), made on a weight's first use and kept
+// until the owner of the weights clears it, which it does whenever it
+// writes them: one reorder per update, read by every micro-batch, recompute
+// and backward of the step. A backend without such layouts makes none
+// (Backend::make_weight_packs returns null).
+class WeightPacks {
+ public:
+  virtual ~WeightPacks() = default;
+  virtual void clear() = 0;           // the weights changed: every layout is stale
+  virtual size_t bytes() const = 0;   // held by the layouts
+};
+
 inline constexpr double kLayerNormEps = 1e-5;  // GPT-2's LayerNorm
 
 // A weight matrix as a layer hands it to a GEMM: T values, or, in a 16-bit
 // run with 16-bit GEMM inputs, the 16-bit values (type t) the run keeps,
-// which the GEMM multiplies without an f32 copy.
+// which the GEMM multiplies without an f32 copy, and where the GEMM may
+// keep them in its own layout (null: nowhere, it lays them out per use).
 template <typename T>
 struct Weight {
   const T* data = nullptr;
   const uint16_t* w16 = nullptr;
   DType t = DType::kF32;
+  WeightPacks* packs = nullptr;
   Weight() = default;
   Weight(const T* p) : data(p) {}  // NOLINT: T values convert implicitly
-  Weight(const uint16_t* p, DType type) : w16(p), t(type) {}
+  Weight(const uint16_t* p, DType type, WeightPacks* packs = nullptr)
+      : w16(p), t(type), packs(packs) {}
   // Element i as T (a 16-bit value widened, exactly): for lookups.
   T operator[](int64_t i) const {
     if (w16 == nullptr) return data[i];

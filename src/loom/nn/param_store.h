@@ -86,7 +86,7 @@ class ParamStore {
     const Param& p = layout_[id];
     const size_t u = static_cast<size_t>(p.unit);
     if (unit_widened_[u] && p.matrix())
-      return Weight<T>(unit_params16_[u] + (p.offset - begin(p.unit)), dtype16_);
+      return Weight<T>(unit_params16_[u] + (p.offset - begin(p.unit)), dtype16_, packs16_);
     return Weight<T>(param(p));
   }
   T* grad(ParamId id) const { return grad(layout_[id]); }
@@ -101,12 +101,16 @@ class ParamStore {
   // 16-bit values (type t) at base16, which holds the unit's elements
   // [begin, end); its other parameters are f32 in `widened`, at their
   // Param::widened offsets. param() of a matrix is then an error (only
-  // weight() reads it); bind_params(u, ...) ends it.
-  void bind_params16(int u, const uint16_t* base16, T* widened, DType t) {
+  // weight() reads it); bind_params(u, ...) ends it. packs: where the GEMMs
+  // may keep the matrices in their own layout until the binder clears it
+  // (null: they lay them out per use).
+  void bind_params16(int u, const uint16_t* base16, T* widened, DType t,
+                     WeightPacks* packs = nullptr) {
     unit_params_[static_cast<size_t>(u)] = nullptr;
     unit_params16_[static_cast<size_t>(u)] = base16;
     unit_widened_[static_cast<size_t>(u)] = widened;
     dtype16_ = t;
+    packs16_ = packs;
   }
   void bind_grads(int u, T* base) { unit_grads_[static_cast<size_t>(u)] = base; }
   // Allocates the full parameter buffer if it is not, and binds every unit
@@ -155,6 +159,7 @@ class ParamStore {
   std::vector<const uint16_t*> unit_params16_;
   std::vector<T*> unit_widened_;
   DType dtype16_ = DType::kF32;
+  WeightPacks* packs16_ = nullptr;
   UnitHooks hooks_;
   std::function<void(int, Pass, bool)> observer_;
   DeferredGrads<T>* defer_ = nullptr;

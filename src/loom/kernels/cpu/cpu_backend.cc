@@ -1,5 +1,7 @@
 #include "loom/kernels/cpu/cpu_backend.h"
 
+#include <type_traits>
+
 #include "loom/core/error.h"
 #include "loom/kernels/cpu/adamw.h"
 #include "loom/kernels/cpu/attention.h"
@@ -29,6 +31,12 @@ std::string CpuBackend<T>::name() const {
 template <typename T>
 Buffer CpuBackend<T>::alloc(size_t bytes, MemCategory category, bool zeroed) const {
   return Buffer(bytes, category, zeroed);
+}
+
+template <typename T>
+std::unique_ptr<WeightPacks> CpuBackend<T>::make_weight_packs() const {
+  if constexpr (std::is_same_v<T, float>) return cpu::make_weight_packs();
+  return nullptr;
 }
 
 template <typename T>

@@ -19,6 +19,7 @@ class CpuBackend final : public Backend<T> {
   std::string name() const override;
   Device device() const override { return Device::kCpu; }
   Buffer alloc(size_t bytes, MemCategory category, bool zeroed) const override;
+  std::unique_ptr<WeightPacks> make_weight_packs() const override;
 
   void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
             const T* B, int64_t ldb, T beta, T* C, int64_t ldc) const override;

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <tuple>
 #include <unordered_map>
 
@@ -252,6 +253,7 @@ struct Bf16Matmul {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
   dnnl::memory::desc a_md, b_md, c_md, bias_md;
+  dnnl::memory::desc b_plain;  // packed_b: B16 as stored, which b_md's layout is made from
   dnnl::matmul prim;
 };
 
@@ -270,7 +272,10 @@ struct Bf16Shape {
   int64_t lda, ldb, ldc;
   float alpha, beta;
   bool bias = false;  // a row of N f32 added to every row of the product
-  auto key() const { return std::tuple{M, N, K, ta, tb, lda, ldb, ldc, alpha, beta, bias}; }
+  bool packed_b = false;  // B in the layout oneDNN picks (reordered from B as stored)
+  auto key() const {
+    return std::tuple{M, N, K, ta, tb, lda, ldb, ldc, alpha, beta, bias, packed_b};
+  }
 };
 
 // oneDNN's description of op(X) (rows x cols) for X stored with ld, as the
@@ -299,11 +304,13 @@ Bf16Matmul& bf16_matmul(const Bf16Shape& s) {
         oldest = it;
     if (oldest != cache.end()) cache.erase(oldest);
   }
-  const auto [M, N, K, ta, tb, lda, ldb, ldc, alpha, beta, bias] = s.key();
+  const auto [M, N, K, ta, tb, lda, ldb, ldc, alpha, beta, bias, packed_b] = s.key();
   using dt = dnnl::memory::data_type;
   auto made = std::make_unique<Bf16Matmul>();
   made->a_md = bf16_operand(M, K, ta, lda);
-  made->b_md = bf16_operand(K, N, tb, ldb);
+  made->b_plain = bf16_operand(K, N, tb, ldb);
+  made->b_md = packed_b ? dnnl::memory::desc({K, N}, dt::bf16, dnnl::memory::format_tag::any)
+                        : made->b_plain;
   made->c_md = dnnl::memory::desc({M, N}, dt::f32, dnnl::memory::dims{ldc, 1});
   if (bias) made->bias_md = dnnl::memory::desc({1, N}, dt::f32, dnnl::memory::dims{N, 1});
   dnnl::primitive_attr attr;
@@ -314,10 +321,12 @@ Bf16Matmul& bf16_matmul(const Bf16Shape& s) {
     attr.set_post_ops(ops);
   }
   try {
-    made->prim = dnnl::matmul(dnnl::matmul::primitive_desc(
+    const dnnl::matmul::primitive_desc pd(
         bias ? dnnl::matmul::desc(made->a_md, made->b_md, made->bias_md, made->c_md)
              : dnnl::matmul::desc(made->a_md, made->b_md, made->c_md),
-        attr, made->engine));
+        attr, made->engine);
+    made->b_md = pd.weights_desc();
+    made->prim = dnnl::matmul(pd);
   } catch (const dnnl::error& e) {
     LOOM_FAIL(kUnsupported, "oneDNN cannot run a bf16 matmul of {} x {} x {} on this CPU ({}): {}",
               M, N, K, gemm_backend_isa(GemmBackend::kOneDnn), e.what());
@@ -354,6 +363,55 @@ uint16_t* bf16_scratch(int slot, int64_t n) {
   return scratch[slot].as<uint16_t>();
 }
 
+// B16 (described by `plain`) in the layout `packed` at dst: one reorder.
+void reorder_weight(Bf16Matmul& mm, const uint16_t* B16, void* dst) {
+  // oneDNN's handle is not const; the source is only read.
+  dnnl::memory src(mm.b_plain, mm.engine, const_cast<uint16_t*>(B16));
+  dnnl::memory out(mm.b_md, mm.engine, dst);
+  dnnl::reorder(src, out).execute(mm.stream, src, out);
+  mm.stream.wait();
+}
+
+// gemm_16's blocked weights, by the 16-bit matrix they are made from and
+// its stored shape; an entry serves a product while it is fresh (made since
+// the owner last cleared) and in the layout the product's primitive wants.
+class Bf16WeightPacks final : public WeightPacks {
+ public:
+  void clear() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [key, e] : packs_) e.fresh = false;
+  }
+  size_t bytes() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    size_t n = 0;
+    for (const auto& [key, e] : packs_) n += e.buf.bytes();
+    return n;
+  }
+  const void* get(Bf16Matmul& mm, const Bf16Shape& s, const uint16_t* B16) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Entry& e = packs_[std::tuple{B16, s.K, s.N, s.tb, s.ldb}];
+    if (e.fresh && e.md == mm.b_md) return e.buf.data();
+    const size_t bytes = mm.b_md.get_size();
+    if (e.buf.bytes() < bytes) {
+      e.buf = Buffer();
+      e.buf = Buffer(bytes, MemCategory::kParams, false);  // all written next
+    }
+    reorder_weight(mm, B16, e.buf.data());
+    e.md = mm.b_md;
+    e.fresh = true;
+    return e.buf.data();
+  }
+
+ private:
+  struct Entry {
+    dnnl::memory::desc md;
+    Buffer buf;
+    bool fresh = false;
+  };
+  mutable std::mutex mu_;
+  std::map<std::tuple<const uint16_t*, int64_t, int64_t, bool, int64_t>, Entry> packs_;
+};
+
 // X (rows x cols, leading dimension ld) rounded to bf16 into dense out
 // (leading dimension cols), in X's own layout: a transposed operand is
 // described to oneDNN by its strides, never transposed here.
@@ -388,6 +446,13 @@ bool bf16_matmul_on_amx() {
 #endif
 }
 
+std::unique_ptr<WeightPacks> make_weight_packs() {
+#ifdef LOOM_HAVE_ONEDNN
+  if (gemm_16_uses_bf16_matmul(DType::kBF16)) return std::make_unique<Bf16WeightPacks>();
+#endif
+  return nullptr;
+}
+
 const char* gemm_16_path(DType t) {
   return gemm_16_uses_bf16_matmul(t) ? "oneDNN's bf16 matmul"
                                      : "K-tiles rounded, then the backend's sgemm";
@@ -406,7 +471,8 @@ const uint16_t* round_shared_operand(const float* X, int64_t n) {
 
 void gemm_16(GemmBackend be, DType t, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
              float alpha, const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
-             float* C, int64_t ldc, const uint16_t* B16, const uint16_t* A16, const float* bias) {
+             float* C, int64_t ldc, const uint16_t* B16, const uint16_t* A16, const float* bias,
+             WeightPacks* packs) {
   LOOM_CHECK(t == DType::kBF16 || t == DType::kF16, "gemm_16 asked for {}", dtype_name(t));
   if (M == 0 || N == 0) return;
   LOOM_CHECK(bias == nullptr || alpha == 1.0f, "gemm_16: a bias needs alpha 1 (alpha is {})",
@@ -432,9 +498,19 @@ void gemm_16(GemmBackend be, DType t, bool ta, bool tb, int64_t M, int64_t N, in
       round_rows_bf16(B, ldb, b_rows, b_cols, b16);
       b_ld = b_cols;
     }
-    Bf16Matmul& mm =
-        bf16_matmul(Bf16Shape{M, N, K, ta, tb, a_ld, b_ld, ldc, alpha, beta, bias != nullptr});
-    dnnl::memory am(mm.a_md, mm.engine, a16), bm(mm.b_md, mm.engine, b16),
+    // A 16-bit weight with somewhere to keep its layout is multiplied in
+    // oneDNN's blocked layout, reordered once per update: the matmul then
+    // skips its own copies of plain weights, and the products are the same.
+    const Bf16Shape shape{M, N, K, ta, tb, a_ld, b_ld, ldc, alpha, beta, bias != nullptr,
+                          B16 != nullptr && packs != nullptr};
+    Bf16Matmul& mm = bf16_matmul(shape);
+    void* b_data = b16;
+    if (shape.packed_b) {
+      auto* kept = dynamic_cast<Bf16WeightPacks*>(packs);
+      LOOM_CHECK(kept != nullptr, "gemm_16: weight packs made by another backend");
+      b_data = const_cast<void*>(kept->get(mm, shape, B16));  // only read
+    }
+    dnnl::memory am(mm.a_md, mm.engine, a16), bm(mm.b_md, mm.engine, b_data),
         cm(mm.c_md, mm.engine, C);
     std::unordered_map<int, dnnl::memory> args{
         {DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};

@@ -8,10 +8,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "loom/core/dtype.h"
+#include "loom/kernels/types.h"
 
 namespace loom::cpu {
 
@@ -65,13 +67,20 @@ void gemm_f32(GemmBackend b, bool ta, bool tb, int64_t M, int64_t N, int64_t K, 
 // With B16, B is that 16-bit matrix (values in t, same layout and ldb) and
 // B is not read: a weight held in 16 bits, multiplied as it is (bf16) or
 // widened a K-tile at a time (the tiled path), never copied to f32 whole.
-// With A16 (bf16 through the bf16 matmul only), likewise for A; with bias
+// With packs (from make_weight_packs), B16 is a weight that the bf16 matmul
+// reads in oneDNN's blocked layout, reordered on its first use after the
+// owner last cleared packs and kept there (the products are the same as
+// from B16 as stored). With A16 (bf16 through the bf16
+// matmul only), likewise for A; with bias
 // (N f32 values; bf16 through the bf16 matmul only, alpha 1) the product
 // plus the bias in every row, added in the GEMM's epilogue.
 void gemm_16(GemmBackend b, DType t, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
              const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
              int64_t ldc, const uint16_t* B16 = nullptr, const uint16_t* A16 = nullptr,
-             const float* bias = nullptr);
+             const float* bias = nullptr, WeightPacks* packs = nullptr);
+// A cache of gemm_16's blocked weights for their owner to clear on every
+// write (types.h); null where gemm_16 does not run the bf16 matmul.
+std::unique_ptr<WeightPacks> make_weight_packs();
 // X (n elements) rounded to bf16 into this thread's scratch for operands
 // that several gemm_16 calls read (kept until the thread's next call).
 const uint16_t* round_shared_operand(const float* X, int64_t n);

@@ -68,7 +68,8 @@ void gemm_weight(const GemmConfig& g, bool ta, bool tb, int64_t M, int64_t N, in
   }
   if constexpr (std::is_same_v<T, float>) {
     if (M == 0 || N == 0) return;
-    gemm_16(g.backend, B.t, ta, tb, M, N, K, alpha, A, lda, nullptr, ldb, beta, C, ldc, B.w16);
+    gemm_16(g.backend, B.t, ta, tb, M, N, K, alpha, A, lda, nullptr, ldb, beta, C, ldc, B.w16,
+            nullptr, nullptr, B.packs);
   } else {
     LOOM_FAIL(kUnsupported, "16-bit weights need f32 layers");
   }
@@ -85,7 +86,7 @@ void matmul_forward(const GemmConfig& g, T* out, const T* inp, WeightArg<T> weig
     if (bias != nullptr && N > 0 && OC > 0 && C > 0 && gemm_16_uses_bf16_matmul(g.inputs) &&
         (weight.w16 == nullptr || weight.t == g.inputs)) {
       gemm_16(g.backend, g.inputs, false, false, N, OC, C, 1.0f, inp, C, weight.data, OC, 0.0f, out,
-              OC, weight.w16, nullptr, bias);
+              OC, weight.w16, nullptr, bias, weight.packs);
       return;
     }
   }
@@ -119,7 +120,7 @@ void matmul_backward(const GemmConfig& g, T* dinp, T* dweight, T* dbias, const T
       const uint16_t* dout16 = round_shared_operand(dout, N * OC);
       if (weight.w16 != nullptr)
         gemm_16(g.backend, g.inputs, false, true, N, C, OC, 1.0f, nullptr, OC, nullptr, OC, 1.0f,
-                dinp, C, weight.w16, dout16);
+                dinp, C, weight.w16, dout16, nullptr, weight.packs);
       else
         gemm_16(g.backend, g.inputs, false, true, N, C, OC, 1.0f, nullptr, OC, weight.data, OC,
                 1.0f, dinp, C, nullptr, dout16);
@@ -162,7 +163,7 @@ void matmul_nt_backward(const GemmConfig& g, T* dinp, T* dweight, const T* dout,
       const uint16_t* dout16 = round_shared_operand(dout, N * V);
       if (weight.w16 != nullptr)
         gemm_16(g.backend, g.inputs, false, false, N, C, V, 1.0f, nullptr, V, nullptr, C, 1.0f,
-                dinp, C, weight.w16, dout16);
+                dinp, C, weight.w16, dout16, nullptr, weight.packs);
       else
         gemm_16(g.backend, g.inputs, false, false, N, C, V, 1.0f, nullptr, V, weight.data, C, 1.0f,
                 dinp, C, nullptr, dout16);

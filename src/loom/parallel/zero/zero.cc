@@ -83,6 +83,7 @@ ZeroEngine::ZeroEngine(ParamStore<float>& store, std::shared_ptr<ProcessGroup> g
     g16_ = be_.alloc(pbytes(config_.stage >= 2 ? shard : total), MemCategory::kGrads);
     work_.resize(static_cast<size_t>(num_units()));
     src16_.assign(static_cast<size_t>(num_units()), nullptr);
+    if (config_.weights16 && config_.stage < 3) packs_ = be_.make_weight_packs();
   } else {
     if (config_.stage >= 3) param_shard_ = be_.alloc(f32_bytes(shard), MemCategory::kParams);
     if (config_.stage >= 2) grad_shard_ = be_.alloc(f32_bytes(shard), MemCategory::kGrads);
@@ -114,6 +115,7 @@ size_t ZeroEngine::pbytes(int64_t elements) const {
 }
 
 void ZeroEngine::init_params(uint64_t seed) {
+  if (packs_) packs_->clear();
   if (half()) {
     // The masters hold this rank's slices; the 16-bit parameters are them
     // rounded (every unit whole below stage 3, drawn unit by unit).
@@ -213,7 +215,7 @@ void ZeroEngine::bind_for_use(int u) {
   // 16-bit mode: a unit used again in a row keeps its f32 copy.
   if (half() && work_[su].data()) {
     if (config_.weights16)
-      store_.bind_params16(u, src16_[su], work_[su].as<float>(), config_.dtype);
+      store_.bind_params16(u, src16_[su], work_[su].as<float>(), config_.dtype, packs_.get());
     else
       store_.bind_params(u, work_[su].as<float>());
     return;
@@ -235,7 +237,7 @@ void ZeroEngine::bind_for_use(int u) {
       if (p.unit == u && !p.matrix())
         be_.widen_16(src16 + (p.offset - unit(u).begin), w.as<float>() + p.widened, p.numel,
                      config_.dtype);
-    store_.bind_params16(u, src16, w.as<float>(), config_.dtype);
+    store_.bind_params16(u, src16, w.as<float>(), config_.dtype, packs_.get());
     return;
   }
   w = be_.alloc(f32_bytes(unit(u).size()), MemCategory::kComm, false);  // all written next
@@ -360,6 +362,7 @@ void ZeroEngine::step(double lr, int64_t step, bool sync) {
   // The update goes to the shard; gathered full parameters would go stale.
   LOOM_CHECK(!full_, "optimizer step while the full parameters are gathered");
   optimizer_steps_ = step;
+  if (packs_) packs_->clear();
   if (onebit_ && onebit_->updates(step)) {
     // The moments and masters: the whole layout's at stage 0, this rank's
     // slices at stage 1 (whose updated parameters are then gathered).
@@ -384,6 +387,7 @@ void ZeroEngine::step(double lr, int64_t step, bool sync) {
 
 void ZeroEngine::settle() {
   if (!onebit_) return;
+  if (packs_) packs_->clear();
   if (half())
     onebit_->settle_16(masters(), params16(), config_.dtype, optimizer_->exp_avg(),
                        optimizer_->exp_avg_sq(), optimizer_steps_);

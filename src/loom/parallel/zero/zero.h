@@ -160,6 +160,9 @@ class ZeroEngine {
   // Optimizer bytes resident in memory now (the file mapping with nvme).
   size_t optimizer_resident_bytes() const;
   size_t max_gathered_elements() const { return gatherer_ ? gatherer_->peak_elements() : 0; }
+  // The GEMMs' blocked copies of the 16-bit matrices (kParams in the memory
+  // tracker): weights16 below stage 3 on a CPU whose bf16 matmul runs.
+  size_t weight_pack_bytes() const { return packs_ ? packs_->bytes() : 0; }
 
  private:
   int num_units() const { return shards_.num_units(); }
@@ -203,6 +206,10 @@ class ZeroEngine {
   Buffer p16_, g16_;
   std::vector<Buffer> work_;
   std::vector<const uint16_t*> src16_;
+  // weights16 below stage 3: the GEMMs' own layouts of the 16-bit matrices,
+  // cleared whenever p16_ is written (at stage 3 a unit's gathered copy
+  // lives one use, so the GEMMs lay it out per use).
+  std::unique_ptr<WeightPacks> packs_;
   float grad_factor_ = 1;  // 16-bit mode: clipping and 1 / loss scale, applied at the step
   // After the buffers they write into, so that they are gone first.
   std::unique_ptr<GradReducer> reducer_;

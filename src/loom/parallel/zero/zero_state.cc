@@ -17,6 +17,7 @@ size_t f32_bytes(int64_t elements) {
 
 void ZeroEngine::sync_params() {
   if (!half()) return;
+  if (packs_) packs_->clear();
   if (config_.stage >= 3) {
     be_.round_16(masters(), params16(), shards_.shard_elements(), config_.dtype);
   } else {
