@@ -159,7 +159,7 @@ inline void from_16(const std::vector<uint16_t>& h, std::vector<float>& x, DType
     x[i] = t == DType::kBF16 ? bf16_to_f32(h[i]) : f16_to_f32(h[i]);
 }
 
-inline constexpr int64_t kB = 2, kT = 70, kC = 16, kNH = 2;  // T > one 64-wide block
+inline constexpr int64_t kB = 2, kT = 70, kC = 16, kNH = 2;  // T > one 64-row query block
 
 // Every entry, in the order the table lists them.
 std::vector<OpCase> make_ops();

@@ -384,5 +384,47 @@ TEST(AttentionChunks, ComposeToWholeSequenceAttention) {
   }
 }
 
+// A sequence longer than the CPU kernel's key block (512 keys): the
+// blocks' online softmax merges to the reference's one softmax over every
+// key, values and gradients, whole and in context-parallel chunks that span
+// more than one key block, with and without dropout.
+TEST(AttentionChunks, KeyBlocksMergeLikeOneSoftmax) {
+  const int64_t B = 1, Tn = 1100, C = 16, NH = 2, Tc = 550;
+  std::mt19937 rng(8);
+  std::normal_distribution<double> n01(0, 1);
+  std::vector<double> qkv(B * Tn * 3 * C), dout(B * Tn * C);
+  for (double& x : qkv) x = 2 * n01(rng);  // peaked rows: the running maxima move
+  for (double& x : dout) x = n01(rng);
+  const CpuBackend<double> cpu;
+  const ReferenceBackend<double> ref;
+  for (float p : {0.0f, 0.2f}) {
+    const DropoutStream stream(4, 2, p);
+    const DropoutSpec drop{&stream, 1, dropout_site(0, DropoutSite::kAttnProbs)};
+    std::vector<double> want(B * Tn * C), want_lse(B * NH * Tn), want_g(qkv.size(), 0.0);
+    ref.attention_forward(want.data(), want_lse.data(), qkv.data(), B, Tn, C, NH, drop);
+    ref.attention_backward(want_g.data(), dout.data(), qkv.data(), want.data(), want_lse.data(), B,
+                           Tn, C, NH, drop);
+    for (const bool chunked : {false, true}) {
+      std::vector<double> out(want.size()), lse(want_lse.size()), g(qkv.size(), 0.0);
+      if (chunked) {
+        backend_test::chunked_attention(cpu, out.data(), lse.data(), qkv.data(), B, Tn, C, NH, Tc,
+                                        drop);
+        backend_test::chunked_attention_backward(cpu, g.data(), dout.data(), qkv.data(),
+                                                 out.data(), lse.data(), B, Tn, C, NH, Tc, drop);
+      } else {
+        cpu.attention_forward(out.data(), lse.data(), qkv.data(), B, Tn, C, NH, drop);
+        cpu.attention_backward(g.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, Tn, C,
+                               NH, drop);
+      }
+      for (size_t i = 0; i < out.size(); ++i)
+        ASSERT_NEAR(out[i], want[i], 1e-12) << "p " << p << " chunked " << chunked << " out " << i;
+      for (size_t i = 0; i < lse.size(); ++i)
+        ASSERT_NEAR(lse[i], want_lse[i], 1e-12) << "p " << p << " chunked " << chunked << " lse " << i;
+      for (size_t i = 0; i < g.size(); ++i)
+        ASSERT_NEAR(g[i], want_g[i], 1e-10) << "p " << p << " chunked " << chunked << " grad " << i;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace loom

@@ -12,7 +12,13 @@ namespace loom::cpu {
 
 namespace {
 
-constexpr int64_t kBlock = 64;  // query and key block size
+// Queries go in blocks of kQBlock rows, each against the keys it sees in
+// blocks of up to kKBlock (only the keys up to its last row: the causal
+// mask wastes at most the diagonal). Wide key blocks make few, large block
+// products (a 2k-token context takes four), which is what the GEMMs'
+// per-call costs ask for; the online softmax merges the blocks.
+constexpr int64_t kQBlock = 64;
+constexpr int64_t kKBlock = 512;
 
 // One (batch, head) pair of a chunk pair: q (scaled) (Tq, hs), k and v (Tk, hs).
 template <typename T>
@@ -41,12 +47,12 @@ inline AttentionChunk whole_sequence(int64_t B, int64_t Tn, int64_t C, int64_t N
   return a;
 }
 
-// Keep mask (nq, kBlock) for queries [i0, i0+nq) and keys [j0, j0+nk), or all ones.
+// Keep mask (nq, nk; rows kKBlock apart) for queries [i0, i0+nq) and keys [j0, j0+nk), or all ones.
 template <typename T>
 void block_keep(T* keep, const DropoutSpec& dropout, int64_t b, int64_t h, int64_t i0, int64_t nq,
                 int64_t j0, int64_t nk) {
   for (int64_t i = 0; i < nq; ++i) {
-    T* ki = keep + i * kBlock;
+    T* ki = keep + i * kKBlock;
     if (!dropout.active()) {
       std::fill(ki, ki + nk, T(1));
       continue;
@@ -61,7 +67,7 @@ inline int64_t visible(int64_t i0, int64_t i, int64_t j0, int64_t nk) {
   return std::max<int64_t>(0, std::min(nk, i0 + i - j0 + 1));
 }
 
-// One key block of the online softmax for nq query rows: s (nq, kBlock)
+// One key block of the online softmax for nq query rows: s (nq, nk; rows kKBlock apart)
 // holds the scores; rescales what acc (nq, hs) accumulated under the old
 // running maxima m, adds this block's exp(s - max) to l (zero past
 // seen(i) keys), and leaves s = p * keep for the product with v.
@@ -69,13 +75,13 @@ template <typename T, typename Seen>
 void online_softmax_block(T* s, const T* keep, int64_t nq, int64_t nk, int64_t hs, Seen seen, T* m,
                           T* l, T* acc) {
   for (int64_t i = 0; i < nq; ++i) {
-    T* si = s + i * kBlock;
+    T* si = s + i * kKBlock;
     const int64_t jmax = seen(i);
     T bmax = m[i];
     for (int64_t j = 0; j < jmax; ++j) bmax = std::max(bmax, si[j]);
     const T corr = jmax > 0 ? vexp(m[i] - bmax) : T(1);
     T sum = 0;
-    const T* ki = keep + i * kBlock;
+    const T* ki = keep + i * kKBlock;
     for (int64_t j = 0; j < nk; ++j) {
       T p = j < jmax ? vexp(si[j] - bmax) : T(0);
       sum += p;
@@ -95,9 +101,9 @@ void softmax_backward_block(T* s, T* dp, const T* keep, int64_t nq, int64_t nk, 
                             const T* lse, const T* D) {
   for (int64_t i = 0; i < nq; ++i) {
     const int64_t jmax = seen(i);
-    T* si = s + i * kBlock;
-    T* dpi = dp + i * kBlock;
-    const T* ki = keep + i * kBlock;
+    T* si = s + i * kKBlock;
+    T* dpi = dp + i * kKBlock;
+    const T* ki = keep + i * kKBlock;
     const T li = lse[i], Di = D[i];
     for (int64_t j = 0; j < nk; ++j) {
       T p = j < jmax ? vexp(si[j] - li) : T(0);
@@ -120,28 +126,28 @@ void attention_forward(const GemmConfig& g, T* out, T* lse, const T* qkv, int64_
   {
     ChunkTiles<T> tiles;
     const AttentionChunk whole = whole_sequence(B, Tn, C, NH);
-    std::vector<T> s(kBlock * kBlock), keep(kBlock * kBlock), acc(kBlock * hs);
-    std::vector<T> m(kBlock), l(kBlock);
+    std::vector<T> s(kQBlock * kKBlock), keep(kQBlock * kKBlock), acc(kQBlock * hs);
+    std::vector<T> m(kQBlock), l(kQBlock);
 #pragma omp for collapse(2) schedule(static)
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t h = 0; h < NH; ++h) {
         tiles.load(qkv, qkv + C, whole, b, h, hs, scale);
-        for (int64_t i0 = 0; i0 < Tn; i0 += kBlock) {
-          const int64_t nq = std::min(kBlock, Tn - i0);
+        for (int64_t i0 = 0; i0 < Tn; i0 += kQBlock) {
+          const int64_t nq = std::min(kQBlock, Tn - i0);
           std::fill(m.begin(), m.end(), -std::numeric_limits<T>::infinity());
           std::fill(l.begin(), l.end(), T(0));
           std::fill(acc.begin(), acc.end(), T(0));
-          for (int64_t j0 = 0; j0 < i0 + nq; j0 += kBlock) {
-            const int64_t nk = std::min(kBlock, Tn - j0);
+          for (int64_t j0 = 0; j0 < i0 + nq; j0 += kKBlock) {
+            const int64_t nk = std::min(kKBlock, i0 + nq - j0);  // keys the last row sees
             // s (nq, nk) = q_i k_j^T
             gemm<T>(g, false, true, nq, nk, hs, T(1), tiles.q.data() + i0 * hs, hs,
-                    tiles.k.data() + j0 * hs, hs, T(0), s.data(), kBlock);
+                    tiles.k.data() + j0 * hs, hs, T(0), s.data(), kKBlock);
             block_keep(keep.data(), dropout, b, h, i0, nq, j0, nk);
             online_softmax_block(
                 s.data(), keep.data(), nq, nk, hs,
                 [&](int64_t i) { return visible(i0, i, j0, nk); }, m.data(), l.data(), acc.data());
             // acc (nq, hs) += (p * keep) v_j
-            gemm<T>(g, false, false, nq, hs, nk, T(1), s.data(), kBlock, tiles.v.data() + j0 * hs,
+            gemm<T>(g, false, false, nq, hs, nk, T(1), s.data(), kKBlock, tiles.v.data() + j0 * hs,
                     hs, T(1), acc.data(), hs);
           }
           for (int64_t i = 0; i < nq; ++i) {
@@ -166,7 +172,7 @@ void attention_backward(const GemmConfig& g, T* dqkv, const T* dout, const T* qk
   {
     ChunkTiles<T> tiles;
     const AttentionChunk whole = whole_sequence(B, Tn, C, NH);
-    std::vector<T> s(kBlock * kBlock), dp(kBlock * kBlock), keep(kBlock * kBlock);
+    std::vector<T> s(kQBlock * kKBlock), dp(kQBlock * kKBlock), keep(kQBlock * kKBlock);
     std::vector<T> dq, dk, dv, dO, D;
 #pragma omp for collapse(2) schedule(static)
     for (int64_t b = 0; b < B; ++b) {
@@ -187,24 +193,24 @@ void attention_backward(const GemmConfig& g, T* dqkv, const T* dout, const T* qk
           D[t] = acc;
         }
         const T* row_lse = lse + (b * NH + h) * Tn;
-        for (int64_t i0 = 0; i0 < Tn; i0 += kBlock) {
-          const int64_t nq = std::min(kBlock, Tn - i0);
-          for (int64_t j0 = 0; j0 < i0 + nq; j0 += kBlock) {
-            const int64_t nk = std::min(kBlock, Tn - j0);
+        for (int64_t i0 = 0; i0 < Tn; i0 += kQBlock) {
+          const int64_t nq = std::min(kQBlock, Tn - i0);
+          for (int64_t j0 = 0; j0 < i0 + nq; j0 += kKBlock) {
+            const int64_t nk = std::min(kKBlock, i0 + nq - j0);  // keys the last row sees
             gemm<T>(g, false, true, nq, nk, hs, T(1), tiles.q.data() + i0 * hs, hs,
-                    tiles.k.data() + j0 * hs, hs, T(0), s.data(), kBlock);  // s = q_i k_j^T
+                    tiles.k.data() + j0 * hs, hs, T(0), s.data(), kKBlock);  // s = q_i k_j^T
             gemm<T>(g, false, true, nq, nk, hs, T(1), dO.data() + i0 * hs, hs,
-                    tiles.v.data() + j0 * hs, hs, T(0), dp.data(), kBlock);  // dp = dO_i v_j^T
+                    tiles.v.data() + j0 * hs, hs, T(0), dp.data(), kKBlock);  // dp = dO_i v_j^T
             block_keep(keep.data(), dropout, b, h, i0, nq, j0, nk);
             softmax_backward_block(
                 s.data(), dp.data(), keep.data(), nq, nk,
                 [&](int64_t i) { return visible(i0, i, j0, nk); }, row_lse + i0, D.data() + i0);
             // dv_j += (p keep)^T dO_i; dq_i += dS k_j; dk_j += dS^T q_i
-            gemm<T>(g, true, false, nk, hs, nq, T(1), s.data(), kBlock, dO.data() + i0 * hs, hs,
+            gemm<T>(g, true, false, nk, hs, nq, T(1), s.data(), kKBlock, dO.data() + i0 * hs, hs,
                     T(1), dv.data() + j0 * hs, hs);
-            gemm<T>(g, false, false, nq, hs, nk, T(1), dp.data(), kBlock, tiles.k.data() + j0 * hs,
+            gemm<T>(g, false, false, nq, hs, nk, T(1), dp.data(), kKBlock, tiles.k.data() + j0 * hs,
                     hs, T(1), dq.data() + i0 * hs, hs);
-            gemm<T>(g, true, false, nk, hs, nq, T(1), dp.data(), kBlock, tiles.q.data() + i0 * hs,
+            gemm<T>(g, true, false, nk, hs, nq, T(1), dp.data(), kKBlock, tiles.q.data() + i0 * hs,
                     hs, T(1), dk.data() + j0 * hs, hs);
           }
         }
@@ -223,7 +229,7 @@ void attention_backward(const GemmConfig& g, T* dqkv, const T* dout, const T* qk
 
 namespace {
 
-// Keep mask (nq, kBlock) for global queries [qp0, qp0 + nq) and global keys
+// Keep mask (nq, nk; rows kKBlock apart) for global queries [qp0, qp0 + nq) and global keys
 // [kp0, kp0 + nk): the masks attention_forward draws at those positions
 // (drawn from the aligned channel below kp0, as the stream draws in fours).
 template <typename T>
@@ -232,7 +238,7 @@ void chunk_keep(T* keep, std::vector<T>& tmp, const DropoutSpec& dropout, int64_
   const int64_t a0 = kp0 / 4 * 4;
   tmp.resize(static_cast<size_t>(kp0 + nk - a0));
   for (int64_t i = 0; i < nq; ++i) {
-    T* ki = keep + i * kBlock;
+    T* ki = keep + i * kKBlock;
     if (!dropout.active()) {
       std::fill(ki, ki + nk, T(1));
       continue;
@@ -259,27 +265,28 @@ void attention_chunk_forward(const GemmConfig& g, T* out, T* lse, const T* q, co
 #pragma omp parallel
   {
     ChunkTiles<T> tiles;
-    std::vector<T> s(kBlock * kBlock), keep(kBlock * kBlock), acc(kBlock * hs), tmp;
-    std::vector<T> m(kBlock), l(kBlock);
+    std::vector<T> s(kQBlock * kKBlock), keep(kQBlock * kKBlock), acc(kQBlock * hs), tmp;
+    std::vector<T> m(kQBlock), l(kQBlock);
 #pragma omp for collapse(2) schedule(static)
     for (int64_t b = 0; b < a.B; ++b) {
       for (int64_t h = 0; h < a.NH; ++h) {
         tiles.load(q, kv, a, b, h, hs, scale);
-        for (int64_t i0 = 0; i0 < a.Tq; i0 += kBlock) {
-          const int64_t nq = std::min(kBlock, a.Tq - i0), qp0 = a.q_pos + i0;
+        for (int64_t i0 = 0; i0 < a.Tq; i0 += kQBlock) {
+          const int64_t nq = std::min(kQBlock, a.Tq - i0), qp0 = a.q_pos + i0;
           std::fill(m.begin(), m.end(), -std::numeric_limits<T>::infinity());
           std::fill(l.begin(), l.end(), T(0));
           std::fill(acc.begin(), acc.end(), T(0));
-          for (int64_t j0 = 0; j0 < a.Tk && a.k_pos + j0 <= qp0 + nq - 1; j0 += kBlock) {
-            const int64_t nk = std::min(kBlock, a.Tk - j0), kp0 = a.k_pos + j0;
+          for (int64_t j0 = 0; j0 < a.Tk && a.k_pos + j0 <= qp0 + nq - 1; j0 += kKBlock) {
+            const int64_t kp0 = a.k_pos + j0;
+            const int64_t nk = std::min({kKBlock, a.Tk - j0, qp0 + nq - kp0});  // seen by the last row
             gemm<T>(g, false, true, nq, nk, hs, T(1), tiles.q.data() + i0 * hs, hs,
-                    tiles.k.data() + j0 * hs, hs, T(0), s.data(), kBlock);
+                    tiles.k.data() + j0 * hs, hs, T(0), s.data(), kKBlock);
             chunk_keep(keep.data(), tmp, dropout, b, h, qp0, nq, kp0, nk);
             online_softmax_block(
                 s.data(), keep.data(), nq, nk, hs,
                 [&](int64_t i) { return visible_at(qp0 + i, kp0, nk); }, m.data(), l.data(),
                 acc.data());
-            gemm<T>(g, false, false, nq, hs, nk, T(1), s.data(), kBlock, tiles.v.data() + j0 * hs,
+            gemm<T>(g, false, false, nq, hs, nk, T(1), s.data(), kKBlock, tiles.v.data() + j0 * hs,
                     hs, T(1), acc.data(), hs);
           }
           // Merge: out and lse over the keys before, and these keys'
@@ -311,7 +318,7 @@ void attention_chunk_backward(const GemmConfig& g, T* dq, T* dkv, const T* dout,
 #pragma omp parallel
   {
     ChunkTiles<T> tiles;
-    std::vector<T> s(kBlock * kBlock), dp(kBlock * kBlock), keep(kBlock * kBlock), tmp;
+    std::vector<T> s(kQBlock * kKBlock), dp(kQBlock * kKBlock), keep(kQBlock * kKBlock), tmp;
     std::vector<T> gq, gk, gv, dO, D;
 #pragma omp for collapse(2) schedule(static)
     for (int64_t b = 0; b < a.B; ++b) {
@@ -333,24 +340,25 @@ void attention_chunk_backward(const GemmConfig& g, T* dq, T* dkv, const T* dout,
           D[i] = acc;
         }
         const T* row_lse = lse + b * a.lse_batch + h * a.lse_head;
-        for (int64_t i0 = 0; i0 < a.Tq; i0 += kBlock) {
-          const int64_t nq = std::min(kBlock, a.Tq - i0), qp0 = a.q_pos + i0;
-          for (int64_t j0 = 0; j0 < a.Tk && a.k_pos + j0 <= qp0 + nq - 1; j0 += kBlock) {
-            const int64_t nk = std::min(kBlock, a.Tk - j0), kp0 = a.k_pos + j0;
+        for (int64_t i0 = 0; i0 < a.Tq; i0 += kQBlock) {
+          const int64_t nq = std::min(kQBlock, a.Tq - i0), qp0 = a.q_pos + i0;
+          for (int64_t j0 = 0; j0 < a.Tk && a.k_pos + j0 <= qp0 + nq - 1; j0 += kKBlock) {
+            const int64_t kp0 = a.k_pos + j0;
+            const int64_t nk = std::min({kKBlock, a.Tk - j0, qp0 + nq - kp0});  // seen by the last row
             gemm<T>(g, false, true, nq, nk, hs, T(1), tiles.q.data() + i0 * hs, hs,
-                    tiles.k.data() + j0 * hs, hs, T(0), s.data(), kBlock);
+                    tiles.k.data() + j0 * hs, hs, T(0), s.data(), kKBlock);
             gemm<T>(g, false, true, nq, nk, hs, T(1), dO.data() + i0 * hs, hs,
-                    tiles.v.data() + j0 * hs, hs, T(0), dp.data(), kBlock);
+                    tiles.v.data() + j0 * hs, hs, T(0), dp.data(), kKBlock);
             chunk_keep(keep.data(), tmp, dropout, b, h, qp0, nq, kp0, nk);
             softmax_backward_block(
                 s.data(), dp.data(), keep.data(), nq, nk,
                 [&](int64_t i) { return visible_at(qp0 + i, kp0, nk); }, row_lse + i0,
                 D.data() + i0);
-            gemm<T>(g, true, false, nk, hs, nq, T(1), s.data(), kBlock, dO.data() + i0 * hs, hs,
+            gemm<T>(g, true, false, nk, hs, nq, T(1), s.data(), kKBlock, dO.data() + i0 * hs, hs,
                     T(1), gv.data() + j0 * hs, hs);
-            gemm<T>(g, false, false, nq, hs, nk, T(1), dp.data(), kBlock, tiles.k.data() + j0 * hs,
+            gemm<T>(g, false, false, nq, hs, nk, T(1), dp.data(), kKBlock, tiles.k.data() + j0 * hs,
                     hs, T(1), gq.data() + i0 * hs, hs);
-            gemm<T>(g, true, false, nk, hs, nq, T(1), dp.data(), kBlock, tiles.q.data() + i0 * hs,
+            gemm<T>(g, true, false, nk, hs, nq, T(1), dp.data(), kKBlock, tiles.q.data() + i0 * hs,
                     hs, T(1), gk.data() + j0 * hs, hs);
           }
         }
