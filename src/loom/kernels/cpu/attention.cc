@@ -3,9 +3,12 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
+#include "loom/kernels/cpu/gemm_backend.h"
 #include "loom/kernels/cpu/matmul.h"
+#include "loom/kernels/cpu/precision.h"
 #include "loom/kernels/cpu/vec_math.h"
 
 namespace loom::cpu {
@@ -20,10 +23,56 @@ namespace {
 constexpr int64_t kQBlock = 64;
 constexpr int64_t kKBlock = 512;
 
-// One (batch, head) pair of a chunk pair: q (scaled) (Tq, hs), k and v (Tk, hs).
+// Whether the block products take bf16 operands rounded once per (batch,
+// head) rather than per product: f32 tiles with bf16 GEMM inputs on the
+// bf16 matmul (the same rounded operands either way).
+template <typename T>
+bool rounds_tiles(const GemmConfig& g) {
+  return std::is_same_v<T, float> && g.inputs == DType::kBF16 &&
+         gemm_16_uses_bf16_matmul(DType::kBF16);
+}
+
+// n values rounded to bf16 into out (resized), inside the parallel region.
+template <typename T>
+void round_tile(const T* x, int64_t n, std::vector<uint16_t>& out) {
+  out.resize(static_cast<size_t>(n));
+  if constexpr (std::is_same_v<T, float>) round_to_16_serial(x, out.data(), n, DType::kBF16);
+}
+
+// A block product, C = op(A) op(B) + beta C, of T operands or, where a16 /
+// b16 are given, of their bf16 roundings (rounds_tiles).
+template <typename T>
+void block_gemm(const GemmConfig& g, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A,
+                const uint16_t* a16, int64_t lda, const T* B, const uint16_t* b16, int64_t ldb,
+                T beta, T* C, int64_t ldc) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (a16 != nullptr || b16 != nullptr) {
+      gemm_16(g.backend, DType::kBF16, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc, b16,
+              a16);
+      return;
+    }
+  }
+  gemm<T>(g, ta, tb, M, N, K, T(1), A, lda, B, ldb, beta, C, ldc);
+}
+
+// One (batch, head) pair of a chunk pair: q (scaled) (Tq, hs), k and v (Tk, hs),
+// and with rounds_tiles their bf16 roundings.
 template <typename T>
 struct ChunkTiles {
   std::vector<T> q, k, v;
+  std::vector<uint16_t> q16, k16, v16;
+  bool rounded = false;
+  const uint16_t* q_16(int64_t at) const { return rounded ? q16.data() + at : nullptr; }
+  const uint16_t* k_16(int64_t at) const { return rounded ? k16.data() + at : nullptr; }
+  const uint16_t* v_16(int64_t at) const { return rounded ? v16.data() + at : nullptr; }
+  void load(const GemmConfig& g, const T* qp, const T* kvp, const AttentionChunk& a, int64_t b,
+            int64_t h, int64_t hs, T scale) {
+    load(qp, kvp, a, b, h, hs, scale);
+    rounded = rounds_tiles<T>(g);
+    if (!rounded) return;
+    round_tile(q.data(), a.Tq * hs, q16);
+    round_tile(k.data(), a.Tk * hs, k16), round_tile(v.data(), a.Tk * hs, v16);
+  }
   void load(const T* qp, const T* kvp, const AttentionChunk& a, int64_t b, int64_t h, int64_t hs,
             T scale) {
     q.resize(static_cast<size_t>(a.Tq * hs));
@@ -131,7 +180,7 @@ void attention_forward(const GemmConfig& g, T* out, T* lse, const T* qkv, int64_
 #pragma omp for collapse(2) schedule(static)
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t h = 0; h < NH; ++h) {
-        tiles.load(qkv, qkv + C, whole, b, h, hs, scale);
+        tiles.load(g, qkv, qkv + C, whole, b, h, hs, scale);
         for (int64_t i0 = 0; i0 < Tn; i0 += kQBlock) {
           const int64_t nq = std::min(kQBlock, Tn - i0);
           std::fill(m.begin(), m.end(), -std::numeric_limits<T>::infinity());
@@ -140,15 +189,15 @@ void attention_forward(const GemmConfig& g, T* out, T* lse, const T* qkv, int64_
           for (int64_t j0 = 0; j0 < i0 + nq; j0 += kKBlock) {
             const int64_t nk = std::min(kKBlock, i0 + nq - j0);  // keys the last row sees
             // s (nq, nk) = q_i k_j^T
-            gemm<T>(g, false, true, nq, nk, hs, T(1), tiles.q.data() + i0 * hs, hs,
-                    tiles.k.data() + j0 * hs, hs, T(0), s.data(), kKBlock);
+            block_gemm(g, false, true, nq, nk, hs, tiles.q.data() + i0 * hs, tiles.q_16(i0 * hs), hs,
+                       tiles.k.data() + j0 * hs, tiles.k_16(j0 * hs), hs, T(0), s.data(), kKBlock);
             block_keep(keep.data(), dropout, b, h, i0, nq, j0, nk);
             online_softmax_block(
                 s.data(), keep.data(), nq, nk, hs,
                 [&](int64_t i) { return visible(i0, i, j0, nk); }, m.data(), l.data(), acc.data());
             // acc (nq, hs) += (p * keep) v_j
-            gemm<T>(g, false, false, nq, hs, nk, T(1), s.data(), kKBlock, tiles.v.data() + j0 * hs,
-                    hs, T(1), acc.data(), hs);
+            block_gemm(g, false, false, nq, hs, nk, s.data(), nullptr, kKBlock,
+                       tiles.v.data() + j0 * hs, tiles.v_16(j0 * hs), hs, T(1), acc.data(), hs);
           }
           for (int64_t i = 0; i < nq; ++i) {
             T* o = out + (b * Tn + i0 + i) * C + h * hs;
@@ -174,10 +223,21 @@ void attention_backward(const GemmConfig& g, T* dqkv, const T* dout, const T* qk
     const AttentionChunk whole = whole_sequence(B, Tn, C, NH);
     std::vector<T> s(kQBlock * kKBlock), dp(kQBlock * kKBlock), keep(kQBlock * kKBlock);
     std::vector<T> dq, dk, dv, dO, D;
+    // With rounds_tiles: dO rounded once per (batch, head), and each block's
+    // dS once for its two products.
+    std::vector<uint16_t> dO16, ds16(kQBlock * kKBlock);
+    auto dO_16 = [&](int64_t at) { return tiles.rounded ? dO16.data() + at : nullptr; };
+    auto round_ds = [&](int64_t nq, int64_t nk) -> const uint16_t* {
+      if (!tiles.rounded) return nullptr;
+      if constexpr (std::is_same_v<T, float>)
+        for (int64_t i = 0; i < nq; ++i)
+          round_to_16_serial(dp.data() + i * kKBlock, ds16.data() + i * kKBlock, nk, DType::kBF16);
+      return ds16.data();
+    };
 #pragma omp for collapse(2) schedule(static)
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t h = 0; h < NH; ++h) {
-        tiles.load(qkv, qkv + C, whole, b, h, hs, scale);
+        tiles.load(g, qkv, qkv + C, whole, b, h, hs, scale);
         const size_t n = static_cast<size_t>(Tn * hs);
         dq.assign(n, T(0)), dk.assign(n, T(0)), dv.assign(n, T(0));
         dO.resize(n), D.resize(static_cast<size_t>(Tn));
@@ -192,26 +252,30 @@ void attention_backward(const GemmConfig& g, T* dqkv, const T* dout, const T* qk
           }
           D[t] = acc;
         }
+        if (tiles.rounded) round_tile(dO.data(), Tn * hs, dO16);
         const T* row_lse = lse + (b * NH + h) * Tn;
         for (int64_t i0 = 0; i0 < Tn; i0 += kQBlock) {
           const int64_t nq = std::min(kQBlock, Tn - i0);
           for (int64_t j0 = 0; j0 < i0 + nq; j0 += kKBlock) {
             const int64_t nk = std::min(kKBlock, i0 + nq - j0);  // keys the last row sees
-            gemm<T>(g, false, true, nq, nk, hs, T(1), tiles.q.data() + i0 * hs, hs,
-                    tiles.k.data() + j0 * hs, hs, T(0), s.data(), kKBlock);  // s = q_i k_j^T
-            gemm<T>(g, false, true, nq, nk, hs, T(1), dO.data() + i0 * hs, hs,
-                    tiles.v.data() + j0 * hs, hs, T(0), dp.data(), kKBlock);  // dp = dO_i v_j^T
+            block_gemm(g, false, true, nq, nk, hs, tiles.q.data() + i0 * hs, tiles.q_16(i0 * hs), hs,
+                       tiles.k.data() + j0 * hs, tiles.k_16(j0 * hs), hs, T(0), s.data(), kKBlock);
+            block_gemm(g, false, true, nq, nk, hs, dO.data() + i0 * hs, dO_16(i0 * hs), hs,
+                       tiles.v.data() + j0 * hs, tiles.v_16(j0 * hs), hs, T(0), dp.data(), kKBlock);
             block_keep(keep.data(), dropout, b, h, i0, nq, j0, nk);
             softmax_backward_block(
                 s.data(), dp.data(), keep.data(), nq, nk,
                 [&](int64_t i) { return visible(i0, i, j0, nk); }, row_lse + i0, D.data() + i0);
             // dv_j += (p keep)^T dO_i; dq_i += dS k_j; dk_j += dS^T q_i
-            gemm<T>(g, true, false, nk, hs, nq, T(1), s.data(), kKBlock, dO.data() + i0 * hs, hs,
-                    T(1), dv.data() + j0 * hs, hs);
-            gemm<T>(g, false, false, nq, hs, nk, T(1), dp.data(), kKBlock, tiles.k.data() + j0 * hs,
-                    hs, T(1), dq.data() + i0 * hs, hs);
-            gemm<T>(g, true, false, nk, hs, nq, T(1), dp.data(), kKBlock, tiles.q.data() + i0 * hs,
-                    hs, T(1), dk.data() + j0 * hs, hs);
+            const uint16_t* dS16 = round_ds(nq, nk);  // read by the two products after
+            block_gemm(g, true, false, nk, hs, nq, s.data(), nullptr, kKBlock, dO.data() + i0 * hs,
+                       dO_16(i0 * hs), hs, T(1), dv.data() + j0 * hs, hs);
+            block_gemm(g, false, false, nq, hs, nk, dp.data(), dS16, kKBlock,
+                       tiles.k.data() + j0 * hs, tiles.k_16(j0 * hs), hs, T(1), dq.data() + i0 * hs,
+                       hs);
+            block_gemm(g, true, false, nk, hs, nq, dp.data(), dS16, kKBlock,
+                       tiles.q.data() + i0 * hs, tiles.q_16(i0 * hs), hs, T(1), dk.data() + j0 * hs,
+                       hs);
           }
         }
         for (int64_t t = 0; t < Tn; ++t) {
@@ -270,7 +334,7 @@ void attention_chunk_forward(const GemmConfig& g, T* out, T* lse, const T* q, co
 #pragma omp for collapse(2) schedule(static)
     for (int64_t b = 0; b < a.B; ++b) {
       for (int64_t h = 0; h < a.NH; ++h) {
-        tiles.load(q, kv, a, b, h, hs, scale);
+        tiles.load(g, q, kv, a, b, h, hs, scale);
         for (int64_t i0 = 0; i0 < a.Tq; i0 += kQBlock) {
           const int64_t nq = std::min(kQBlock, a.Tq - i0), qp0 = a.q_pos + i0;
           std::fill(m.begin(), m.end(), -std::numeric_limits<T>::infinity());
@@ -279,15 +343,15 @@ void attention_chunk_forward(const GemmConfig& g, T* out, T* lse, const T* q, co
           for (int64_t j0 = 0; j0 < a.Tk && a.k_pos + j0 <= qp0 + nq - 1; j0 += kKBlock) {
             const int64_t kp0 = a.k_pos + j0;
             const int64_t nk = std::min({kKBlock, a.Tk - j0, qp0 + nq - kp0});  // seen by the last row
-            gemm<T>(g, false, true, nq, nk, hs, T(1), tiles.q.data() + i0 * hs, hs,
-                    tiles.k.data() + j0 * hs, hs, T(0), s.data(), kKBlock);
+            block_gemm(g, false, true, nq, nk, hs, tiles.q.data() + i0 * hs, tiles.q_16(i0 * hs), hs,
+                       tiles.k.data() + j0 * hs, tiles.k_16(j0 * hs), hs, T(0), s.data(), kKBlock);
             chunk_keep(keep.data(), tmp, dropout, b, h, qp0, nq, kp0, nk);
             online_softmax_block(
                 s.data(), keep.data(), nq, nk, hs,
                 [&](int64_t i) { return visible_at(qp0 + i, kp0, nk); }, m.data(), l.data(),
                 acc.data());
-            gemm<T>(g, false, false, nq, hs, nk, T(1), s.data(), kKBlock, tiles.v.data() + j0 * hs,
-                    hs, T(1), acc.data(), hs);
+            block_gemm(g, false, false, nq, hs, nk, s.data(), nullptr, kKBlock,
+                       tiles.v.data() + j0 * hs, tiles.v_16(j0 * hs), hs, T(1), acc.data(), hs);
           }
           // Merge: out and lse over the keys before, and these keys'
           // acc / l with log-sum-exp m + log l.
@@ -320,10 +384,21 @@ void attention_chunk_backward(const GemmConfig& g, T* dq, T* dkv, const T* dout,
     ChunkTiles<T> tiles;
     std::vector<T> s(kQBlock * kKBlock), dp(kQBlock * kKBlock), keep(kQBlock * kKBlock), tmp;
     std::vector<T> gq, gk, gv, dO, D;
+    // With rounds_tiles: dO rounded once per (batch, head), and each block's
+    // dS once for its two products.
+    std::vector<uint16_t> dO16, ds16(kQBlock * kKBlock);
+    auto dO_16 = [&](int64_t at) { return tiles.rounded ? dO16.data() + at : nullptr; };
+    auto round_ds = [&](int64_t nq, int64_t nk) -> const uint16_t* {
+      if (!tiles.rounded) return nullptr;
+      if constexpr (std::is_same_v<T, float>)
+        for (int64_t i = 0; i < nq; ++i)
+          round_to_16_serial(dp.data() + i * kKBlock, ds16.data() + i * kKBlock, nk, DType::kBF16);
+      return ds16.data();
+    };
 #pragma omp for collapse(2) schedule(static)
     for (int64_t b = 0; b < a.B; ++b) {
       for (int64_t h = 0; h < a.NH; ++h) {
-        tiles.load(q, kv, a, b, h, hs, scale);
+        tiles.load(g, q, kv, a, b, h, hs, scale);
         gq.assign(static_cast<size_t>(a.Tq * hs), T(0));
         gk.assign(static_cast<size_t>(a.Tk * hs), T(0));
         gv.assign(static_cast<size_t>(a.Tk * hs), T(0));
@@ -339,27 +414,31 @@ void attention_chunk_backward(const GemmConfig& g, T* dq, T* dkv, const T* dout,
           }
           D[i] = acc;
         }
+        if (tiles.rounded) round_tile(dO.data(), a.Tq * hs, dO16);
         const T* row_lse = lse + b * a.lse_batch + h * a.lse_head;
         for (int64_t i0 = 0; i0 < a.Tq; i0 += kQBlock) {
           const int64_t nq = std::min(kQBlock, a.Tq - i0), qp0 = a.q_pos + i0;
           for (int64_t j0 = 0; j0 < a.Tk && a.k_pos + j0 <= qp0 + nq - 1; j0 += kKBlock) {
             const int64_t kp0 = a.k_pos + j0;
             const int64_t nk = std::min({kKBlock, a.Tk - j0, qp0 + nq - kp0});  // seen by the last row
-            gemm<T>(g, false, true, nq, nk, hs, T(1), tiles.q.data() + i0 * hs, hs,
-                    tiles.k.data() + j0 * hs, hs, T(0), s.data(), kKBlock);
-            gemm<T>(g, false, true, nq, nk, hs, T(1), dO.data() + i0 * hs, hs,
-                    tiles.v.data() + j0 * hs, hs, T(0), dp.data(), kKBlock);
+            block_gemm(g, false, true, nq, nk, hs, tiles.q.data() + i0 * hs, tiles.q_16(i0 * hs), hs,
+                       tiles.k.data() + j0 * hs, tiles.k_16(j0 * hs), hs, T(0), s.data(), kKBlock);
+            block_gemm(g, false, true, nq, nk, hs, dO.data() + i0 * hs, dO_16(i0 * hs), hs,
+                       tiles.v.data() + j0 * hs, tiles.v_16(j0 * hs), hs, T(0), dp.data(), kKBlock);
             chunk_keep(keep.data(), tmp, dropout, b, h, qp0, nq, kp0, nk);
             softmax_backward_block(
                 s.data(), dp.data(), keep.data(), nq, nk,
                 [&](int64_t i) { return visible_at(qp0 + i, kp0, nk); }, row_lse + i0,
                 D.data() + i0);
-            gemm<T>(g, true, false, nk, hs, nq, T(1), s.data(), kKBlock, dO.data() + i0 * hs, hs,
-                    T(1), gv.data() + j0 * hs, hs);
-            gemm<T>(g, false, false, nq, hs, nk, T(1), dp.data(), kKBlock, tiles.k.data() + j0 * hs,
-                    hs, T(1), gq.data() + i0 * hs, hs);
-            gemm<T>(g, true, false, nk, hs, nq, T(1), dp.data(), kKBlock, tiles.q.data() + i0 * hs,
-                    hs, T(1), gk.data() + j0 * hs, hs);
+            const uint16_t* dS16 = round_ds(nq, nk);  // read by the two products after
+            block_gemm(g, true, false, nk, hs, nq, s.data(), nullptr, kKBlock, dO.data() + i0 * hs,
+                       dO_16(i0 * hs), hs, T(1), gv.data() + j0 * hs, hs);
+            block_gemm(g, false, false, nq, hs, nk, dp.data(), dS16, kKBlock,
+                       tiles.k.data() + j0 * hs, tiles.k_16(j0 * hs), hs, T(1), gq.data() + i0 * hs,
+                       hs);
+            block_gemm(g, true, false, nk, hs, nq, dp.data(), dS16, kKBlock,
+                       tiles.q.data() + i0 * hs, tiles.q_16(i0 * hs), hs, T(1), gk.data() + j0 * hs,
+                       hs);
           }
         }
         for (int64_t i = 0; i < a.Tq; ++i) {

@@ -255,6 +255,18 @@ struct Bf16Matmul {
   dnnl::memory::desc a_md, b_md, c_md, bias_md;
   dnnl::memory::desc b_plain;  // packed_b: B16 as stored, which b_md's layout is made from
   dnnl::matmul prim;
+  // The arguments, made once; a call points them at its operands.
+  dnnl::memory a, b, c, bias;
+  std::unordered_map<int, dnnl::memory> args;
+  void run(const void* A, const void* B, float* C, const float* bias_row) {
+    // oneDNN's handles are not const; A, B and the bias are only read.
+    a.set_data_handle(const_cast<void*>(A));
+    b.set_data_handle(const_cast<void*>(B));
+    c.set_data_handle(C);
+    if (bias_row) bias.set_data_handle(const_cast<float*>(bias_row));
+    prim.execute(stream, args);
+    stream.wait();
+  }
 };
 
 // A thread's cache holds at most kCachedPrimitives shapes (a training step
@@ -327,6 +339,14 @@ Bf16Matmul& bf16_matmul(const Bf16Shape& s) {
         attr, made->engine);
     made->b_md = pd.weights_desc();
     made->prim = dnnl::matmul(pd);
+    made->a = dnnl::memory(made->a_md, made->engine, nullptr);
+    made->b = dnnl::memory(made->b_md, made->engine, nullptr);
+    made->c = dnnl::memory(made->c_md, made->engine, nullptr);
+    made->args = {{DNNL_ARG_SRC, made->a}, {DNNL_ARG_WEIGHTS, made->b}, {DNNL_ARG_DST, made->c}};
+    if (bias) {
+      made->bias = dnnl::memory(made->bias_md, made->engine, nullptr);
+      made->args.emplace(DNNL_ARG_BIAS, made->bias);
+    }
   } catch (const dnnl::error& e) {
     LOOM_FAIL(kUnsupported, "oneDNN cannot run a bf16 matmul of {} x {} x {} on this CPU ({}): {}",
               M, N, K, gemm_backend_isa(GemmBackend::kOneDnn), e.what());
@@ -482,21 +502,21 @@ void gemm_16(GemmBackend be, DType t, bool ta, bool tb, int64_t M, int64_t N, in
     // A (and B when it is f32) rounded to bf16 in its stored layout; a
     // 16-bit B is read where it is. oneDNN reads the transposed ones by
     // their strides.
-    uint16_t* a16 = const_cast<uint16_t*>(A16);
+    const uint16_t* a16 = A16;
     int64_t a_ld = lda;
     if (!A16) {
       const int64_t a_rows = ta ? K : M, a_cols = ta ? M : K;
-      a16 = bf16_scratch(0, M * K);
-      round_rows_bf16(A, lda, a_rows, a_cols, a16);
-      a_ld = a_cols;
+      uint16_t* rounded = bf16_scratch(0, M * K);
+      round_rows_bf16(A, lda, a_rows, a_cols, rounded);
+      a16 = rounded, a_ld = a_cols;
     }
-    uint16_t* b16 = const_cast<uint16_t*>(B16);  // oneDNN's handle is not const; only read
+    const uint16_t* b16 = B16;
     int64_t b_ld = ldb;
     if (!B16) {
       const int64_t b_rows = tb ? N : K, b_cols = tb ? K : N;
-      b16 = bf16_scratch(1, K * N);
-      round_rows_bf16(B, ldb, b_rows, b_cols, b16);
-      b_ld = b_cols;
+      uint16_t* rounded = bf16_scratch(1, K * N);
+      round_rows_bf16(B, ldb, b_rows, b_cols, rounded);
+      b16 = rounded, b_ld = b_cols;
     }
     // A 16-bit weight with somewhere to keep its layout is multiplied in
     // oneDNN's blocked layout, reordered once per update: the matmul then
@@ -504,20 +524,13 @@ void gemm_16(GemmBackend be, DType t, bool ta, bool tb, int64_t M, int64_t N, in
     const Bf16Shape shape{M, N, K, ta, tb, a_ld, b_ld, ldc, alpha, beta, bias != nullptr,
                           B16 != nullptr && packs != nullptr};
     Bf16Matmul& mm = bf16_matmul(shape);
-    void* b_data = b16;
+    const void* b_data = b16;
     if (shape.packed_b) {
       auto* kept = dynamic_cast<Bf16WeightPacks*>(packs);
       LOOM_CHECK(kept != nullptr, "gemm_16: weight packs made by another backend");
-      b_data = const_cast<void*>(kept->get(mm, shape, B16));  // only read
+      b_data = kept->get(mm, shape, B16);
     }
-    dnnl::memory am(mm.a_md, mm.engine, a16), bm(mm.b_md, mm.engine, b_data),
-        cm(mm.c_md, mm.engine, C);
-    std::unordered_map<int, dnnl::memory> args{
-        {DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
-    if (bias)  // oneDNN's handle is not const; only read
-      args.emplace(DNNL_ARG_BIAS, dnnl::memory(mm.bias_md, mm.engine, const_cast<float*>(bias)));
-    mm.prim.execute(mm.stream, args);
-    mm.stream.wait();
+    mm.run(a16, b_data, C, bias);
     return;
   }
 #endif
