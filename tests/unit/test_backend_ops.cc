@@ -17,6 +17,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend_op_cases.h"
@@ -422,6 +423,57 @@ TEST(AttentionChunks, KeyBlocksMergeLikeOneSoftmax) {
         ASSERT_NEAR(lse[i], want_lse[i], 1e-12) << "p " << p << " chunked " << chunked << " lse " << i;
       for (size_t i = 0; i < g.size(); ++i)
         ASSERT_NEAR(g[i], want_g[i], 1e-10) << "p " << p << " chunked " << chunked << " grad " << i;
+    }
+  }
+}
+
+// The CPU backend with bf16 GEMM inputs: attention's block products round
+// their operands (on the bf16 matmul, q, k, v and dO once per head), so
+// values and gradients follow the f32 backend's to bf16's precision and
+// differ from them; whole and in context-parallel chunks past one key block.
+TEST(AttentionChunks, Bf16BlockProductsFollowF32) {
+  const int64_t B = 2, Tn = 600, C = 32, NH = 2, Tc = 150;
+  std::mt19937 rng(12);
+  std::normal_distribution<float> n01(0, 1);
+  std::vector<float> qkv(B * Tn * 3 * C), dout(B * Tn * C);
+  for (float& x : qkv) x = n01(rng);
+  for (float& x : dout) x = n01(rng);
+  const DropoutStream stream(6, 1, 0.1f);
+  const DropoutSpec drop{&stream, 3, dropout_site(1, DropoutSite::kAttnProbs)};
+  const CpuBackend<float> f32;
+  const CpuBackend<float> bf16(cpu::GemmConfig{cpu::GemmBackend::kOneDnn, DType::kBF16});
+  struct Got {
+    std::vector<float> out, lse, g;
+  };
+  auto run = [&](const CpuBackend<float>& be, bool chunked) {
+    Got r{std::vector<float>(dout.size()), std::vector<float>(B * NH * Tn),
+          std::vector<float>(qkv.size(), 0.0f)};
+    if (chunked) {
+      backend_test::chunked_attention(be, r.out.data(), r.lse.data(), qkv.data(), B, Tn, C, NH, Tc,
+                                      drop);
+      backend_test::chunked_attention_backward(be, r.g.data(), dout.data(), qkv.data(),
+                                               r.out.data(), r.lse.data(), B, Tn, C, NH, Tc, drop);
+    } else {
+      be.attention_forward(r.out.data(), r.lse.data(), qkv.data(), B, Tn, C, NH, drop);
+      be.attention_backward(r.g.data(), dout.data(), qkv.data(), r.out.data(), r.lse.data(), B, Tn,
+                            C, NH, drop);
+    }
+    return r;
+  };
+  auto rel = [](const std::vector<float>& a, const std::vector<float>& b) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < a.size(); ++i)
+      num += double(a[i] - b[i]) * (a[i] - b[i]), den += double(b[i]) * b[i];
+    return std::sqrt(num / den);
+  };
+  for (const bool chunked : {false, true}) {
+    const Got want = run(f32, chunked), got = run(bf16, chunked);
+    for (auto [name, a, b] : {std::tuple{"out", &got.out, &want.out},
+                              std::tuple{"lse", &got.lse, &want.lse},
+                              std::tuple{"grad", &got.g, &want.g}}) {
+      const double e = rel(*a, *b);
+      EXPECT_LT(e, 2e-2) << name << " chunked " << chunked;
+      EXPECT_GT(e, 1e-5) << name << " chunked " << chunked << ": bf16 inputs not rounded";
     }
   }
 }
