@@ -96,19 +96,16 @@ inline AttentionChunk whole_sequence(int64_t B, int64_t Tn, int64_t C, int64_t N
   return a;
 }
 
-// Keep mask (nq, nk; rows kKBlock apart) for queries [i0, i0+nq) and keys [j0, j0+nk), or all ones.
+// Keep mask (nq, nk; rows kKBlock apart) for queries [i0, i0+nq) and keys
+// [j0, j0+nk) in keep; null without dropout (every key kept).
 template <typename T>
-void block_keep(T* keep, const DropoutSpec& dropout, int64_t b, int64_t h, int64_t i0, int64_t nq,
-                int64_t j0, int64_t nk) {
-  for (int64_t i = 0; i < nq; ++i) {
-    T* ki = keep + i * kKBlock;
-    if (!dropout.active()) {
-      std::fill(ki, ki + nk, T(1));
-      continue;
-    }
+const T* block_keep(T* keep, const DropoutSpec& dropout, int64_t b, int64_t h, int64_t i0,
+                    int64_t nq, int64_t j0, int64_t nk) {
+  if (!dropout.active()) return nullptr;
+  for (int64_t i = 0; i < nq; ++i)
     dropout.stream->row(dropout.sample0 + b, dropout.site + static_cast<uint32_t>(h),
-                        static_cast<uint32_t>(i0 + i), j0, j0 + nk, ki);
-  }
+                        static_cast<uint32_t>(i0 + i), j0, j0 + nk, keep + i * kKBlock);
+  return keep;
 }
 
 // Keys of block j0 visible to query i0 + i under the causal mask.
@@ -116,10 +113,11 @@ inline int64_t visible(int64_t i0, int64_t i, int64_t j0, int64_t nk) {
   return std::max<int64_t>(0, std::min(nk, i0 + i - j0 + 1));
 }
 
-// One key block of the online softmax for nq query rows: s (nq, nk; rows kKBlock apart)
-// holds the scores; rescales what acc (nq, hs) accumulated under the old
-// running maxima m, adds this block's exp(s - max) to l (zero past
-// seen(i) keys), and leaves s = p * keep for the product with v.
+// One key block of the online softmax for nq query rows: s (nq, nk; rows
+// kKBlock apart) holds the scores; rescales what acc (nq, hs) accumulated
+// under the old running maxima m, adds this block's exp(s - max) to l (zero
+// past seen(i) keys), and leaves s = p * keep (keep null: all kept) for the
+// product with v. The row loops are SIMD reductions (a fixed order).
 template <typename T, typename Seen>
 void online_softmax_block(T* s, const T* keep, int64_t nq, int64_t nk, int64_t hs, Seen seen, T* m,
                           T* l, T* acc) {
@@ -127,15 +125,22 @@ void online_softmax_block(T* s, const T* keep, int64_t nq, int64_t nk, int64_t h
     T* si = s + i * kKBlock;
     const int64_t jmax = seen(i);
     T bmax = m[i];
+#pragma omp simd reduction(max : bmax)
     for (int64_t j = 0; j < jmax; ++j) bmax = std::max(bmax, si[j]);
     const T corr = jmax > 0 ? vexp(m[i] - bmax) : T(1);
     T sum = 0;
-    const T* ki = keep + i * kKBlock;
-    for (int64_t j = 0; j < nk; ++j) {
-      T p = j < jmax ? vexp(si[j] - bmax) : T(0);
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < jmax; ++j) {
+      const T p = vexp(si[j] - bmax);
       sum += p;
-      si[j] = p * ki[j];
+      si[j] = p;
     }
+    if (keep != nullptr) {
+      const T* ki = keep + i * kKBlock;
+#pragma omp simd
+      for (int64_t j = 0; j < jmax; ++j) si[j] *= ki[j];
+    }
+    std::fill(si + jmax, si + nk, T(0));
     if (jmax > 0) m[i] = bmax;
     l[i] = l[i] * corr + sum;
     T* ai = acc + i * hs;
@@ -144,7 +149,8 @@ void online_softmax_block(T* s, const T* keep, int64_t nq, int64_t nk, int64_t h
 }
 
 // The backward's block: s (scores) := p * keep, for dV; dp (dO v^T) := dS =
-// p (keep dp - D_i), for dQ and dK; p = exp(s - lse_i), zero past seen(i).
+// p (keep dp - D_i), for dQ and dK; p = exp(s - lse_i), zero past seen(i)
+// (keep null: all kept).
 template <typename T, typename Seen>
 void softmax_backward_block(T* s, T* dp, const T* keep, int64_t nq, int64_t nk, Seen seen,
                             const T* lse, const T* D) {
@@ -152,13 +158,25 @@ void softmax_backward_block(T* s, T* dp, const T* keep, int64_t nq, int64_t nk, 
     const int64_t jmax = seen(i);
     T* si = s + i * kKBlock;
     T* dpi = dp + i * kKBlock;
-    const T* ki = keep + i * kKBlock;
     const T li = lse[i], Di = D[i];
-    for (int64_t j = 0; j < nk; ++j) {
-      T p = j < jmax ? vexp(si[j] - li) : T(0);
-      si[j] = p * ki[j];
-      dpi[j] = p * (dpi[j] * ki[j] - Di);
+    if (keep != nullptr) {
+      const T* ki = keep + i * kKBlock;
+#pragma omp simd
+      for (int64_t j = 0; j < jmax; ++j) {
+        const T p = vexp(si[j] - li);
+        si[j] = p * ki[j];
+        dpi[j] = p * (dpi[j] * ki[j] - Di);
+      }
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < jmax; ++j) {
+        const T p = vexp(si[j] - li);
+        si[j] = p;
+        dpi[j] = p * (dpi[j] - Di);
+      }
     }
+    std::fill(si + jmax, si + nk, T(0));
+    std::fill(dpi + jmax, dpi + nk, T(0));
   }
 }
 
@@ -191,9 +209,9 @@ void attention_forward(const GemmConfig& g, T* out, T* lse, const T* qkv, int64_
             // s (nq, nk) = q_i k_j^T
             block_gemm(g, false, true, nq, nk, hs, tiles.q.data() + i0 * hs, tiles.q_16(i0 * hs), hs,
                        tiles.k.data() + j0 * hs, tiles.k_16(j0 * hs), hs, T(0), s.data(), kKBlock);
-            block_keep(keep.data(), dropout, b, h, i0, nq, j0, nk);
+            const T* kept = block_keep(keep.data(), dropout, b, h, i0, nq, j0, nk);
             online_softmax_block(
-                s.data(), keep.data(), nq, nk, hs,
+                s.data(), kept, nq, nk, hs,
                 [&](int64_t i) { return visible(i0, i, j0, nk); }, m.data(), l.data(), acc.data());
             // acc (nq, hs) += (p * keep) v_j
             block_gemm(g, false, false, nq, hs, nk, s.data(), nullptr, kKBlock,
@@ -262,9 +280,9 @@ void attention_backward(const GemmConfig& g, T* dqkv, const T* dout, const T* qk
                        tiles.k.data() + j0 * hs, tiles.k_16(j0 * hs), hs, T(0), s.data(), kKBlock);
             block_gemm(g, false, true, nq, nk, hs, dO.data() + i0 * hs, dO_16(i0 * hs), hs,
                        tiles.v.data() + j0 * hs, tiles.v_16(j0 * hs), hs, T(0), dp.data(), kKBlock);
-            block_keep(keep.data(), dropout, b, h, i0, nq, j0, nk);
+            const T* kept = block_keep(keep.data(), dropout, b, h, i0, nq, j0, nk);
             softmax_backward_block(
-                s.data(), dp.data(), keep.data(), nq, nk,
+                s.data(), dp.data(), kept, nq, nk,
                 [&](int64_t i) { return visible(i0, i, j0, nk); }, row_lse + i0, D.data() + i0);
             // dv_j += (p keep)^T dO_i; dq_i += dS k_j; dk_j += dS^T q_i
             const uint16_t* dS16 = round_ds(nq, nk);  // read by the two products after
@@ -293,24 +311,22 @@ void attention_backward(const GemmConfig& g, T* dqkv, const T* dout, const T* qk
 
 namespace {
 
-// Keep mask (nq, nk; rows kKBlock apart) for global queries [qp0, qp0 + nq) and global keys
-// [kp0, kp0 + nk): the masks attention_forward draws at those positions
-// (drawn from the aligned channel below kp0, as the stream draws in fours).
+// Keep mask (nq, nk; rows kKBlock apart) for global queries [qp0, qp0 + nq)
+// and global keys [kp0, kp0 + nk) in keep: the masks attention_forward draws
+// at those positions (drawn from the aligned channel below kp0, as the
+// stream draws in fours); null without dropout.
 template <typename T>
-void chunk_keep(T* keep, std::vector<T>& tmp, const DropoutSpec& dropout, int64_t b, int64_t h,
-                int64_t qp0, int64_t nq, int64_t kp0, int64_t nk) {
+const T* chunk_keep(T* keep, std::vector<T>& tmp, const DropoutSpec& dropout, int64_t b,
+                    int64_t h, int64_t qp0, int64_t nq, int64_t kp0, int64_t nk) {
+  if (!dropout.active()) return nullptr;
   const int64_t a0 = kp0 / 4 * 4;
   tmp.resize(static_cast<size_t>(kp0 + nk - a0));
   for (int64_t i = 0; i < nq; ++i) {
-    T* ki = keep + i * kKBlock;
-    if (!dropout.active()) {
-      std::fill(ki, ki + nk, T(1));
-      continue;
-    }
     dropout.stream->row(dropout.sample0 + b, dropout.site + static_cast<uint32_t>(h),
                         static_cast<uint32_t>(qp0 + i), a0, kp0 + nk, tmp.data());
-    std::copy(tmp.begin() + (kp0 - a0), tmp.begin() + (kp0 - a0 + nk), ki);
+    std::copy(tmp.begin() + (kp0 - a0), tmp.begin() + (kp0 - a0 + nk), keep + i * kKBlock);
   }
+  return keep;
 }
 
 // Keys of the block at global kp0 visible to the query at global qp.
@@ -345,9 +361,9 @@ void attention_chunk_forward(const GemmConfig& g, T* out, T* lse, const T* q, co
             const int64_t nk = std::min({kKBlock, a.Tk - j0, qp0 + nq - kp0});  // seen by the last row
             block_gemm(g, false, true, nq, nk, hs, tiles.q.data() + i0 * hs, tiles.q_16(i0 * hs), hs,
                        tiles.k.data() + j0 * hs, tiles.k_16(j0 * hs), hs, T(0), s.data(), kKBlock);
-            chunk_keep(keep.data(), tmp, dropout, b, h, qp0, nq, kp0, nk);
+            const T* kept = chunk_keep(keep.data(), tmp, dropout, b, h, qp0, nq, kp0, nk);
             online_softmax_block(
-                s.data(), keep.data(), nq, nk, hs,
+                s.data(), kept, nq, nk, hs,
                 [&](int64_t i) { return visible_at(qp0 + i, kp0, nk); }, m.data(), l.data(),
                 acc.data());
             block_gemm(g, false, false, nq, hs, nk, s.data(), nullptr, kKBlock,
@@ -425,9 +441,9 @@ void attention_chunk_backward(const GemmConfig& g, T* dq, T* dkv, const T* dout,
                        tiles.k.data() + j0 * hs, tiles.k_16(j0 * hs), hs, T(0), s.data(), kKBlock);
             block_gemm(g, false, true, nq, nk, hs, dO.data() + i0 * hs, dO_16(i0 * hs), hs,
                        tiles.v.data() + j0 * hs, tiles.v_16(j0 * hs), hs, T(0), dp.data(), kKBlock);
-            chunk_keep(keep.data(), tmp, dropout, b, h, qp0, nq, kp0, nk);
+            const T* kept = chunk_keep(keep.data(), tmp, dropout, b, h, qp0, nq, kp0, nk);
             softmax_backward_block(
-                s.data(), dp.data(), keep.data(), nq, nk,
+                s.data(), dp.data(), kept, nq, nk,
                 [&](int64_t i) { return visible_at(qp0 + i, kp0, nk); }, row_lse + i0,
                 D.data() + i0);
             const uint16_t* dS16 = round_ds(nq, nk);  // read by the two products after
