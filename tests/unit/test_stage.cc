@@ -14,6 +14,7 @@
 
 #include "loom/core/dtype.h"
 #include "loom/core/memory.h"
+#include "loom/kernels/cpu/cpu_backend.h"
 #include "loom/model/gpt_stage.h"
 #include "loom/parallel/tensor/parallel_layers.h"
 #include "loom/train/config.h"
@@ -147,6 +148,51 @@ TEST(Stage, SplitBackwardGivesTheSameGradientsBitwise) {
     const auto whole = run(false), split = run(true);
     EXPECT_EQ(whole.first, split.first) << "input gradient";
     EXPECT_TRUE(whole.second == split.second) << "parameter gradients";
+  }
+}
+
+// bf16 records on a backend whose GEMMs read bf16 inputs: the linears'
+// inputs that only a GEMM reads (the LayerNorms' outputs, GELU's) stay in the
+// packed slot as "twins", rounded there by forward and read there by
+// backward, never widened. The gradients equal bitwise those of a backward
+// that widens the whole record (a deferring one: its weight gradients run
+// later from f32 copies of their inputs).
+TEST(Stage, RecordTwinsGiveTheWidenedRecordsGradientsBitwise) {
+  if (!cpu::gemm_16_uses_bf16_matmul(DType::kBF16)) GTEST_SKIP() << "no bf16 matmul on this CPU";
+  const GptConfig c = tiny(0.1f, 2);
+  const int64_t B = 2, T = 16, BT = B * T;
+  auto in = tokens(BT, c.vocab_size, 1), tg = tokens(BT, c.vocab_size, 2);
+  const StepContext ctx{7, 3, 40, true};
+  const CpuBackend<float> bf16(cpu::GemmConfig{cpu::GemmBackend::kOneDnn, DType::kBF16});
+  ASSERT_TRUE(bf16.reads_inputs16());
+  for (auto policy : {CheckpointPolicy::kNone, CheckpointPolicy::kSelective}) {
+    SCOPED_TRACE(CheckpointPolicy::name(policy));
+    auto run = [&](bool deferred) {
+      GptStage<float> m(c, StageSpec{}, StoreOptions{}, LayerFactory<float>::single_process(),
+                        bf16);
+      CheckpointPolicy p;
+      p.kind = policy;
+      p.records = DType::kBF16;
+      m.set_plan(m.plan(p, B, T));
+      m.init(9);
+      m.zero_grads();
+      auto a = m.make_activations(B, T);
+      const double loss = m.forward(a, in.data(), nullptr, tg.data(), ctx);
+      DeferredGrads<float> d;
+      m.backward(a, 1.0, nullptr, nullptr, deferred ? &d : nullptr);
+      if (deferred) m.apply_deferred(d);
+      return std::make_pair(loss, grads_by_name(m));
+    };
+    const auto twins = run(false), widened = run(true);
+    EXPECT_EQ(twins.first, widened.first);
+    EXPECT_TRUE(twins.second == widened.second) << "parameter gradients";
+    ParamLayout layout;
+    layout.begin_unit("h");
+    const Block<float> block(layout, c, 0);
+    const auto mode = policy == CheckpointPolicy::kNone ? Recompute::kNone : Recompute::kSelective;
+    // ln_1's and ln_2's outputs, and GELU's unless selective recomputes it.
+    EXPECT_EQ(block.twin_ranges(Rows::whole(B, T), mode).size(),
+              policy == CheckpointPolicy::kNone ? 3u : 2u);
   }
 }
 

@@ -106,12 +106,18 @@ class Backend {
                     const T* A, int64_t lda, const T* B, int64_t ldb, T beta, T* C,
                     int64_t ldc) const = 0;
   // out (N, OC) = inp (N, C) @ weight (C, OC) + bias (OC); bias may be null.
-  virtual void matmul_forward(T* out, const T* inp, WeightArg<T> weight, const T* bias, int64_t N,
-                              int64_t C, int64_t OC) const = 0;
+  // An input with a bf16 twin (types.h) is rounded into it first, and the
+  // twin multiplied.
+  virtual void matmul_forward(T* out, InputArg<T> inp, WeightArg<T> weight, const T* bias,
+                              int64_t N, int64_t C, int64_t OC) const = 0;
   // dinp (N, C) += dout @ weight^T; dweight (C, OC) += inp^T @ dout; dbias
-  // (OC) += column sums of dout. Any of the three may be null.
-  virtual void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
+  // (OC) += column sums of dout. Any of the three may be null. An input with
+  // a bf16 twin is read from the twin.
+  virtual void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, InputArg<T> inp,
                                WeightArg<T> weight, int64_t N, int64_t C, int64_t OC) const = 0;
+  // Whether matmul_forward / matmul_backward take inputs with bf16 twins
+  // (types.h Input): GEMMs with bf16 inputs that read bf16 operands.
+  virtual bool reads_inputs16() const { return false; }
   // The tied LM head: out (N, V) = inp (N, C) @ weight^T, weight (V, C).
   virtual void matmul_nt_forward(T* out, const T* inp, WeightArg<T> weight, int64_t N, int64_t C,
                                  int64_t V) const = 0;

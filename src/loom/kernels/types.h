@@ -20,8 +20,8 @@ namespace loom {
 class WeightPacks {
  public:
   virtual ~WeightPacks() = default;
-  virtual void clear() = 0;           // the weights changed: every layout is stale
-  virtual size_t bytes() const = 0;   // held by the layouts
+  virtual void clear() = 0;          // the weights changed: every layout is stale
+  virtual size_t bytes() const = 0;  // held by the layouts
 };
 
 inline constexpr double kLayerNormEps = 1e-5;  // GPT-2's LayerNorm
@@ -50,6 +50,23 @@ struct Weight {
 // other arguments).
 template <typename T>
 using WeightArg = std::type_identity_t<Weight<T>>;
+
+// A layer's input as a linear's GEMMs take it: T values, and, where a block
+// record packed to bf16 keeps this input (a "twin", Block::twin_ranges), its
+// bf16 home in the record. A forward rounds data into r16 and multiplies
+// those values; a backward multiplies r16 and does not read data (the
+// record's f32 copy was never widened). Only backends whose reads_inputs16()
+// is true are handed a twin.
+template <typename T>
+struct Input {
+  const T* data = nullptr;
+  uint16_t* r16 = nullptr;
+  Input() = default;
+  Input(const T* p) : data(p) {}  // NOLINT: T values convert implicitly
+  Input(const T* p, uint16_t* twin) : data(p), r16(twin) {}
+};
+template <typename T>
+using InputArg = std::type_identity_t<Input<T>>;
 
 // Where a dropout mask applies to activations (B, T, C): which stream,
 // which global samples (sample0 + b), and the site in the model. The

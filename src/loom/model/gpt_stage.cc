@@ -461,7 +461,9 @@ double GptStage<T>::forward(StageActivations<T>& a, const int32_t* tokens, const
       const size_t i = st.block;
       if (packed(plan_, i)) {
         const auto t1 = std::chrono::steady_clock::now();
-        blocks_[i].layer->pack(store_.backend(), room, a.blocks[i], rw, mode(i), plan_.records);
+        const Block<T>& block = *blocks_[i].layer;
+        block.pack(store_.backend(), room, a.blocks[i], rw, mode(i), plan_.records,
+                   uses_twins(i) ? block.twin_ranges(rw, mode(i)) : std::vector<RecordRange>{});
         s += seconds_since(t1);
       }
       if (i == 0) fault_point("forward");
@@ -477,6 +479,34 @@ double GptStage<T>::forward(StageActivations<T>& a, const int32_t* tokens, const
   add_seconds(pieces_.size() - 1, Pass::kForward, seconds_since(t0));
   add_span(pieces_.size() - 1, t0);
   return loss;
+}
+
+namespace {
+
+// The store's record twins for a scope (cleared however it ends).
+template <typename T>
+struct TwinsScope {
+  ParamStore<T>& store;
+  TwinsScope(ParamStore<T>& s, const RecordTwins* t) : store(s) { store.set_twins(t); }
+  ~TwinsScope() { store.set_twins(nullptr); }
+  TwinsScope(const TwinsScope&) = delete;
+  TwinsScope& operator=(const TwinsScope&) = delete;
+};
+
+}  // namespace
+
+template <typename T>
+RecordTwins GptStage<T>::record_twins(const StageActivations<T>& a, size_t i, const T* room) const {
+  RecordTwins tw;
+  if constexpr (std::is_same_v<T, float>) {
+    const Rows rw = rows(a.B, a.Tn);
+    const Block<T>& block = *blocks_[i].layer;
+    tw.room = room;
+    tw.rounded = block.rounded_part(a.blocks[i], rw, mode(i));
+    tw.exact = block.exact_ranges(rw, mode(i));
+    tw.twins = block.twin_ranges(rw, mode(i));
+  }
+  return tw;
 }
 
 template <typename T>
@@ -497,6 +527,14 @@ void GptStage<T>::block_forward(StageActivations<T>& a, size_t i, const Dropout&
     Arena<T> whole(room), part(room + block.record_elems(rw, mode(i)));
     r = block.bind(whole, part, rw, mode(i));
     r.res3 = a.blocks[i];
+    if (uses_twins(i)) {
+      // The linears round their inputs straight into the slot (pack then
+      // leaves those ranges).
+      const RecordTwins tw = record_twins(a, i, room);
+      const TwinsScope<T> scope(store_, &tw);
+      block.forward(store_, r, x, rw, mode(i) == Recompute::kSelective, drop);
+      return;
+    }
   } else {
     r = block.bind(rec, rm, rw, mode(i));
   }
@@ -633,9 +671,19 @@ void GptStage<T>::block_backward(StageActivations<T>& a, size_t i, T* d_resid, T
     Arena<T> whole(room), none;
     r = block.bind(whole, none, rw, Recompute::kNone);
   } else if (packed(plan_, i)) {
-    // Widened back into the room, where forward computed it.
+    // Widened back into the room, where forward computed it, but for the
+    // twins the linears read in the slot (unless they defer: a deferred
+    // product keeps its input's f32 values).
     Arena<T> whole(room), part(room + block.record_elems(rw, mode(i)));
     r = block.bind(whole, part, rw, mode(i));
+    if (uses_twins(i) && store_.deferral() == nullptr) {
+      const RecordTwins tw = record_twins(a, i, room);
+      block.unpack(store_.backend(), a.blocks[i], room, rw, mode(i), plan_.records, tw.twins);
+      const TwinsScope<T> scope(store_, &tw);
+      block.backward(store_, r, block_input(a, i), d_resid, rw, mode(i) == Recompute::kSelective,
+                     drop, scratch);
+      return;
+    }
     block.unpack(store_.backend(), a.blocks[i], room, rw, mode(i), plan_.records);
   } else {
     Arena<T> rec(a.blocks[i]), rm(room);

@@ -221,6 +221,14 @@ class GptStage {
   static bool packed(const RecomputePlan& p, size_t i) {
     return p.records != DType::kF32 && p.blocks[i] != Recompute::kFull;
   }
+  // Whether block i's linears read their inputs' bf16 twins in its packed
+  // record (RecordTwins): bf16 records on a backend that reads bf16 inputs.
+  bool uses_twins(size_t i) const {
+    return packed(plan_, i) && plan_.records == DType::kBF16 && store_.backend().reads_inputs16();
+  }
+  // Block i's twins over the room (where the record is computed or widened)
+  // and its slot in `a`.
+  RecordTwins record_twins(const StageActivations<T>& a, size_t i, const T* room) const;
   // Block i's record in a micro-batch's store under `p`, in elements.
   int64_t slot_elems(size_t i, const Rows& rows, const RecomputePlan& p) const;
   void ensure_work(int64_t B, int64_t Tn);

@@ -61,7 +61,8 @@ void Attention<T>::forward(const ParamStore<T>& ps, T* record, bool selective, T
   const int64_t B = rows.B, Tn = rows.Tn;
   const int64_t BT = B * Tn;
   const Record r = bind(record, recompute, B, Tn, selective);
-  be.matmul_forward(r.qkv, x, ps.weight(c_attn_w), ps.param(c_attn_b), BT, C_, 3 * C_);
+  be.matmul_forward(r.qkv, ps.input(x, BT * C_), ps.weight(c_attn_w), ps.param(c_attn_b), BT, C_,
+                    3 * C_);
   attention_core_forward(core_.get(), be, r.y, r.lse, r.qkv, B, Tn, C_, NH_, probs);
   be.matmul_forward(out, r.y, ps.weight(c_proj_w), ps.param(c_proj_b), BT, C_, C_);
 }
@@ -82,7 +83,7 @@ void Attention<T>::backward(const ParamStore<T>& ps, T* record, bool selective, 
   linear_backward(ps, d_y, c_proj_w, c_proj_b, dout, r.y, BT, C_, C_);
   be.fill(d_qkv, BT * 3 * C_, 0);
   attention_core_backward(core_.get(), be, d_qkv, d_y, r.qkv, r.y, r.lse, B, Tn, C_, NH_, probs);
-  linear_backward(ps, dx, c_attn_w, c_attn_b, d_qkv, x, BT, C_, 3 * C_);
+  linear_backward(ps, dx, c_attn_w, c_attn_b, d_qkv, ps.input(x, BT * C_), BT, C_, 3 * C_);
 }
 
 template class Attention<float>;

@@ -69,6 +69,12 @@ class AttentionLayer {
   virtual int64_t recompute_elems(const Rows& rows, bool selective) const = 0;
   // What of the record stays f32 in a 16-bit record: the log-sum-exp.
   virtual std::vector<RecordRange> exact_ranges(const Rows& rows, bool selective) const = 0;
+  // With records packed to bf16 on a backend that reads bf16 inputs
+  // (RecordTwins): the record's ranges that only a linear's GEMM reads, and
+  // whether the normalised input x goes to the layer's linears alone; the
+  // layer then hands them to its linears through ParamStore::input.
+  virtual std::vector<RecordRange> twin_ranges(const Rows&, bool) const { return {}; }
+  virtual bool input_twin() const { return false; }
   // Backward's gradient scratch.
   virtual int64_t scratch_elems(const Rows& rows) const = 0;
   // out (rows.count, C) = c_proj(core(c_attn(x))), x (rows.count, C) the
@@ -94,6 +100,8 @@ class Attention final : public AttentionLayer<T> {
   int64_t record_elems(const Rows& rows, bool selective) const override;
   int64_t recompute_elems(const Rows& rows, bool selective) const override;
   std::vector<RecordRange> exact_ranges(const Rows& rows, bool selective) const override;
+  // x goes to c_attn alone (the core's output y is read by its backward too).
+  bool input_twin() const override { return true; }
   int64_t scratch_elems(const Rows& rows) const override;
   void forward(const ParamStore<T>& ps, T* record, bool selective, T* out, const T* x,
                const Rows& rows, const DropoutSpec& probs, T* recompute) const override;

@@ -119,12 +119,58 @@ int64_t Block<T>::packed_elems(const Rows& rows, Recompute mode) const {
   return output + exact + (rounded + 1) / 2;
 }
 
+template <typename T>
+std::vector<RecordRange> Block<T>::twin_ranges(const Rows& rows, Recompute mode) const {
+  LOOM_CHECK(mode != Recompute::kFull, "a block recomputed in full keeps no record to pack");
+  const int64_t N = rows.count, C = C_;
+  const bool sel = mode == Recompute::kSelective;
+  std::vector<RecordRange> out;
+  auto add = [&](int64_t base, const std::vector<RecordRange>& rs) {
+    for (RecordRange r : rs)
+      if (r.count > 0) out.push_back({base + r.offset, r.count});
+  };
+  // bind's order: ln1, its mean and rstd, attn, res2, ln2, its mean and
+  // rstd, ffn, res3.
+  if (attn->input_twin()) out.push_back({0, N * C});
+  int64_t at = N * C + 2 * N;
+  add(at, attn->twin_ranges(rows, sel));
+  at += attn->record_elems(rows, sel) + N * C;
+  if (ffn->input_twin()) out.push_back({at, N * C});
+  at += N * C + 2 * N;
+  add(at, ffn->twin_ranges(rows, sel));
+  return out;
+}
+
+template <typename T>
+uint16_t* Block<T>::rounded_part(T* slot, const Rows& rows, Recompute mode) const {
+  int64_t exact = 0;
+  for (RecordRange r : exact_ranges(rows, mode)) exact += r.count;
+  return reinterpret_cast<uint16_t*>(slot + rows.count * C_ + exact);
+}
+
+namespace {
+
+// Calls f(b, e) for each part [b, e) of [lo, hi) outside `skip` (sorted).
+template <typename F>
+void outside(int64_t lo, int64_t hi, const std::vector<RecordRange>& skip, F f) {
+  int64_t at = lo;
+  for (RecordRange s : skip) {
+    const int64_t b = std::max(at, s.offset), e = std::min(hi, s.offset + s.count);
+    if (b >= e) continue;
+    if (b > at) f(at, b);
+    at = e;
+  }
+  if (at < hi) f(at, hi);
+}
+
+}  // namespace
+
 // (A mixture of experts' record is sized for the most rows its experts can
 // receive; the part no row reached this micro-batch is packed too, its
 // values unused.)
 template <typename T>
 void Block<T>::pack(const Backend<T>& be, const T* whole, T* slot, const Rows& rows, Recompute mode,
-                    DType t) const {
+                    DType t, const std::vector<RecordRange>& skip) const {
   if constexpr (std::is_same_v<T, float>) {
     const int64_t total = record_elems(rows, mode) - rows.count * C_;  // the output aside
     const std::vector<RecordRange> ranges = exact_ranges(rows, mode);
@@ -132,23 +178,29 @@ void Block<T>::pack(const Backend<T>& be, const T* whole, T* slot, const Rows& r
     int64_t exact_n = 0;
     for (RecordRange r : ranges) exact_n += r.count;
     uint16_t* rounded = reinterpret_cast<uint16_t*>(exact + exact_n);
-    int64_t at = 0;
+    int64_t at = 0, done = 0;  // done: exact elements before `at`
+    auto round = [&](int64_t lo, int64_t hi) {
+      outside(lo, hi, skip, [&](int64_t b, int64_t e) {
+        be.round_16(whole + b, rounded + (b - done), e - b, t);
+      });
+    };
     for (RecordRange r : ranges) {
-      be.round_16(whole + at, rounded, r.offset - at, t);
-      rounded += r.offset - at;
+      round(at, r.offset);
       be.copy(exact, whole + r.offset, r.count);
       exact += r.count;
+      done += r.count;
       at = r.offset + r.count;
     }
-    be.round_16(whole + at, rounded, total - at, t);
+    round(at, total);
   } else {
+    (void)skip;
     LOOM_FAIL(kUnsupported, "16-bit records need f32 layers");
   }
 }
 
 template <typename T>
 void Block<T>::unpack(const Backend<T>& be, const T* slot, T* whole, const Rows& rows,
-                      Recompute mode, DType t) const {
+                      Recompute mode, DType t, const std::vector<RecordRange>& skip) const {
   if constexpr (std::is_same_v<T, float>) {
     const int64_t total = record_elems(rows, mode) - rows.count * C_;
     const std::vector<RecordRange> ranges = exact_ranges(rows, mode);
@@ -156,16 +208,22 @@ void Block<T>::unpack(const Backend<T>& be, const T* slot, T* whole, const Rows&
     int64_t exact_n = 0;
     for (RecordRange r : ranges) exact_n += r.count;
     const uint16_t* rounded = reinterpret_cast<const uint16_t*>(exact + exact_n);
-    int64_t at = 0;
+    int64_t at = 0, done = 0;
+    auto widen = [&](int64_t lo, int64_t hi) {
+      outside(lo, hi, skip, [&](int64_t b, int64_t e) {
+        be.widen_16(rounded + (b - done), whole + b, e - b, t);
+      });
+    };
     for (RecordRange r : ranges) {
-      be.widen_16(rounded, whole + at, r.offset - at, t);
-      rounded += r.offset - at;
+      widen(at, r.offset);
       be.copy(whole + r.offset, exact, r.count);
       exact += r.count;
+      done += r.count;
       at = r.offset + r.count;
     }
-    be.widen_16(rounded, whole + at, total - at, t);
+    widen(at, total);
   } else {
+    (void)skip;
     LOOM_FAIL(kUnsupported, "16-bit records need f32 layers");
   }
 }

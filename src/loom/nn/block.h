@@ -68,15 +68,24 @@ class Block {
   // `whole` holds a record bound with `mode` over contiguous memory (bind's
   // `record` arena), all but its output, which forward wrote into the
   // slot's first rows.count x C elements; pack fills the rest of `slot`.
+  // `skip`: ranges of `whole` (sorted, outside the exact ones) not rounded,
+  // whose 16-bit values forward already wrote into the slot (twins).
   void pack(const Backend<T>& be, const T* whole, T* slot, const Rows& rows, Recompute mode,
-            DType t) const;
+            DType t, const std::vector<RecordRange>& skip = {}) const;
   // The inverse, but for the output (backward does not read it): exact
-  // ranges copied, the rest widened.
+  // ranges copied, the rest widened but `skip` (ranges backward reads in
+  // 16 bits alone).
   void unpack(const Backend<T>& be, const T* slot, T* whole, const Rows& rows, Recompute mode,
-              DType t) const;
+              DType t, const std::vector<RecordRange>& skip = {}) const;
   // The exact ranges of a record bound with `mode`, in order: the
   // LayerNorms' statistics and the slots' own (the output aside).
   std::vector<RecordRange> exact_ranges(const Rows& rows, Recompute mode) const;
+  // The ranges of such a record that only the linears' GEMMs read, in order
+  // (RecordTwins): the LayerNorms' outputs where the layer after takes them
+  // to its linears alone, and the layers' own.
+  std::vector<RecordRange> twin_ranges(const Rows& rows, Recompute mode) const;
+  // Where a packed slot's 16-bit part begins.
+  uint16_t* rounded_part(T* slot, const Rows& rows, Recompute mode) const;
 
   // Fills r (bound with kNone or kSelective) from x (rows.count, C); r.res3 is the
   // output. record_only: a recomputation for backward, which reads the

@@ -101,6 +101,31 @@ struct RecordRange {
   int64_t offset = 0, count = 0;
 };
 
+// A block record packed to bf16 (Block::pack) as its linears see it while
+// the block runs on a backend that reads bf16 inputs (Backend::
+// reads_inputs16): the ranges of the record's f32 layout whose values are
+// a GEMM's input and nothing else's, kept in the packed slot only ("twins":
+// a forward rounds them there, a backward reads them there, and neither
+// pack nor unpack converts them).
+struct RecordTwins {
+  const float* room = nullptr;     // the record's f32 layout, as the layers address it
+  uint16_t* rounded = nullptr;     // the slot's 16-bit part: the elements outside `exact`, in order
+  std::vector<RecordRange> exact;  // ranges kept f32 (sorted)
+  std::vector<RecordRange> twins;  // ranges read in bf16 (sorted, outside `exact`)
+  // The bf16 home of [x, x + n) when that is one of `twins`; else null.
+  uint16_t* find(const float* x, int64_t n) const {
+    if (x < room) return nullptr;
+    const int64_t at = x - room;
+    bool twin = false;
+    for (const RecordRange& r : twins) twin = twin || (r.offset == at && r.count == n);
+    if (!twin) return nullptr;
+    int64_t before = 0;  // exact elements ahead of `at`
+    for (const RecordRange& r : exact)
+      if (r.offset < at) before += r.count;
+    return rounded + (at - before);
+  }
+};
+
 // The dropout stream of one micro-batch: masks are keyed on (seed, step,
 // global sample, site), so a recomputed forward draws the same masks.
 struct Dropout {

@@ -38,10 +38,11 @@ void Mlp<T>::forward(const ParamStore<T>& ps, T* record, bool selective, T* out,
   const int64_t BT = rows.count;
   T* fch = record;
   T* fch_gelu = selective ? recompute : record + BT * 4 * C_;
-  be.matmul_forward(fch, x, ps.weight(c_fc_w), ps.param(c_fc_b), BT, C_, 4 * C_);
+  be.matmul_forward(fch, ps.input(x, BT * C_), ps.weight(c_fc_w), ps.param(c_fc_b), BT, C_, 4 * C_);
   be.gelu_forward(fch_gelu, fch, BT * 4 * C_);
   if (out == nullptr) return;
-  be.matmul_forward(out, fch_gelu, ps.weight(c_proj_w), ps.param(c_proj_b), BT, 4 * C_, C_);
+  be.matmul_forward(out, ps.input(fch_gelu, BT * 4 * C_), ps.weight(c_proj_w), ps.param(c_proj_b),
+                    BT, 4 * C_, C_);
 }
 
 template <typename T>
@@ -56,10 +57,11 @@ void Mlp<T>::backward(const ParamStore<T>& ps, T* record, bool selective, T* dx,
   T* d_fch = scratch;
   T* d_fch_gelu = scratch + BT * 4 * C_;
   be.fill(d_fch_gelu, BT * 4 * C_, 0);
-  linear_backward(ps, d_fch_gelu, c_proj_w, c_proj_b, dout, fch_gelu, BT, 4 * C_, C_);
+  linear_backward(ps, d_fch_gelu, c_proj_w, c_proj_b, dout, ps.input(fch_gelu, BT * 4 * C_), BT,
+                  4 * C_, C_);
   be.fill(d_fch, BT * 4 * C_, 0);
   be.gelu_backward(d_fch, fch, d_fch_gelu, BT * 4 * C_);
-  linear_backward(ps, dx, c_fc_w, c_fc_b, d_fch, x, BT, C_, 4 * C_);
+  linear_backward(ps, dx, c_fc_w, c_fc_b, d_fch, ps.input(x, BT * C_), BT, C_, 4 * C_);
 }
 
 template class Mlp<float>;

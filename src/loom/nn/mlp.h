@@ -24,6 +24,12 @@ class FeedForward {
   virtual int64_t recompute_elems(const Rows& rows, bool selective) const = 0;
   // What of the record stays f32 when the record is kept in 16 bits.
   virtual std::vector<RecordRange> exact_ranges(const Rows& rows, bool selective) const = 0;
+  // With records packed to bf16 on a backend that reads bf16 inputs
+  // (RecordTwins): the record's ranges that only a linear's GEMM reads, and
+  // whether the normalised input x goes to the layer's linears alone; the
+  // layer then hands them to its linears through ParamStore::input.
+  virtual std::vector<RecordRange> twin_ranges(const Rows&, bool) const { return {}; }
+  virtual bool input_twin() const { return false; }
   // Backward's gradient scratch.
   virtual int64_t scratch_elems(const Rows& rows) const = 0;
   // out (rows.count, C) = ffn(x (rows.count, C)); `record` holds
@@ -48,6 +54,13 @@ class Mlp final : public FeedForward<T> {
   int64_t record_elems(const Rows& rows, bool selective) const override;
   int64_t recompute_elems(const Rows& rows, bool selective) const override;
   std::vector<RecordRange> exact_ranges(const Rows&, bool) const override { return {}; }
+  // x goes to c_fc alone; GELU's output (kept unless selective) to c_proj
+  // alone (GELU's backward reads its input).
+  std::vector<RecordRange> twin_ranges(const Rows& rows, bool selective) const override {
+    if (selective) return {};
+    return {{rows.count * 4 * C_, rows.count * 4 * C_}};
+  }
+  bool input_twin() const override { return true; }
   int64_t scratch_elems(const Rows& rows) const override;
   void forward(const ParamStore<T>& ps, T* record, bool selective, T* out, const T* x,
                const Rows& rows, T* recompute) const override;

@@ -8,11 +8,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <type_traits>
 #include <vector>
 
 #include "loom/core/dtype.h"
 #include "loom/core/memory.h"
 #include "loom/kernels/backend.h"
+#include "loom/nn/context.h"
 #include "loom/nn/param.h"
 
 namespace loom {
@@ -90,6 +92,17 @@ class ParamStore {
     return Weight<T>(param(p));
   }
   T* grad(ParamId id) const { return grad(layout_[id]); }
+  // An activation (n elements at x) as a linear takes it: with its bf16
+  // twin while the running block's record has one there (set_twins).
+  Input<T> input(const T* x, int64_t n) const {
+    if constexpr (std::is_same_v<T, float>)
+      if (twins_ != nullptr) return Input<T>(x, twins_->find(x, n));
+    return Input<T>(x);
+  }
+  // The running block's record twins (null: none), set by the stage around
+  // the block's forward and backward.
+  void set_twins(const RecordTwins* t) { twins_ = t; }
+  const RecordTwins* twins() const { return twins_; }
 
   // Points unit u's parameters (gradients) at `base`, which holds the unit's
   // elements [begin, end) of the flat layout; null unbinds.
@@ -160,6 +173,7 @@ class ParamStore {
   std::vector<T*> unit_widened_;
   DType dtype16_ = DType::kF32;
   WeightPacks* packs16_ = nullptr;
+  const RecordTwins* twins_ = nullptr;
   UnitHooks hooks_;
   std::function<void(int, Pass, bool)> observer_;
   DeferredGrads<T>* defer_ = nullptr;

@@ -45,14 +45,19 @@ void CpuBackend<T>::gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T al
   cpu::gemm<T>(g_, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 template <typename T>
-void CpuBackend<T>::matmul_forward(T* out, const T* inp, WeightArg<T> weight, const T* bias,
+void CpuBackend<T>::matmul_forward(T* out, InputArg<T> inp, WeightArg<T> weight, const T* bias,
                                    int64_t N, int64_t C, int64_t OC) const {
   cpu::matmul_forward<T>(g_, out, inp, weight, bias, N, C, OC);
 }
 template <typename T>
-void CpuBackend<T>::matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
+void CpuBackend<T>::matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, InputArg<T> inp,
                                     WeightArg<T> weight, int64_t N, int64_t C, int64_t OC) const {
   cpu::matmul_backward<T>(g_, dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+}
+template <typename T>
+bool CpuBackend<T>::reads_inputs16() const {
+  return std::is_same_v<T, float> && g_.inputs == DType::kBF16 &&
+         cpu::gemm_16_uses_bf16_matmul(DType::kBF16);
 }
 template <typename T>
 void CpuBackend<T>::matmul_nt_forward(T* out, const T* inp, WeightArg<T> weight, int64_t N,

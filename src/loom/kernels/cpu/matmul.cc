@@ -11,6 +11,7 @@
 
 #include "loom/core/error.h"
 #include "loom/kernels/cpu/gemm_backend.h"
+#include "loom/kernels/cpu/precision.h"
 
 namespace loom::cpu {
 
@@ -78,15 +79,22 @@ void gemm_weight(const GemmConfig& g, bool ta, bool tb, int64_t M, int64_t N, in
 }  // namespace
 
 template <typename T>
-void matmul_forward(const GemmConfig& g, T* out, const T* inp, WeightArg<T> weight, const T* bias,
-                    int64_t N, int64_t C, int64_t OC) {
+void matmul_forward(const GemmConfig& g, T* out, InputArg<T> input, WeightArg<T> weight,
+                    const T* bias, int64_t N, int64_t C, int64_t OC) {
+  const T* inp = input.data;
   if constexpr (std::is_same_v<T, float>) {
+    const bool bf16 =
+        gemm_16_uses_bf16_matmul(g.inputs) && (weight.w16 == nullptr || weight.t == g.inputs);
+    if (input.r16 != nullptr) {
+      LOOM_CHECK(bf16 && g.inputs == DType::kBF16,
+                 "matmul_forward: a bf16 input twin needs bf16 GEMM inputs on the bf16 matmul");
+      round_to_16(inp, input.r16, N * C, DType::kBF16);
+    }
     // bf16 inputs: the bias added in the matmul's epilogue, not copied
-    // into every row first.
-    if (bias != nullptr && N > 0 && OC > 0 && C > 0 && gemm_16_uses_bf16_matmul(g.inputs) &&
-        (weight.w16 == nullptr || weight.t == g.inputs)) {
+    // into every row first; a twin read where the record keeps it.
+    if ((bias != nullptr || input.r16 != nullptr) && N > 0 && OC > 0 && C > 0 && bf16) {
       gemm_16(g.backend, g.inputs, false, false, N, OC, C, 1.0f, inp, C, weight.data, OC, 0.0f, out,
-              OC, weight.w16, nullptr, bias, weight.packs);
+              OC, weight.w16, input.r16, bias, weight.packs);
       return;
     }
   }
@@ -113,8 +121,12 @@ bool share_dout(const GemmConfig& g, const void* dinp, const void* dweight, int6
 
 template <typename T>
 void matmul_backward(const GemmConfig& g, T* dinp, T* dweight, T* dbias, const T* dout,
-                     const T* inp, WeightArg<T> weight, int64_t N, int64_t C, int64_t OC) {
+                     InputArg<T> input, WeightArg<T> weight, int64_t N, int64_t C, int64_t OC) {
+  const T* inp = input.data;
   if constexpr (std::is_same_v<T, float>) {
+    LOOM_CHECK(
+        input.r16 == nullptr || (g.inputs == DType::kBF16 && gemm_16_uses_bf16_matmul(g.inputs)),
+        "matmul_backward: a bf16 input twin needs bf16 GEMM inputs on the bf16 matmul");
     if (share_dout<T>(g, dinp, dweight, N, C, OC) &&
         (weight.w16 == nullptr || weight.t == g.inputs)) {
       const uint16_t* dout16 = round_shared_operand(dout, N * OC);
@@ -125,8 +137,13 @@ void matmul_backward(const GemmConfig& g, T* dinp, T* dweight, T* dbias, const T
         gemm_16(g.backend, g.inputs, false, true, N, C, OC, 1.0f, nullptr, OC, weight.data, OC,
                 1.0f, dinp, C, nullptr, dout16);
       gemm_16(g.backend, g.inputs, true, false, C, OC, N, 1.0f, inp, C, nullptr, OC, 1.0f, dweight,
-              OC, dout16);
+              OC, dout16, input.r16);
       dinp = nullptr, dweight = nullptr;
+    }
+    if (dweight != nullptr && input.r16 != nullptr && N > 0 && C > 0 && OC > 0) {
+      gemm_16(g.backend, g.inputs, true, false, C, OC, N, 1.0f, nullptr, C, dout, OC, 1.0f, dweight,
+              OC, nullptr, input.r16);
+      dweight = nullptr;
     }
   }
   if (dinp != nullptr)
@@ -178,9 +195,9 @@ void matmul_nt_backward(const GemmConfig& g, T* dinp, T* dweight, const T* dout,
 }
 
 #define LOOM_INSTANTIATE(T)                                                                        \
-  template void matmul_forward<T>(const GemmConfig&, T*, const T*, WeightArg<T>, const T*,         \
+  template void matmul_forward<T>(const GemmConfig&, T*, InputArg<T>, WeightArg<T>, const T*,      \
                                   int64_t, int64_t, int64_t);                                      \
-  template void matmul_backward<T>(const GemmConfig&, T*, T*, T*, const T*, const T*,              \
+  template void matmul_backward<T>(const GemmConfig&, T*, T*, T*, const T*, InputArg<T>,           \
                                    WeightArg<T>, int64_t, int64_t, int64_t);                       \
   template void matmul_nt_forward<T>(const GemmConfig&, T*, const T*, WeightArg<T>, int64_t,       \
                                      int64_t, int64_t);                                            \

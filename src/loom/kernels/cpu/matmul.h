@@ -18,16 +18,19 @@ void gemm(const GemmConfig& g, bool trans_a, bool trans_b, int64_t M, int64_t N,
           const T* A, int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc);
 
 // out (N, OC) = inp (N, C) @ weight (C, OC) + bias (OC); bias may be null.
+// An input with a bf16 twin (types.h; bf16 inputs on the bf16 matmul only)
+// is rounded into the twin, which the GEMM then reads.
 template <typename T>
-void matmul_forward(const GemmConfig& g, T* out, const T* inp, WeightArg<T> weight, const T* bias,
-                    int64_t N, int64_t C, int64_t OC);
+void matmul_forward(const GemmConfig& g, T* out, InputArg<T> inp, WeightArg<T> weight,
+                    const T* bias, int64_t N, int64_t C, int64_t OC);
 
 // Accumulates: dinp (N, C) += dout @ weight^T; dweight (C, OC) += inp^T @ dout;
 // dbias (OC) += column sums of dout. Any of dinp, dweight, dbias may be
-// null (then weight, or inp, is not read).
+// null (then weight, or inp, is not read). An input with a bf16 twin is
+// read from the twin.
 template <typename T>
 void matmul_backward(const GemmConfig& g, T* dinp, T* dweight, T* dbias, const T* dout,
-                     const T* inp, WeightArg<T> weight, int64_t N, int64_t C, int64_t OC);
+                     InputArg<T> inp, WeightArg<T> weight, int64_t N, int64_t C, int64_t OC);
 
 // The tied LM head: out (N, V) = inp (N, C) @ weight^T with weight (V, C).
 template <typename T>

@@ -580,8 +580,10 @@ void CudaBackend<T>::gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T a
 }
 
 template <typename T>
-void CudaBackend<T>::matmul_forward(T* out, const T* inp, WeightArg<T> weight, const T* bias,
+void CudaBackend<T>::matmul_forward(T* out, InputArg<T> input, WeightArg<T> weight, const T* bias,
                                     int64_t N, int64_t C, int64_t OC) const {
+  LOOM_CHECK(input.r16 == nullptr, "backend {} takes no bf16 input twins", name());
+  const T* inp = input.data;
   Args args;
   T* o = args.inout(out, N * OC);
   if (bias != nullptr) launch(k_rows_from<T>, N * OC, o, args.in(bias, OC), N, OC);
@@ -591,8 +593,11 @@ void CudaBackend<T>::matmul_forward(T* out, const T* inp, WeightArg<T> weight, c
 }
 
 template <typename T>
-void CudaBackend<T>::matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
-                                     WeightArg<T> weight, int64_t N, int64_t C, int64_t OC) const {
+void CudaBackend<T>::matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout,
+                                     InputArg<T> input, WeightArg<T> weight, int64_t N, int64_t C,
+                                     int64_t OC) const {
+  LOOM_CHECK(input.r16 == nullptr, "backend {} takes no bf16 input twins", name());
+  const T* inp = input.data;
   Args args;
   const T* dy = args.in(dout, N * OC);
   if (dinp != nullptr)

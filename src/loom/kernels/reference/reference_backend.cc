@@ -58,8 +58,10 @@ void ReferenceBackend<T>::gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K
 }
 
 template <typename T>
-void ReferenceBackend<T>::matmul_forward(T* out, const T* inp, WeightArg<T> weight, const T* bias,
-                                         int64_t N, int64_t C, int64_t OC) const {
+void ReferenceBackend<T>::matmul_forward(T* out, InputArg<T> input, WeightArg<T> weight,
+                                         const T* bias, int64_t N, int64_t C, int64_t OC) const {
+  LOOM_CHECK(input.r16 == nullptr, "backend {} takes no bf16 input twins", name());
+  const T* inp = input.data;
   for (int64_t n = 0; n < N; ++n)
     for (int64_t o = 0; o < OC; ++o) {
       double acc = bias ? double(bias[o]) : 0.0;
@@ -70,8 +72,10 @@ void ReferenceBackend<T>::matmul_forward(T* out, const T* inp, WeightArg<T> weig
 
 template <typename T>
 void ReferenceBackend<T>::matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout,
-                                          const T* inp, WeightArg<T> weight, int64_t N, int64_t C,
-                                          int64_t OC) const {
+                                          InputArg<T> input, WeightArg<T> weight, int64_t N,
+                                          int64_t C, int64_t OC) const {
+  LOOM_CHECK(input.r16 == nullptr, "backend {} takes no bf16 input twins", name());
+  const T* inp = input.data;
   if (dinp != nullptr)
     for (int64_t n = 0; n < N; ++n)
       for (int64_t c = 0; c < C; ++c) {

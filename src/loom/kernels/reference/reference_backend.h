@@ -19,9 +19,9 @@ class ReferenceBackend final : public Backend<T> {
 
   void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
             const T* B, int64_t ldb, T beta, T* C, int64_t ldc) const override;
-  void matmul_forward(T* out, const T* inp, WeightArg<T> weight, const T* bias, int64_t N,
+  void matmul_forward(T* out, InputArg<T> inp, WeightArg<T> weight, const T* bias, int64_t N,
                       int64_t C, int64_t OC) const override;
-  void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
+  void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, InputArg<T> inp,
                        WeightArg<T> weight, int64_t N, int64_t C, int64_t OC) const override;
   void matmul_nt_forward(T* out, const T* inp, WeightArg<T> weight, int64_t N, int64_t C,
                          int64_t V) const override;
