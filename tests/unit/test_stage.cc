@@ -154,38 +154,47 @@ TEST(Stage, SplitBackwardGivesTheSameGradientsBitwise) {
 // bf16 records on a backend whose GEMMs read bf16 inputs: the linears'
 // inputs that only a GEMM reads (the LayerNorms' outputs, GELU's) stay in the
 // packed slot as "twins", rounded there by forward and read there by
-// backward, never widened. The gradients equal bitwise those of a backward
-// that widens the whole record (a deferring one: its weight gradients run
-// later from f32 copies of their inputs).
+// backward, never widened. Over two micro-batches in one activation store:
+// the losses equal bitwise those of f32 records (forward's GEMMs round the
+// same values), and the gradients those of a backward that widens the whole
+// record (a deferring one: its weight gradients run later from f32 copies
+// of their inputs).
 TEST(Stage, RecordTwinsGiveTheWidenedRecordsGradientsBitwise) {
   if (!cpu::gemm_16_uses_bf16_matmul(DType::kBF16)) GTEST_SKIP() << "no bf16 matmul on this CPU";
   const GptConfig c = tiny(0.1f, 2);
   const int64_t B = 2, T = 16, BT = B * T;
-  auto in = tokens(BT, c.vocab_size, 1), tg = tokens(BT, c.vocab_size, 2);
-  const StepContext ctx{7, 3, 40, true};
+  const std::vector<int32_t> in[2] = {tokens(BT, c.vocab_size, 1), tokens(BT, c.vocab_size, 3)};
+  const std::vector<int32_t> tg[2] = {tokens(BT, c.vocab_size, 2), tokens(BT, c.vocab_size, 4)};
   const CpuBackend<float> bf16(cpu::GemmConfig{cpu::GemmBackend::kOneDnn, DType::kBF16});
   ASSERT_TRUE(bf16.reads_inputs16());
   for (auto policy : {CheckpointPolicy::kNone, CheckpointPolicy::kSelective}) {
     SCOPED_TRACE(CheckpointPolicy::name(policy));
-    auto run = [&](bool deferred) {
+    auto run = [&](DType records, bool deferred) {
       GptStage<float> m(c, StageSpec{}, StoreOptions{}, LayerFactory<float>::single_process(),
                         bf16);
       CheckpointPolicy p;
       p.kind = policy;
-      p.records = DType::kBF16;
+      p.records = records;
       m.set_plan(m.plan(p, B, T));
       m.init(9);
       m.zero_grads();
       auto a = m.make_activations(B, T);
-      const double loss = m.forward(a, in.data(), nullptr, tg.data(), ctx);
-      DeferredGrads<float> d;
-      m.backward(a, 1.0, nullptr, nullptr, deferred ? &d : nullptr);
-      if (deferred) m.apply_deferred(d);
-      return std::make_pair(loss, grads_by_name(m));
+      std::vector<double> losses;
+      for (int mb = 0; mb < 2; ++mb) {
+        const StepContext ctx{7, 3, uint64_t(40 + 2 * mb), true};
+        losses.push_back(m.forward(a, in[mb].data(), nullptr, tg[mb].data(), ctx));
+        DeferredGrads<float> d;
+        m.backward(a, 1.0, nullptr, nullptr, deferred ? &d : nullptr);
+        if (deferred) m.apply_deferred(d);
+      }
+      return std::make_pair(losses, grads_by_name(m));
     };
-    const auto twins = run(false), widened = run(true);
+    const auto twins = run(DType::kBF16, false), widened = run(DType::kBF16, true);
+    const auto f32 = run(DType::kF32, false);
+    EXPECT_EQ(twins.first, f32.first) << "forward reads what f32 records' GEMMs round";
     EXPECT_EQ(twins.first, widened.first);
     EXPECT_TRUE(twins.second == widened.second) << "parameter gradients";
+    EXPECT_FALSE(twins.second == f32.second) << "the other ranges were not rounded";
     ParamLayout layout;
     layout.begin_unit("h");
     const Block<float> block(layout, c, 0);
