@@ -2,8 +2,8 @@
 # bf16 against f32 on gpt-m as CPUs with fewer matrix instructions see it:
 # oneDNN capped by ONEDNN_MAX_CPU_ISA at each of ISAS (default: this CPU's
 # own, AVX512_CORE_BF16, AVX2). For each: f32, bf16 with kernels.gemm_inputs
-# auto (the default: bf16 GEMM inputs on AMX only), and bf16 with f32 and
-# with 16-bit GEMM inputs pinned; ROUNDS alternating rounds, median
+# auto (the default: bf16 GEMM inputs where cpu::bf16_matmul_pays), and bf16
+# with f32 and with 16-bit GEMM inputs pinned; ROUNDS alternating rounds, median
 # tokens/s, each against f32 under the same cap. (The cap binds oneDNN's
 # kernels alone: OpenBLAS and loom's own kernels keep the CPU's.)
 #

@@ -70,7 +70,7 @@ inline const char* kBase = R"({
   "kernels": {"gemm_inputs": "f32"}
 })";
 // (GEMM inputs pinned to f32: kernels.gemm_inputs auto would round them to
-// 16 bits in bf16 runs on CPUs with AMX alone; a layout that wants 16-bit
+// 16 bits in bf16 runs on some CPUs alone; a layout that wants 16-bit
 // inputs says kernels.gemm_inputs=16bit.)
 
 struct RunResult {

@@ -10,6 +10,7 @@
 #include "loom/kernels/cpu/gemm_backend.h"
 #include "loom/train/config.h"
 #include "loom/train/config_keys.h"
+#include "loom/train/gemm_choice.h"
 #include "test_util.h"
 
 namespace loom {
@@ -266,22 +267,23 @@ TEST(Config, DataAndPrecisionErrors) {
   EXPECT_HAS(error_of(kBase, {"train.on_nonfinite=ignore"}), "train.on_nonfinite");
 }
 
-// kernels.gemm_inputs auto: a rule of the precision and the CPU's ISA as
-// oneDNN sees it (bf16 16-bit exactly where its bf16 matmul has AMX tiles);
-// 16bit asked of bf16 where there is no bf16 matmul names the ISA. ctest
-// runs it again under ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 and AVX2
-// (unit.gemm_inputs.*), where the other branches are the ones checked.
+// kernels.gemm_inputs auto: a rule of the precision and the CPU as oneDNN
+// sees it (bf16 16-bit exactly where cpu::bf16_matmul_pays: AMX tiles, or an
+// AMD CPU's AVX512-BF16); 16bit asked of bf16 where there is no bf16 matmul
+// names the ISA. ctest runs it again under ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16
+// and AVX2 (unit.gemm_inputs.*), where this CPU takes other branches; the
+// rule itself is checked on every kind of CPU below.
 TEST(Config, GemmInputsAutoFollowsTheCpu) {
   const Config f32 = parse_config(kBase, "test", {});
   EXPECT_EQ(f32.kernels.gemm_inputs, "auto");
   EXPECT_FALSE(f32.kernels.gemm16);
   EXPECT_EQ(f32.kernels.gemm_inputs_why, "f32: an f32 run");
   const Config bf16 = parse_config(kBase, "test", {"bf16.enabled=true"});
-  EXPECT_EQ(bf16.kernels.gemm16, cpu::bf16_matmul_on_amx());
+  const bool pays = cpu::bf16_matmul_pays_here();
+  EXPECT_EQ(bf16.kernels.gemm16, pays);
   EXPECT_EQ(bf16.zero.weights16, bf16.kernels.gemm16);
-  EXPECT_HAS(bf16.kernels.gemm_inputs_why, cpu::bf16_matmul_on_amx()
-                                               ? "bf16: auto, oneDNN's bf16 matmul on AMX tiles"
-                                               : "f32: auto, ");
+  EXPECT_HAS(bf16.kernels.gemm_inputs_why,
+             pays ? "bf16: auto, oneDNN's bf16 matmul on " : "f32: auto, ");
   const Config fp16 = parse_config(kBase, "test", {"fp16.enabled=true"});
   EXPECT_FALSE(fp16.kernels.gemm16);
   EXPECT_HAS(fp16.kernels.gemm_inputs_why, "no CPU multiplies fp16 natively");
@@ -297,6 +299,57 @@ TEST(Config, GemmInputsAutoFollowsTheCpu) {
                    cpu::gemm_backend_isa(cpu::GemmBackend::kOneDnn));
   }
   EXPECT_HAS(error_of(kBase, {"kernels.gemm_inputs=bf16"}), "kernels.gemm_inputs");
+}
+
+// The rule on each kind of CPU, whatever this one is: bf16 GEMM inputs with
+// AMX tiles and on AMD's AVX512-BF16 (measured 2.1x and 1.6x f32 end to end
+// on gpt-m), f32 on Intel's AVX512-BF16 without AMX (0.68x with bf16 inputs)
+// and wherever no bf16 matmul runs; 16bit refused there by the ISA's name.
+TEST(Config, GemmInputsAutoRuleOnEveryKindOfCpu) {
+  using cpu::Bf16MatmulFacts;
+  const Bf16MatmulFacts amx{"avx512_core_amx", true, true, true, false};
+  const Bf16MatmulFacts amd_bf16{"avx512_core_bf16", true, true, false, true};
+  const Bf16MatmulFacts intel_bf16{"avx512_core_bf16", true, true, false, false};
+  const Bf16MatmulFacts amd_avx2{"avx2", true, false, false, true};
+  const Bf16MatmulFacts no_onednn{"none", false, false, false, false};
+  auto a = [](const Bf16MatmulFacts& f) {
+    return resolve_gemm_inputs("auto", DType::kBF16, "cpu", f);
+  };
+  EXPECT_TRUE(a(amx).sixteen);
+  EXPECT_EQ(a(amx).why, "bf16: auto, oneDNN's bf16 matmul on AMX tiles (ISA avx512_core_amx)");
+  EXPECT_TRUE(a(amd_bf16).sixteen);
+  EXPECT_HAS(a(amd_bf16).why,
+             "bf16: auto, oneDNN's bf16 matmul on an AMD CPU's AVX512-BF16 "
+             "(ISA avx512_core_bf16)");
+  EXPECT_FALSE(a(intel_bf16).sixteen);
+  EXPECT_HAS(a(intel_bf16).why,
+             "f32: auto, ISA avx512_core_bf16 without AMX and not an AMD CPU, where "
+             "rounding the operands costs more");
+  EXPECT_FALSE(a(amd_avx2).sixteen);
+  EXPECT_EQ(a(amd_avx2).why, "f32: auto, ISA avx2 has no bf16 matmul");
+  EXPECT_FALSE(a(no_onednn).sixteen);
+  EXPECT_EQ(a(no_onednn).why, "f32: auto, this build has no oneDNN (so no bf16 matmul)");
+  // fp16 stays f32 on every CPU; a GPU takes 16-bit inputs.
+  EXPECT_FALSE(resolve_gemm_inputs("auto", DType::kF16, "cpu", amx).sixteen);
+  EXPECT_TRUE(resolve_gemm_inputs("auto", DType::kBF16, "cuda", no_onednn).sixteen);
+  // 16bit: taken wherever a bf16 matmul runs, refused by the ISA where none does.
+  EXPECT_TRUE(resolve_gemm_inputs("16bit", DType::kBF16, "cpu", intel_bf16).sixteen);
+  EXPECT_EQ(resolve_gemm_inputs("16bit", DType::kBF16, "cpu", intel_bf16).why,
+            "bf16, as kernels.gemm_inputs asks (oneDNN's bf16 matmul)");
+  try {
+    resolve_gemm_inputs("16bit", DType::kBF16, "cpu", amd_avx2);
+    ADD_FAILURE() << "16bit without a bf16 matmul was taken";
+  } catch (const Error& e) {
+    EXPECT_HAS(e.what(),
+               "this CPU has no bf16 GEMM (oneDNN's bf16 matmul does not run at ISA "
+               "avx2); use auto or f32");
+  }
+  try {
+    resolve_gemm_inputs("16bit", DType::kBF16, "cpu", no_onednn);
+    ADD_FAILURE() << "16bit without oneDNN was taken";
+  } catch (const Error& e) {
+    EXPECT_HAS(e.what(), "at ISA none, and this build has no oneDNN");
+  }
 }
 
 TEST(Config, MixtureOfExpertsKeys) {

@@ -51,8 +51,8 @@ HostCalibration calibrate_host(int threads, int ranks_on_host,
   HostCalibration h;
   h.peak_gflops_32 = machine_peak_gflops(threads).gflops;
   // A bf16 run's GEMMs take oneDNN's bf16 matmul where kernels.gemm_inputs
-  // auto picks it (AMX tiles); else the f32 sgemm.
-  const bool bf16 = cpu::bf16_matmul_on_amx();
+  // auto picks it (cpu::bf16_matmul_pays); else the f32 sgemm.
+  const bool bf16 = cpu::bf16_matmul_pays_here();
   h.peak_gflops_16 =
       bf16 ? std::max(h.peak_gflops_32, machine_peak_gflops(threads, GemmPath::kBf16Matmul).gflops)
            : h.peak_gflops_32;

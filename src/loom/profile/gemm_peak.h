@@ -37,7 +37,8 @@ struct PeakGflops {
 // The path a run's GEMMs take, which decides its peak: the f32 sgemm (f32
 // inputs, and fp16 inputs, rounded K-tiles through the sgemm), or oneDNN's
 // bf16 matmul (bf16 inputs where it runs), whose peak is its own: 4-7x the
-// sgemm's on CPUs with AMX, below it on AVX512-BF16 alone.
+// sgemm's on CPUs with AMX, about 2x on AMD's AVX512-BF16, no more than it on
+// Intel's AVX512-BF16 without AMX.
 enum class GemmPath { kF32Sgemm, kBf16Matmul };
 const char* gemm_path_name(GemmPath p);
 // /proc/cpuinfo's model name, and which of avx2, avx512f, avx512_bf16 and

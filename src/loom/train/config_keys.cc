@@ -339,7 +339,8 @@ std::vector<ConfigKey> run_keys() {
           .doc("`auto` \\| `f32` \\| `16bit`", "`auto`",
                "in a bf16/fp16 run, `16bit` rounds every GEMM's operands to the run's 16-bit type "
                "(products accumulated in f32; [precision](precision.md#16-bit-gemms)); `auto`: "
-               "16-bit on a GPU and for bf16 on CPUs with AMX, f32 elsewhere (the log says "
+               "16-bit on a GPU and for bf16 on CPUs with AMX or an AMD CPU's AVX512-BF16, f32 "
+               "elsewhere (the log says "
                "which and why); `16bit` needs `bf16.enabled` or `fp16.enabled`, and for bf16 a "
                "CPU with a bf16 matmul"),
       key("fp16.enabled", KeyKind::kBool)

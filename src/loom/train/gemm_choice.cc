@@ -33,7 +33,7 @@ GemmChoice configure_gemm(const std::string& setting) {
 }
 
 GemmInputsChoice resolve_gemm_inputs(const std::string& setting, DType precision,
-                                     const std::string& device) {
+                                     const std::string& device, const cpu::Bf16MatmulFacts& cpu) {
   if (setting != "auto" && setting != "f32" && setting != "16bit")
     LOOM_FAIL(kConfig,
               "kernels.gemm_inputs: unknown value \"{}\" (expected one of auto, f32, 16bit)",
@@ -47,30 +47,26 @@ GemmInputsChoice resolve_gemm_inputs(const std::string& setting, DType precision
                 "needs bf16.enabled or fp16.enabled");
     return {false, "f32: an f32 run"};
   }
-  const std::string isa = cpu::gemm_backend_isa(cpu::GemmBackend::kOneDnn);
   if (device == "cuda")
     return {true, setting == "auto" ? format("{}: auto, the GPU's tensor cores", t)
                                     : format("{}, as kernels.gemm_inputs asks", t)};
   if (setting == "16bit") {
-    if (precision == DType::kBF16 && !cpu::gemm_16_uses_bf16_matmul(precision))
+    if (precision == DType::kBF16 && !cpu.runs)
       LOOM_FAIL(kConfig,
                 "kernels.gemm_inputs: 16bit with bf16.enabled: this CPU has no bf16 GEMM "
                 "(oneDNN's bf16 matmul does not run at ISA {}{}); use auto or f32, which "
                 "multiply in f32 here",
-                isa,
-                cpu::gemm_backend_available(cpu::GemmBackend::kOneDnn)
-                    ? ""
-                    : ", and this build has no oneDNN");
-    return {true, format("{}, as kernels.gemm_inputs asks ({})", t, cpu::gemm_16_path(precision))};
+                cpu.isa, cpu.onednn ? "" : ", and this build has no oneDNN");
+    return {true, format("{}, as kernels.gemm_inputs asks ({})", t,
+                         precision == DType::kBF16 && cpu.runs
+                             ? "oneDNN's bf16 matmul"
+                             : "K-tiles rounded, then the backend's sgemm")};
   }
-  if (precision == DType::kBF16 && cpu::bf16_matmul_on_amx())
-    return {true, format("bf16: auto, oneDNN's bf16 matmul on AMX tiles (ISA {})", isa)};
-  if (precision == DType::kBF16 && !cpu::gemm_backend_available(cpu::GemmBackend::kOneDnn))
-    return {false, "f32: auto, this build has no oneDNN (so no bf16 matmul)"};
-  if (precision == DType::kBF16)
-    return {false, format("f32: auto, ISA {} has no AMX, where rounding the operands to bf16 "
-                          "costs more than its bf16 GEMMs gain (docs/precision.md#16-bit-gemms)",
-                          isa)};
+  if (precision == DType::kBF16) {
+    std::string why;
+    const bool pays = cpu::bf16_matmul_pays(cpu, &why);
+    return {pays, format("{}: auto, {}", pays ? "bf16" : "f32", why)};
+  }
   return {false,
           "f32: auto, no CPU multiplies fp16 natively (16bit would round K-tiles "
           "for the sgemm, slower than f32)"};

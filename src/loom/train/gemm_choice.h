@@ -25,15 +25,17 @@ struct GemmInputsChoice {
   bool sixteen = false;
   std::string why;
 };
-// "auto" is a rule of the precision, the device and the CPU's ISA as oneDNN
-// sees it, so every rank and run on like machines computes the same:
-// 16-bit on a GPU and for bf16 where oneDNN's bf16 matmul has AMX tiles
-// (4-7x its f32 at the model's shapes); f32 elsewhere (AVX512-BF16 without
-// AMX, AVX2, fp16 on any CPU), where rounding the operands costs more than
-// the GEMMs gain. "16bit" on a CPU with no bf16 matmul is an error naming the
-// ISA (fp16 keeps its rounded-tile path: no CPU here multiplies fp16). Throws
-// kConfig naming kernels.gemm_inputs.
+// "auto" is a rule of the precision, the device and the CPU as oneDNN sees
+// it (cpu::bf16_matmul_pays), so every rank and run on like machines
+// computes the same: 16-bit on a GPU and for bf16 where oneDNN's bf16
+// matmul outruns the sgemm enough to pay for rounding its operands (AMX
+// tiles; an AMD CPU's AVX512-BF16); f32 elsewhere (an Intel CPU's
+// AVX512-BF16 without AMX, AVX2, fp16 on any CPU). "16bit" on a CPU with no
+// bf16 matmul is an error naming the ISA (fp16 keeps its rounded-tile path:
+// no CPU here multiplies fp16). Throws kConfig naming kernels.gemm_inputs.
+// `cpu` is this machine's facts unless a test gives others.
 GemmInputsChoice resolve_gemm_inputs(const std::string& setting, DType precision,
-                                     const std::string& device);
+                                     const std::string& device,
+                                     const cpu::Bf16MatmulFacts& cpu = cpu::bf16_matmul_facts());
 
 }  // namespace loom

@@ -283,7 +283,7 @@ struct Bf16Shape {
   bool ta, tb;
   int64_t lda, ldb, ldc;
   float alpha, beta;
-  bool bias = false;  // a row of N f32 added to every row of the product
+  bool bias = false;      // a row of N f32 added to every row of the product
   bool packed_b = false;  // B in the layout oneDNN picks (reordered from B as stored)
   auto key() const {
     return std::tuple{M, N, K, ta, tb, lda, ldb, ldc, alpha, beta, bias, packed_b};
@@ -457,13 +457,40 @@ bool gemm_16_uses_bf16_matmul(DType t) {
 #endif
 }
 
-bool bf16_matmul_on_amx() {
+Bf16MatmulFacts bf16_matmul_facts() {
+  Bf16MatmulFacts f;
+  f.isa = gemm_backend_isa(GemmBackend::kOneDnn);
+  f.onednn = gemm_backend_available(GemmBackend::kOneDnn);
+  f.runs = gemm_16_uses_bf16_matmul(DType::kBF16);
 #ifdef LOOM_HAVE_ONEDNN
-  return gemm_16_uses_bf16_matmul(DType::kBF16) &&
-         dnnl_get_effective_cpu_isa() == dnnl_cpu_isa_avx512_core_amx;
-#else
-  return false;
+  f.amx = f.runs && dnnl_get_effective_cpu_isa() == dnnl_cpu_isa_avx512_core_amx;
 #endif
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  f.amd = __builtin_cpu_is("amd");
+#endif
+  return f;
+}
+
+bool bf16_matmul_pays(const Bf16MatmulFacts& f, std::string* why) {
+  auto say = [&](bool pays, std::string w) {
+    if (why) *why = std::move(w);
+    return pays;
+  };
+  if (!f.onednn) return say(false, "this build has no oneDNN (so no bf16 matmul)");
+  if (!f.runs) return say(false, format("ISA {} has no bf16 matmul", f.isa));
+  if (f.amx) return say(true, format("oneDNN's bf16 matmul on AMX tiles (ISA {})", f.isa));
+  if (f.amd)
+    return say(true, format("oneDNN's bf16 matmul on an AMD CPU's AVX512-BF16 (ISA {}), about 2x "
+                            "its sgemm",
+                            f.isa));
+  return say(false, format("ISA {} without AMX and not an AMD CPU, where rounding the operands "
+                           "costs more than its bf16 GEMMs gain (docs/precision.md#16-bit-gemms)",
+                           f.isa));
+}
+
+bool bf16_matmul_pays_here() {
+  return bf16_matmul_pays(bf16_matmul_facts());
 }
 
 std::unique_ptr<WeightPacks> make_weight_packs() {
@@ -521,7 +548,17 @@ void gemm_16(GemmBackend be, DType t, bool ta, bool tb, int64_t M, int64_t N, in
     // A 16-bit weight with somewhere to keep its layout is multiplied in
     // oneDNN's blocked layout, reordered once per update: the matmul then
     // skips its own copies of plain weights, and the products are the same.
-    const Bf16Shape shape{M, N, K, ta, tb, a_ld, b_ld, ldc, alpha, beta, bias != nullptr,
+    const Bf16Shape shape{M,
+                          N,
+                          K,
+                          ta,
+                          tb,
+                          a_ld,
+                          b_ld,
+                          ldc,
+                          alpha,
+                          beta,
+                          bias != nullptr,
                           B16 != nullptr && packs != nullptr};
     Bf16Matmul& mm = bf16_matmul(shape);
     const void* b_data = b16;

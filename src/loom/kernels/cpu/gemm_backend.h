@@ -86,9 +86,24 @@ std::unique_ptr<WeightPacks> make_weight_packs();
 const uint16_t* round_shared_operand(const float* X, int64_t n);
 // Which way gemm_16 multiplies t on this machine, in words.
 const char* gemm_16_path(DType t);
-// Whether this CPU, as oneDNN sees it (ONEDNN_MAX_CPU_ISA included), has
-// AMX tiles for its bf16 matmul.
-bool bf16_matmul_on_amx();
+// What decides whether bf16 GEMM inputs pay on a CPU: the facts below, as
+// oneDNN sees the CPU (ONEDNN_MAX_CPU_ISA included).
+struct Bf16MatmulFacts {
+  std::string isa;      // oneDNN's effective ISA, in its words
+  bool onednn = false;  // this build has oneDNN
+  bool runs = false;    // oneDNN runs its bf16 matmul here
+  bool amx = false;     // on AMX tiles
+  bool amd = false;     // an AMD CPU (Zen 4 on are the ones with AVX512-BF16)
+};
+Bf16MatmulFacts bf16_matmul_facts();
+// Whether a bf16 matmul outruns the f32 sgemm by enough to pay for rounding
+// its operands, and why (for the log): with AMX tiles (4.9-8.7x at gpt-m's
+// shapes), or on an AMD CPU's AVX512-BF16 (1.8-2.1x on Zen 5); not on an
+// Intel CPU's AVX512-BF16 without AMX (measured slower end to end). A rule
+// of the facts, never a timing.
+bool bf16_matmul_pays(const Bf16MatmulFacts& f, std::string* why = nullptr);
+// bf16_matmul_pays on this machine.
+bool bf16_matmul_pays_here();
 // Whether 16-bit inputs of type t run through oneDNN's bf16 matmul (bf16,
 // a build with oneDNN, a CPU it runs the primitive on).
 bool gemm_16_uses_bf16_matmul(DType t);
