@@ -21,16 +21,20 @@ void add_gemm_cases(std::vector<OpCase>& ops) {
     });
     ops.push_back(op);
   }
-  {
+  // The input's gradient added, and written over (GradWrite::kSet) while
+  // the weight's and the bias's are still added.
+  for (const GradWrite w : {GradWrite::kAdd, GradWrite::kSet}) {
     const int64_t N = 13, C = 7, OC = 9;
-    OpCase op = make_case("matmul", {Op::kMatmulForward, Op::kMatmulBackward}, {N * C, C * OC, OC},
-                          {N * OC}, {true});
+    OpCase op =
+        make_case(w == GradWrite::kAdd ? "matmul" : "matmul_set_dinp",
+                  {Op::kMatmulForward, Op::kMatmulBackward}, {N * C, C * OC, OC}, {N * OC}, {true});
+    if (w == GradWrite::kSet) op.sets = {true, false, false};
     set_forward(op, [=](const auto& be, const auto& in, auto& out) {
       be.matmul_forward(out[0].data(), in[0].data(), in[1].data(), in[2].data(), N, C, OC);
     });
     set_backward(op, [=](const auto& be, const auto& in, const auto&, const auto& d, auto& g) {
       be.matmul_backward(g[0].data(), g[1].data(), g[2].data(), d[0].data(), in[0].data(),
-                         in[1].data(), N, C, OC);
+                         in[1].data(), N, C, OC, w);
     });
     ops.push_back(op);
   }
@@ -82,6 +86,7 @@ void add_layer_cases(std::vector<OpCase>& ops) {
   {
     const int64_t n = 300;
     OpCase op = make_case("gelu", {Op::kGeluForward, Op::kGeluBackward}, {n}, {n}, {true});
+    op.sets = {true};  // the layer's scratch, written over
     op.adjust_inputs = [](Vecs<double>& in) {
       for (auto& x : in[0]) x *= 4;  // the saturated tails too
     };
@@ -177,7 +182,7 @@ void add_loss_cases(std::vector<OpCase>& ops) {
     const auto targets = make_tokens(N, static_cast<int32_t>(V), 3);
     OpCase op = make_case("cross_entropy", {Op::kCrossEntropyForward, Op::kCrossEntropyBackward},
                           {N * Vp}, {N, N}, {true, false});
-    op.accumulates = false;  // overwrites the logits with their gradient
+    op.sets = {true};  // overwrites the logits with their gradient
     op.adjust_inputs = [=](Vecs<double>& in) {
       for (int64_t n = 0; n < N; ++n)  // padding may hold anything; it must not count
         for (int64_t v = V; v < Vp; ++v) in[0][n * Vp + v] = 100.0;
@@ -302,8 +307,8 @@ void add_embedding_cases(std::vector<OpCase>& ops) {
   {
     const int64_t Tn = 4, C = 6, row0 = 1, n = 6, maxT = 8;
     const std::vector<int32_t> pos = {0, 3, 4, 7};
-    OpCase op = make_case("add_positions_mapped", {Op::kAddPositions}, {n * C, maxT * C}, {n * C},
-                          {true});
+    OpCase op =
+        make_case("add_positions_mapped", {Op::kAddPositions}, {n * C, maxT * C}, {n * C}, {true});
     set_forward(op, [=](const auto& be, const auto& in, auto& out) {
       out[0] = in[0];
       be.add_positions(out[0].data(), in[1].data(), Tn, C, row0, n, pos.data());

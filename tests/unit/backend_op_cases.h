@@ -61,7 +61,6 @@ void chunked_attention_backward(const Backend<T>& be, T* dqkv, const T* dout, co
     }
 }
 
-
 // --- the operations ----------------------------------------------------------
 
 template <typename T>
@@ -69,7 +68,7 @@ using Vecs = std::vector<std::vector<T>>;
 template <typename T>
 using Forward = std::function<void(const Backend<T>&, const Vecs<T>&, Vecs<T>&)>;
 // (backend, inputs, forward's outputs, gradients of the outputs) -> gradients
-// of the inputs, added into g.
+// of the inputs, added into g (written over it where OpCase::sets says).
 template <typename T>
 using Backward = std::function<void(const Backend<T>&, const Vecs<T>&, const Vecs<T>&,
                                     const Vecs<T>&, Vecs<T>&)>;
@@ -84,7 +83,10 @@ struct OpCase {
   Backward<float> bwd_f;  // null: not differentiable, values only
   Backward<double> bwd_d;
   double fwd_tol = 2e-5;
-  bool accumulates = true;  // backward adds into the input gradients
+  // Per input: backward writes its gradient over the buffer (GradWrite::kSet
+  // and the operations that always do); empty: every input's is added.
+  std::vector<bool> sets;
+  bool sets_input(size_t k) const { return k < sets.size() && sets[k]; }
   std::function<void(Vecs<double>&)> adjust_inputs;
 };
 

@@ -291,7 +291,7 @@ TEST(Gemm, BackwardRoundsDoutOnceForBothProducts) {
     // matmul_backward: dinp += dout W^T, dW += inp^T dout.
     std::vector<float> dinp = dinp0, dw = dw0, want_dinp = dinp0, want_dw = dw0;
     cpu::matmul_backward<float>(g, dinp.data(), dw.data(), nullptr, dout.data(), inp.data(), weight,
-                                N, C, OC);
+                                N, C, OC, GradWrite::kAdd);
     cpu::gemm_16(kBlas, DType::kBF16, false, true, N, C, OC, 1.0f, dout.data(), OC,
                  sixteen ? nullptr : w.data(), OC, 1.0f, want_dinp.data(), C,
                  sixteen ? w16.data() : nullptr);
@@ -299,6 +299,20 @@ TEST(Gemm, BackwardRoundsDoutOnceForBothProducts) {
                  1.0f, want_dw.data(), OC);
     EXPECT_EQ(dinp, want_dinp) << "16-bit weight " << sixteen;
     EXPECT_EQ(dw, want_dw) << "16-bit weight " << sixteen;
+    // GradWrite::kSet: dinp = dout W^T whatever it held (beta 0), with and
+    // without the weight's gradient beside it (dout rounded once for both).
+    for (const bool with_dw : {true, false}) {
+      std::vector<float> set = dinp0, want_set(dinp0.size(), 0.0f), dw2 = dw0;
+      cpu::matmul_backward<float>(g, set.data(), with_dw ? dw2.data() : nullptr, nullptr,
+                                  dout.data(), inp.data(), weight, N, C, OC, GradWrite::kSet);
+      cpu::gemm_16(kBlas, DType::kBF16, false, true, N, C, OC, 1.0f, dout.data(), OC,
+                   sixteen ? nullptr : w.data(), OC, 0.0f, want_set.data(), C,
+                   sixteen ? w16.data() : nullptr);
+      EXPECT_EQ(set, want_set) << "kSet, 16-bit weight " << sixteen << ", dW " << with_dw;
+      if (with_dw) {
+        EXPECT_EQ(dw2, want_dw) << "kSet's dW, 16-bit weight " << sixteen;
+      }
+    }
     // matmul_nt_backward (W is V x C): dinp += dout W, dW += dout^T inp.
     const int64_t V = OC;
     dinp = dinp0, want_dinp = dinp0;
@@ -373,11 +387,11 @@ TEST(Gemm, WeightPacksKeepTheBlockedLayoutUntilCleared) {
     std::vector<float> y, dinp, ynt, dinp_nt;
   };
   auto run = [&](const Weight<float>& w) {
-    Out o{std::vector<float>(N * OC), std::vector<float>(N * C, 0.25f),
-          std::vector<float>(N * C), std::vector<float>(N * C, -0.5f)};
+    Out o{std::vector<float>(N * OC), std::vector<float>(N * C, 0.25f), std::vector<float>(N * C),
+          std::vector<float>(N * C, -0.5f)};
     cpu::matmul_forward<float>(g, o.y.data(), inp.data(), w, bias.data(), N, C, OC);
     cpu::matmul_backward<float>(g, o.dinp.data(), nullptr, nullptr, dout.data(), inp.data(), w, N,
-                                C, OC);
+                                C, OC, GradWrite::kAdd);
     // The LM head's shapes: W is V x C with V = C here, read transposed.
     cpu::matmul_nt_forward<float>(g, o.ynt.data(), inp.data(), w, N, C, C);
     cpu::matmul_nt_backward<float>(g, o.dinp_nt.data(), nullptr, inp.data(), inp.data(), w, N, C,

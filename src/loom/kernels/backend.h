@@ -110,11 +110,12 @@ class Backend {
   // twin multiplied.
   virtual void matmul_forward(T* out, InputArg<T> inp, WeightArg<T> weight, const T* bias,
                               int64_t N, int64_t C, int64_t OC) const = 0;
-  // dinp (N, C) += dout @ weight^T; dweight (C, OC) += inp^T @ dout; dbias
-  // (OC) += column sums of dout. Any of the three may be null. An input with
-  // a bf16 twin is read from the twin.
+  // dinp (N, C) += dout @ weight^T (= with dinp_write kSet); dweight (C, OC)
+  // += inp^T @ dout; dbias (OC) += column sums of dout. Any of the three may
+  // be null. An input with a bf16 twin is read from the twin.
   virtual void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, InputArg<T> inp,
-                               WeightArg<T> weight, int64_t N, int64_t C, int64_t OC) const = 0;
+                               WeightArg<T> weight, int64_t N, int64_t C, int64_t OC,
+                               GradWrite dinp_write) const = 0;
   // Whether matmul_forward / matmul_backward take inputs with bf16 twins
   // (types.h Input): GEMMs with bf16 inputs that read bf16 operands.
   virtual bool reads_inputs16() const { return false; }
@@ -136,7 +137,8 @@ class Backend {
                                   int64_t C) const = 0;
   // out (n) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
   virtual void gelu_forward(T* out, const T* inp, int64_t n) const = 0;
-  // dinp (n) += gelu'(inp) * dout.
+  // dinp (n) = gelu'(inp) * dout: written over, the layer's scratch (every
+  // caller's gradient has this one contribution).
   virtual void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n) const = 0;
   // out (n) = a + b.
   virtual void residual_forward(T* out, const T* a, const T* b, int64_t n) const = 0;

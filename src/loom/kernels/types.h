@@ -26,6 +26,12 @@ class WeightPacks {
 
 inline constexpr double kLayerNormEps = 1e-5;  // GPT-2's LayerNorm
 
+// How a backward writes an input's gradient: added into what the buffer
+// holds (a gradient with several contributions: a residual, a weight used
+// by several micro-batches), or written over it (a layer's own scratch,
+// which would otherwise be zero-filled first and read back by the adds).
+enum class GradWrite { kAdd, kSet };
+
 // A weight matrix as a layer hands it to a GEMM: T values, or, in a 16-bit
 // run with 16-bit GEMM inputs, the 16-bit values (type t) the run keeps,
 // which the GEMM multiplies without an f32 copy, and where the GEMM may

@@ -42,23 +42,24 @@ void DeferredGrads<T>::clear() {
 
 template <typename T>
 void linear_backward(const ParamStore<T>& ps, T* dinp, ParamId w, ParamId b, const T* dout,
-                     InputArg<T> inp, int64_t N, int64_t C, int64_t OC) {
+                     InputArg<T> inp, int64_t N, int64_t C, int64_t OC, GradWrite dinp_write) {
   const auto& be = ps.backend();
   DeferredGrads<T>* d = ps.deferral();
   if (!d) {
     be.matmul_backward(dinp, ps.grad(w), b.valid() ? ps.grad(b) : nullptr, dout, inp, ps.weight(w),
-                       N, C, OC);
+                       N, C, OC, dinp_write);
     return;
   }
   // A deferred product keeps its input's f32 values (the stage widens the
   // whole record for a backward that defers).
   LOOM_CHECK(inp.r16 == nullptr, "a deferred weight gradient's input has a bf16 twin");
-  if (dinp) be.matmul_backward(dinp, nullptr, nullptr, dout, nullptr, ps.weight(w), N, C, OC);
+  if (dinp)
+    be.matmul_backward(dinp, nullptr, nullptr, dout, nullptr, ps.weight(w), N, C, OC, dinp_write);
   const T* dy = d->keep(dout, N * OC);
   const T* x = d->keep(inp.data, N * C);
   d->add([=](const ParamStore<T>& s) {
     s.backend().matmul_backward(nullptr, s.grad(w), b.valid() ? s.grad(b) : nullptr, dy, x, nullptr,
-                                N, C, OC);
+                                N, C, OC, GradWrite::kAdd);
   });
 }
 
@@ -120,7 +121,7 @@ void layernorm_backward(const ParamStore<T>& ps, T* dx, ParamId w, ParamId b, co
   template const T* DeferredGrads<T>::keep<T>(const T*, int64_t);                            \
   template const int32_t* DeferredGrads<T>::keep<int32_t>(const int32_t*, int64_t);          \
   template void linear_backward<T>(const ParamStore<T>&, T*, ParamId, ParamId, const T*,     \
-                                   InputArg<T>, int64_t, int64_t, int64_t);                  \
+                                   InputArg<T>, int64_t, int64_t, int64_t, GradWrite);       \
   template void tied_head_backward<T>(const ParamStore<T>&, T*, ParamId, const T*, const T*, \
                                       int64_t, int64_t, int64_t);                            \
   template void layernorm_backward<T>(const ParamStore<T>&, T*, ParamId, ParamId, const T*,  \

@@ -48,12 +48,14 @@ class DeferredGrads {
   std::vector<Buffer> kept_;
 };
 
-// dinp (N, C) += dout @ W^T now; W (C, OC) += inp^T @ dout and b (OC) +=
-// column sums of dout now, or in W when the store defers (b may be invalid).
-// inp: ParamStore::input's (a bf16 twin never goes with a deferral).
+// dinp (N, C) += dout @ W^T now (= with dinp_write kSet); W (C, OC) += inp^T
+// @ dout and b (OC) += column sums of dout now, or in W when the store
+// defers (b may be invalid). inp: ParamStore::input's (a bf16 twin never
+// goes with a deferral).
 template <typename T>
 void linear_backward(const ParamStore<T>& ps, T* dinp, ParamId w, ParamId b, const T* dout,
-                     InputArg<T> inp, int64_t N, int64_t C, int64_t OC);
+                     InputArg<T> inp, int64_t N, int64_t C, int64_t OC,
+                     GradWrite dinp_write = GradWrite::kAdd);
 
 // The tied LM head: dinp (N, C) += dout (N, V) @ wte now; wte (V, C) +=
 // dout^T @ inp now or deferred.

@@ -54,12 +54,11 @@ void Mlp<T>::backward(const ParamStore<T>& ps, T* record, bool selective, T* dx,
   T* fch_gelu = selective ? recompute : record + BT * 4 * C_;
   // GELU is elementwise: recomputing it gives the forward's values exactly.
   if (selective) be.gelu_forward(fch_gelu, fch, BT * 4 * C_);
+  // Both scratch gradients written over, never zero-filled first.
   T* d_fch = scratch;
   T* d_fch_gelu = scratch + BT * 4 * C_;
-  be.fill(d_fch_gelu, BT * 4 * C_, 0);
   linear_backward(ps, d_fch_gelu, c_proj_w, c_proj_b, dout, ps.input(fch_gelu, BT * 4 * C_), BT,
-                  4 * C_, C_);
-  be.fill(d_fch, BT * 4 * C_, 0);
+                  4 * C_, C_, GradWrite::kSet);
   be.gelu_backward(d_fch, fch, d_fch_gelu, BT * 4 * C_);
   linear_backward(ps, dx, c_fc_w, c_fc_b, d_fch, ps.input(x, BT * C_), BT, C_, 4 * C_);
 }

@@ -51,8 +51,9 @@ void CpuBackend<T>::matmul_forward(T* out, InputArg<T> inp, WeightArg<T> weight,
 }
 template <typename T>
 void CpuBackend<T>::matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, InputArg<T> inp,
-                                    WeightArg<T> weight, int64_t N, int64_t C, int64_t OC) const {
-  cpu::matmul_backward<T>(g_, dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+                                    WeightArg<T> weight, int64_t N, int64_t C, int64_t OC,
+                                    GradWrite dinp_write) const {
+  cpu::matmul_backward<T>(g_, dinp, dweight, dbias, dout, inp, weight, N, C, OC, dinp_write);
 }
 template <typename T>
 bool CpuBackend<T>::reads_inputs16() const {

@@ -31,7 +31,7 @@ void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n) {
     T th = vtanh(u);
     T sech2 = T(1) - th * th;
     T du = T(kGeluScale) * (T(1) + T(3 * 0.044715) * x * x);
-    dinp[i] += dout[i] * (T(0.5) * (T(1) + th) + T(0.5) * x * sech2 * du);
+    dinp[i] = dout[i] * (T(0.5) * (T(1) + th) + T(0.5) * x * sech2 * du);
   }
 }
 

@@ -121,8 +121,14 @@ bool share_dout(const GemmConfig& g, const void* dinp, const void* dweight, int6
 
 template <typename T>
 void matmul_backward(const GemmConfig& g, T* dinp, T* dweight, T* dbias, const T* dout,
-                     InputArg<T> input, WeightArg<T> weight, int64_t N, int64_t C, int64_t OC) {
+                     InputArg<T> input, WeightArg<T> weight, int64_t N, int64_t C, int64_t OC,
+                     GradWrite dinp_write) {
   const T* inp = input.data;
+  const T dinp_beta = dinp_write == GradWrite::kSet ? T(0) : T(1);
+  if (dinp != nullptr && dinp_write == GradWrite::kSet && OC == 0) {
+    std::fill_n(dinp, N * C, T(0));  // a product over nothing
+    dinp = nullptr;
+  }
   if constexpr (std::is_same_v<T, float>) {
     LOOM_CHECK(
         input.r16 == nullptr || (g.inputs == DType::kBF16 && gemm_16_uses_bf16_matmul(g.inputs)),
@@ -131,11 +137,11 @@ void matmul_backward(const GemmConfig& g, T* dinp, T* dweight, T* dbias, const T
         (weight.w16 == nullptr || weight.t == g.inputs)) {
       const uint16_t* dout16 = round_shared_operand(dout, N * OC);
       if (weight.w16 != nullptr)
-        gemm_16(g.backend, g.inputs, false, true, N, C, OC, 1.0f, nullptr, OC, nullptr, OC, 1.0f,
-                dinp, C, weight.w16, dout16, nullptr, weight.packs);
+        gemm_16(g.backend, g.inputs, false, true, N, C, OC, 1.0f, nullptr, OC, nullptr, OC,
+                dinp_beta, dinp, C, weight.w16, dout16, nullptr, weight.packs);
       else
         gemm_16(g.backend, g.inputs, false, true, N, C, OC, 1.0f, nullptr, OC, weight.data, OC,
-                1.0f, dinp, C, nullptr, dout16);
+                dinp_beta, dinp, C, nullptr, dout16);
       gemm_16(g.backend, g.inputs, true, false, C, OC, N, 1.0f, inp, C, nullptr, OC, 1.0f, dweight,
               OC, dout16, input.r16);
       dinp = nullptr, dweight = nullptr;
@@ -147,7 +153,7 @@ void matmul_backward(const GemmConfig& g, T* dinp, T* dweight, T* dbias, const T
     }
   }
   if (dinp != nullptr)
-    gemm_weight<T>(g, false, true, N, C, OC, T(1), dout, OC, weight, OC, T(1), dinp, C);
+    gemm_weight<T>(g, false, true, N, C, OC, T(1), dout, OC, weight, OC, dinp_beta, dinp, C);
   if (dweight != nullptr)
     gemm<T>(g, true, false, C, OC, N, T(1), inp, C, dout, OC, T(1), dweight, OC);
   if (dbias == nullptr) return;
@@ -198,7 +204,7 @@ void matmul_nt_backward(const GemmConfig& g, T* dinp, T* dweight, const T* dout,
   template void matmul_forward<T>(const GemmConfig&, T*, InputArg<T>, WeightArg<T>, const T*,      \
                                   int64_t, int64_t, int64_t);                                      \
   template void matmul_backward<T>(const GemmConfig&, T*, T*, T*, const T*, InputArg<T>,           \
-                                   WeightArg<T>, int64_t, int64_t, int64_t);                       \
+                                   WeightArg<T>, int64_t, int64_t, int64_t, GradWrite);            \
   template void matmul_nt_forward<T>(const GemmConfig&, T*, const T*, WeightArg<T>, int64_t,       \
                                      int64_t, int64_t);                                            \
   template void matmul_nt_backward<T>(const GemmConfig&, T*, T*, const T*, const T*, WeightArg<T>, \

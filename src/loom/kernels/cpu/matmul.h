@@ -30,7 +30,8 @@ void matmul_forward(const GemmConfig& g, T* out, InputArg<T> inp, WeightArg<T> w
 // read from the twin.
 template <typename T>
 void matmul_backward(const GemmConfig& g, T* dinp, T* dweight, T* dbias, const T* dout,
-                     InputArg<T> inp, WeightArg<T> weight, int64_t N, int64_t C, int64_t OC);
+                     InputArg<T> inp, WeightArg<T> weight, int64_t N, int64_t C, int64_t OC,
+                     GradWrite dinp_write);
 
 // The tied LM head: out (N, V) = inp (N, C) @ weight^T with weight (V, C).
 template <typename T>

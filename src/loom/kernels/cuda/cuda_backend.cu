@@ -200,7 +200,7 @@ __global__ void k_gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n)
     const T th = tanh(T(kGeluScale) * (x + T(0.044715) * x * x * x));
     const T d = T(0.5) * (T(1) + th) +
                 T(0.5) * x * (T(1) - th * th) * T(kGeluScale) * (T(1) + T(3 * 0.044715) * x * x);
-    dinp[i] += d * dout[i];
+    dinp[i] = d * dout[i];
   }
 }
 
@@ -595,13 +595,14 @@ void CudaBackend<T>::matmul_forward(T* out, InputArg<T> input, WeightArg<T> weig
 template <typename T>
 void CudaBackend<T>::matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout,
                                      InputArg<T> input, WeightArg<T> weight, int64_t N, int64_t C,
-                                     int64_t OC) const {
+                                     int64_t OC, GradWrite dinp_write) const {
   LOOM_CHECK(input.r16 == nullptr, "backend {} takes no bf16 input twins", name());
   const T* inp = input.data;
   Args args;
   const T* dy = args.in(dout, N * OC);
   if (dinp != nullptr)
-    weight_gemm<T>(g_, args, false, true, N, C, OC, T(1), dy, OC, weight, OC, T(1), dinp, C);
+    weight_gemm<T>(g_, args, false, true, N, C, OC, T(1), dy, OC, weight, OC,
+                   dinp_write == GradWrite::kSet ? T(0) : T(1), dinp, C);
   if (dweight != nullptr)
     weight_gemm<T>(g_, args, true, false, C, OC, N, T(1), inp, C, Weight<T>(dy), OC, T(1), dweight,
                    OC);

@@ -65,7 +65,8 @@ class CudaBackend final : public Backend<T> {
   void matmul_forward(T* out, InputArg<T> inp, WeightArg<T> weight, const T* bias, int64_t N,
                       int64_t C, int64_t OC) const override;
   void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, InputArg<T> inp,
-                       WeightArg<T> weight, int64_t N, int64_t C, int64_t OC) const override;
+                       WeightArg<T> weight, int64_t N, int64_t C, int64_t OC,
+                       GradWrite dinp_write) const override;
   void matmul_nt_forward(T* out, const T* inp, WeightArg<T> weight, int64_t N, int64_t C,
                          int64_t V) const override;
   void matmul_nt_backward(T* dinp, T* dweight, const T* dout, const T* inp, WeightArg<T> weight,

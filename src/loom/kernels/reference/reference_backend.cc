@@ -73,7 +73,7 @@ void ReferenceBackend<T>::matmul_forward(T* out, InputArg<T> input, WeightArg<T>
 template <typename T>
 void ReferenceBackend<T>::matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout,
                                           InputArg<T> input, WeightArg<T> weight, int64_t N,
-                                          int64_t C, int64_t OC) const {
+                                          int64_t C, int64_t OC, GradWrite dinp_write) const {
   LOOM_CHECK(input.r16 == nullptr, "backend {} takes no bf16 input twins", name());
   const T* inp = input.data;
   if (dinp != nullptr)
@@ -82,7 +82,7 @@ void ReferenceBackend<T>::matmul_backward(T* dinp, T* dweight, T* dbias, const T
         double acc = 0;
         for (int64_t o = 0; o < OC; ++o)
           acc += double(dout[n * OC + o]) * double(weight[c * OC + o]);
-        dinp[n * C + c] = T(double(dinp[n * C + c]) + acc);
+        dinp[n * C + c] = T((dinp_write == GradWrite::kSet ? 0.0 : double(dinp[n * C + c])) + acc);
       }
   if (dweight != nullptr)
     for (int64_t c = 0; c < C; ++c)
@@ -194,7 +194,7 @@ void ReferenceBackend<T>::gelu_backward(T* dinp, const T* inp, const T* dout, in
     const double th = std::tanh(kGeluScale * (x + 0.044715 * x * x * x));
     const double d =
         0.5 * (1 + th) + 0.5 * x * (1 - th * th) * kGeluScale * (1 + 3 * 0.044715 * x * x);
-    dinp[i] = T(double(dinp[i]) + d * double(dout[i]));
+    dinp[i] = T(d * double(dout[i]));
   }
 }
 

@@ -163,8 +163,7 @@ void ParallelMlp::backward(const ParamStore<float>& ps, float* record, bool sele
   gather_for_backward(g_, rows, C_, dout, x, a);
   be.fill(d_fch_gelu, BT * Hl_, 0);
   c_proj_.backward(ps, d_fch_gelu, dout, fch_gelu, BT);
-  be.fill(d_fch, BT * Hl_, 0);
-  be.gelu_backward(d_fch, fch, d_fch_gelu, BT * Hl_);
+  be.gelu_backward(d_fch, fch, d_fch_gelu, BT * Hl_);  // written over
   be.fill(d_x, BT * C_, 0);
   c_fc_.backward(ps, d_x, d_fch, x, BT);
   add_input_gradient(be, g_, rows, C_, dx, d_x, a);
