@@ -98,6 +98,24 @@ void add_layer_cases(std::vector<OpCase>& ops) {
     });
     ops.push_back(op);
   }
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    // GELU written straight into 16 bits: the f32 values rounded, so within
+    // one 16-bit rounding of the reference's (bit for bit gelu_forward
+    // rounded: test_precision.cc).
+    const int64_t n = 3000;
+    OpCase op = make_case("gelu_forward_16_" + std::string(dtype_name(t)), {Op::kGeluForward16},
+                          {n}, {n}, {true});
+    op.fwd_tol = t == DType::kBF16 ? 8e-3 : 1e-3;
+    op.adjust_inputs = [](Vecs<double>& in) {
+      for (auto& x : in[0]) x *= 4;
+    };
+    set_forward_f32(op, [=](const auto& be, const auto& in, auto& out) {
+      std::vector<uint16_t> h(static_cast<size_t>(n));
+      be.gelu_forward_16(h.data(), in[0].data(), n, t);
+      from_16(h, out[0], t);
+    });
+    ops.push_back(op);
+  }
   {
     const int64_t n = 50;
     OpCase op = make_case("residual", {Op::kResidualForward, Op::kAdd}, {n, n}, {n}, {true});

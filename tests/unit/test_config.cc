@@ -307,11 +307,13 @@ TEST(Config, GemmInputsAutoFollowsTheCpu) {
 // and wherever no bf16 matmul runs; 16bit refused there by the ISA's name.
 TEST(Config, GemmInputsAutoRuleOnEveryKindOfCpu) {
   using cpu::Bf16MatmulFacts;
-  const Bf16MatmulFacts amx{"avx512_core_amx", true, true, true, false};
-  const Bf16MatmulFacts amd_bf16{"avx512_core_bf16", true, true, false, true};
-  const Bf16MatmulFacts intel_bf16{"avx512_core_bf16", true, true, false, false};
-  const Bf16MatmulFacts amd_avx2{"avx2", true, false, false, true};
-  const Bf16MatmulFacts no_onednn{"none", false, false, false, false};
+  // {isa, onednn, runs, amx, native, amd}
+  const Bf16MatmulFacts amx{"avx512_core_amx", true, true, true, true, false};
+  const Bf16MatmulFacts amd_bf16{"avx512_core_bf16", true, true, false, true, true};
+  const Bf16MatmulFacts intel_bf16{"avx512_core_bf16", true, true, false, true, false};
+  const Bf16MatmulFacts amd_emulated{"avx512_core", true, true, false, false, true};
+  const Bf16MatmulFacts amd_avx2{"avx2", true, false, false, false, true};
+  const Bf16MatmulFacts no_onednn{"none", false, false, false, false, false};
   auto a = [](const Bf16MatmulFacts& f) {
     return resolve_gemm_inputs("auto", DType::kBF16, "cpu", f);
   };
@@ -325,6 +327,11 @@ TEST(Config, GemmInputsAutoRuleOnEveryKindOfCpu) {
   EXPECT_HAS(a(intel_bf16).why,
              "f32: auto, ISA avx512_core_bf16 without AMX and not an AMD CPU, where "
              "rounding the operands costs more");
+  // oneDNN capped below AVX512-BF16 runs its bf16 matmul by emulation.
+  EXPECT_FALSE(a(amd_emulated).sixteen);
+  EXPECT_EQ(a(amd_emulated).why,
+            "f32: auto, ISA avx512_core emulates the bf16 instructions, where rounding the "
+            "operands costs more than its bf16 GEMMs gain");
   EXPECT_FALSE(a(amd_avx2).sixteen);
   EXPECT_EQ(a(amd_avx2).why, "f32: auto, ISA avx2 has no bf16 matmul");
   EXPECT_FALSE(a(no_onednn).sixteen);

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <random>
 #include <vector>
@@ -30,6 +31,44 @@ std::vector<cpu::GemmBackend> available() {
   for (auto b : {cpu::GemmBackend::kOpenBlas, cpu::GemmBackend::kOneDnn})
     if (cpu::gemm_backend_available(b)) out.push_back(b);
   return out;
+}
+
+// GradWrite::kSet never reads the input gradient it writes (beta 0): from a
+// buffer of NaNs the same bits as kAdd from zeros, on every GEMM backend,
+// with f32 inputs and, where they run, bf16 and fp16 ones (oneDNN's matmul,
+// the fp16 K-tiles: K spans several tiles), with and without the weight's
+// gradient beside it; a product over OC = 0 writes zeros.
+TEST(Gemm, SetInputGradientNeverReadsIt) {
+  const int64_t N = 19, C = 23, OC = 600;
+  std::mt19937 gen(11);
+  std::uniform_real_distribution<float> u(-1, 1);
+  auto rnd = [&](int64_t n) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) x = u(gen);
+    return v;
+  };
+  const std::vector<float> inp = rnd(N * C), w = rnd(C * OC), dout = rnd(N * OC);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (cpu::GemmBackend b : available())
+    for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+      if (t == DType::kBF16 && !cpu::gemm_16_uses_bf16_matmul(t)) continue;
+      const cpu::GemmConfig g{b, t};
+      for (const bool with_dw : {false, true}) {
+        std::vector<float> want(static_cast<size_t>(N * C), 0.0f), got(want.size(), nan);
+        std::vector<float> dw1(static_cast<size_t>(C * OC), 0.0f), dw2 = dw1;
+        cpu::matmul_backward<float>(g, want.data(), with_dw ? dw1.data() : nullptr, nullptr,
+                                    dout.data(), inp.data(), w.data(), N, C, OC, GradWrite::kAdd);
+        cpu::matmul_backward<float>(g, got.data(), with_dw ? dw2.data() : nullptr, nullptr,
+                                    dout.data(), inp.data(), w.data(), N, C, OC, GradWrite::kSet);
+        EXPECT_EQ(got, want) << cpu::gemm_backend_name(b) << " " << dtype_name(t) << " dW "
+                             << with_dw;
+        EXPECT_EQ(dw2, dw1) << cpu::gemm_backend_name(b) << " " << dtype_name(t);
+      }
+      std::vector<float> empty(static_cast<size_t>(N * C), nan);
+      cpu::matmul_backward<float>(g, empty.data(), nullptr, nullptr, dout.data(), inp.data(),
+                                  w.data(), N, C, 0, GradWrite::kSet);
+      EXPECT_EQ(empty, std::vector<float>(empty.size(), 0.0f)) << "OC 0";
+    }
 }
 
 TEST(Gemm, EveryBackendMatchesANaiveReference) {

@@ -11,6 +11,7 @@
 
 #include "loom/core/rng.h"
 #include "loom/kernels/cpu/adamw.h"
+#include "loom/kernels/cpu/elementwise.h"
 #include "loom/kernels/cpu/precision.h"
 
 namespace loom {
@@ -93,6 +94,22 @@ TEST(Precision, SumOfSquaresEqualsTheWidenedOnesBitwise) {
     cpu::round_to_16(x.data(), r.data(), n, t);
     cpu::widen_16(r.data(), w.data(), n, t);
     EXPECT_EQ(cpu::sum_squares_16(r.data(), n, t), cpu::sum_squares(w.data(), n)) << dtype_name(t);
+  }
+}
+
+// GELU written straight into 16 bits (an MLP's record twin) is gelu_forward
+// rounded, bit for bit: the twin holds what rounding the f32 output would.
+TEST(Precision, GeluForward16IsGeluRoundedBitwise) {
+  const int64_t n = 5 * 1024 + 77;  // pieces and a ragged end
+  std::vector<float> x(static_cast<size_t>(n)), y(x.size());
+  const NormalStream rng(5, "gelu");
+  for (int64_t i = 0; i < n; ++i) x[static_cast<size_t>(i)] = 3 * rng.at(static_cast<uint64_t>(i));
+  cpu::gelu_forward<float>(y.data(), x.data(), n);
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    std::vector<uint16_t> want(x.size()), got(x.size());
+    cpu::round_to_16(y.data(), want.data(), n, t);
+    cpu::gelu_forward_16(got.data(), x.data(), n, t);
+    EXPECT_EQ(got, want) << dtype_name(t);
   }
 }
 

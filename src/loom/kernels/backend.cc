@@ -18,6 +18,7 @@ const char* op_name(Op op) {
       "layernorm_backward",
       "gelu_forward",
       "gelu_backward",
+      "gelu_forward_16",
       "residual_forward",
       "add",
       "bias_add",
@@ -55,6 +56,7 @@ const char* op_name(Op op) {
 bool is_16bit_op(Op op) {
   switch (op) {
     case Op::kAdamW16:
+    case Op::kGeluForward16:
     case Op::kSumSquares16:
     case Op::kScale16:
     case Op::kRound16:
@@ -93,6 +95,10 @@ double Backend<T>::sum_squares_16(const uint16_t*, int64_t, DType) const {
 template <typename T>
 void Backend<T>::scale_16(uint16_t*, int64_t, float, DType) const {
   unsupported(Op::kScale16);
+}
+template <typename T>
+void Backend<T>::gelu_forward_16(uint16_t*, const float*, int64_t, DType) const {
+  unsupported(Op::kGeluForward16);
 }
 template <typename T>
 void Backend<T>::round_16(const float*, uint16_t*, int64_t, DType) const {

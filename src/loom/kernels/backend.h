@@ -39,6 +39,7 @@ enum class Op : uint8_t {
   kLayerNormBackward,
   kGeluForward,
   kGeluBackward,
+  kGeluForward16,
   kResidualForward,
   kAdd,
   kBiasAdd,
@@ -137,6 +138,10 @@ class Backend {
                                   int64_t C) const = 0;
   // out (n) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
   virtual void gelu_forward(T* out, const T* inp, int64_t n) const = 0;
+  // out16 (n) = gelu_forward's values rounded to t, bit for bit (f32 alone):
+  // the MLP's hidden activation written straight into its 16-bit home when
+  // only the next GEMM reads it, never stored in f32.
+  virtual void gelu_forward_16(uint16_t* out16, const float* inp, int64_t n, DType t) const;
   // dinp (n) = gelu'(inp) * dout: written over, the layer's scratch (every
   // caller's gradient has this one contribution).
   virtual void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n) const = 0;

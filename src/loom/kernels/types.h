@@ -60,13 +60,15 @@ using WeightArg = std::type_identity_t<Weight<T>>;
 // A layer's input as a linear's GEMMs take it: T values, and, where a block
 // record packed to bf16 keeps this input (a "twin", Block::twin_ranges), its
 // bf16 home in the record. A forward rounds data into r16 and multiplies
-// those values; a backward multiplies r16 and does not read data (the
-// record's f32 copy was never widened). Only backends whose reads_inputs16()
-// is true are handed a twin.
+// those values, unless its producer wrote r16 itself (written: data was never
+// stored in f32 and is not read); a backward multiplies r16 and does not
+// read data (the record's f32 copy was never widened). Only backends whose
+// reads_inputs16() is true are handed a twin.
 template <typename T>
 struct Input {
   const T* data = nullptr;
   uint16_t* r16 = nullptr;
+  bool written = false;  // r16 already holds the rounded values
   Input() = default;
   Input(const T* p) : data(p) {}  // NOLINT: T values convert implicitly
   Input(const T* p, uint16_t* twin) : data(p), r16(twin) {}

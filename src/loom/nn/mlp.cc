@@ -2,6 +2,7 @@
 #include "loom/nn/deferred_grads.h"
 
 #include <cstring>
+#include <type_traits>
 
 namespace loom {
 
@@ -39,10 +40,18 @@ void Mlp<T>::forward(const ParamStore<T>& ps, T* record, bool selective, T* out,
   T* fch = record;
   T* fch_gelu = selective ? recompute : record + BT * 4 * C_;
   be.matmul_forward(fch, ps.input(x, BT * C_), ps.weight(c_fc_w), ps.param(c_fc_b), BT, C_, 4 * C_);
-  be.gelu_forward(fch_gelu, fch, BT * 4 * C_);
+  // GELU's output goes straight to its bf16 twin where the record keeps one
+  // (only c_proj's GEMMs read it): never written in f32, never rounded again.
+  Input<T> hidden = ps.input(fch_gelu, BT * 4 * C_);
+  if constexpr (std::is_same_v<T, float>) {
+    if (hidden.r16 != nullptr) {
+      be.gelu_forward_16(hidden.r16, fch, BT * 4 * C_, DType::kBF16);
+      hidden.written = true;
+    }
+  }
+  if (!hidden.written) be.gelu_forward(fch_gelu, fch, BT * 4 * C_);
   if (out == nullptr) return;
-  be.matmul_forward(out, ps.input(fch_gelu, BT * 4 * C_), ps.weight(c_proj_w), ps.param(c_proj_b),
-                    BT, 4 * C_, C_);
+  be.matmul_forward(out, hidden, ps.weight(c_proj_w), ps.param(c_proj_b), BT, 4 * C_, C_);
 }
 
 template <typename T>

@@ -207,12 +207,13 @@ void attention_forward(const GemmConfig& g, T* out, T* lse, const T* qkv, int64_
           for (int64_t j0 = 0; j0 < i0 + nq; j0 += kKBlock) {
             const int64_t nk = std::min(kKBlock, i0 + nq - j0);  // keys the last row sees
             // s (nq, nk) = q_i k_j^T
-            block_gemm(g, false, true, nq, nk, hs, tiles.q.data() + i0 * hs, tiles.q_16(i0 * hs), hs,
-                       tiles.k.data() + j0 * hs, tiles.k_16(j0 * hs), hs, T(0), s.data(), kKBlock);
+            block_gemm(g, false, true, nq, nk, hs, tiles.q.data() + i0 * hs, tiles.q_16(i0 * hs),
+                       hs, tiles.k.data() + j0 * hs, tiles.k_16(j0 * hs), hs, T(0), s.data(),
+                       kKBlock);
             const T* kept = block_keep(keep.data(), dropout, b, h, i0, nq, j0, nk);
             online_softmax_block(
-                s.data(), kept, nq, nk, hs,
-                [&](int64_t i) { return visible(i0, i, j0, nk); }, m.data(), l.data(), acc.data());
+                s.data(), kept, nq, nk, hs, [&](int64_t i) { return visible(i0, i, j0, nk); },
+                m.data(), l.data(), acc.data());
             // acc (nq, hs) += (p * keep) v_j
             block_gemm(g, false, false, nq, hs, nk, s.data(), nullptr, kKBlock,
                        tiles.v.data() + j0 * hs, tiles.v_16(j0 * hs), hs, T(1), acc.data(), hs);
@@ -276,8 +277,9 @@ void attention_backward(const GemmConfig& g, T* dqkv, const T* dout, const T* qk
           const int64_t nq = std::min(kQBlock, Tn - i0);
           for (int64_t j0 = 0; j0 < i0 + nq; j0 += kKBlock) {
             const int64_t nk = std::min(kKBlock, i0 + nq - j0);  // keys the last row sees
-            block_gemm(g, false, true, nq, nk, hs, tiles.q.data() + i0 * hs, tiles.q_16(i0 * hs), hs,
-                       tiles.k.data() + j0 * hs, tiles.k_16(j0 * hs), hs, T(0), s.data(), kKBlock);
+            block_gemm(g, false, true, nq, nk, hs, tiles.q.data() + i0 * hs, tiles.q_16(i0 * hs),
+                       hs, tiles.k.data() + j0 * hs, tiles.k_16(j0 * hs), hs, T(0), s.data(),
+                       kKBlock);
             block_gemm(g, false, true, nq, nk, hs, dO.data() + i0 * hs, dO_16(i0 * hs), hs,
                        tiles.v.data() + j0 * hs, tiles.v_16(j0 * hs), hs, T(0), dp.data(), kKBlock);
             const T* kept = block_keep(keep.data(), dropout, b, h, i0, nq, j0, nk);
@@ -316,8 +318,8 @@ namespace {
 // at those positions (drawn from the aligned channel below kp0, as the
 // stream draws in fours); null without dropout.
 template <typename T>
-const T* chunk_keep(T* keep, std::vector<T>& tmp, const DropoutSpec& dropout, int64_t b,
-                    int64_t h, int64_t qp0, int64_t nq, int64_t kp0, int64_t nk) {
+const T* chunk_keep(T* keep, std::vector<T>& tmp, const DropoutSpec& dropout, int64_t b, int64_t h,
+                    int64_t qp0, int64_t nq, int64_t kp0, int64_t nk) {
   if (!dropout.active()) return nullptr;
   const int64_t a0 = kp0 / 4 * 4;
   tmp.resize(static_cast<size_t>(kp0 + nk - a0));
@@ -358,14 +360,15 @@ void attention_chunk_forward(const GemmConfig& g, T* out, T* lse, const T* q, co
           std::fill(acc.begin(), acc.end(), T(0));
           for (int64_t j0 = 0; j0 < a.Tk && a.k_pos + j0 <= qp0 + nq - 1; j0 += kKBlock) {
             const int64_t kp0 = a.k_pos + j0;
-            const int64_t nk = std::min({kKBlock, a.Tk - j0, qp0 + nq - kp0});  // seen by the last row
-            block_gemm(g, false, true, nq, nk, hs, tiles.q.data() + i0 * hs, tiles.q_16(i0 * hs), hs,
-                       tiles.k.data() + j0 * hs, tiles.k_16(j0 * hs), hs, T(0), s.data(), kKBlock);
+            const int64_t nk =
+                std::min({kKBlock, a.Tk - j0, qp0 + nq - kp0});  // seen by the last row
+            block_gemm(g, false, true, nq, nk, hs, tiles.q.data() + i0 * hs, tiles.q_16(i0 * hs),
+                       hs, tiles.k.data() + j0 * hs, tiles.k_16(j0 * hs), hs, T(0), s.data(),
+                       kKBlock);
             const T* kept = chunk_keep(keep.data(), tmp, dropout, b, h, qp0, nq, kp0, nk);
             online_softmax_block(
-                s.data(), kept, nq, nk, hs,
-                [&](int64_t i) { return visible_at(qp0 + i, kp0, nk); }, m.data(), l.data(),
-                acc.data());
+                s.data(), kept, nq, nk, hs, [&](int64_t i) { return visible_at(qp0 + i, kp0, nk); },
+                m.data(), l.data(), acc.data());
             block_gemm(g, false, false, nq, hs, nk, s.data(), nullptr, kKBlock,
                        tiles.v.data() + j0 * hs, tiles.v_16(j0 * hs), hs, T(1), acc.data(), hs);
           }
@@ -436,9 +439,11 @@ void attention_chunk_backward(const GemmConfig& g, T* dq, T* dkv, const T* dout,
           const int64_t nq = std::min(kQBlock, a.Tq - i0), qp0 = a.q_pos + i0;
           for (int64_t j0 = 0; j0 < a.Tk && a.k_pos + j0 <= qp0 + nq - 1; j0 += kKBlock) {
             const int64_t kp0 = a.k_pos + j0;
-            const int64_t nk = std::min({kKBlock, a.Tk - j0, qp0 + nq - kp0});  // seen by the last row
-            block_gemm(g, false, true, nq, nk, hs, tiles.q.data() + i0 * hs, tiles.q_16(i0 * hs), hs,
-                       tiles.k.data() + j0 * hs, tiles.k_16(j0 * hs), hs, T(0), s.data(), kKBlock);
+            const int64_t nk =
+                std::min({kKBlock, a.Tk - j0, qp0 + nq - kp0});  // seen by the last row
+            block_gemm(g, false, true, nq, nk, hs, tiles.q.data() + i0 * hs, tiles.q_16(i0 * hs),
+                       hs, tiles.k.data() + j0 * hs, tiles.k_16(j0 * hs), hs, T(0), s.data(),
+                       kKBlock);
             block_gemm(g, false, true, nq, nk, hs, dO.data() + i0 * hs, dO_16(i0 * hs), hs,
                        tiles.v.data() + j0 * hs, tiles.v_16(j0 * hs), hs, T(0), dp.data(), kKBlock);
             const T* kept = chunk_keep(keep.data(), tmp, dropout, b, h, qp0, nq, kp0, nk);

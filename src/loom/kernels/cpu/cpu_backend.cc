@@ -220,6 +220,11 @@ void CpuBackend<T>::scale_16(uint16_t* x, int64_t n, float s, DType t) const {
   cpu::scale_16(x, n, s, t);
 }
 template <typename T>
+void CpuBackend<T>::gelu_forward_16(uint16_t* out16, const float* inp, int64_t n, DType t) const {
+  if constexpr (!std::is_same_v<T, float>) this->unsupported(Op::kGeluForward16);
+  cpu::gelu_forward_16(out16, inp, n, t);
+}
+template <typename T>
 void CpuBackend<T>::round_16(const float* x, uint16_t* out, int64_t n, DType t) const {
   if constexpr (!std::is_same_v<T, float>) this->unsupported(Op::kRound16);
   cpu::round_to_16(x, out, n, t);

@@ -4,21 +4,38 @@
 #include <cstring>
 #include <vector>
 
+#include "loom/kernels/cpu/precision.h"
 #include "loom/kernels/cpu/vec_math.h"
 
 namespace loom::cpu {
 
 namespace {
 constexpr double kGeluScale = 0.7978845608028654;  // sqrt(2 / pi)
+
+// One GELU value, for both forward kernels (so they agree bit for bit).
+template <typename T>
+inline T gelu_value(T x) {
+  T u = T(kGeluScale) * (x + T(0.044715) * x * x * x);
+  return T(0.5) * x * (T(1) + vtanh(u));
 }
+}  // namespace
 
 template <typename T>
 void gelu_forward(T* out, const T* inp, int64_t n) {
 #pragma omp parallel for simd
-  for (int64_t i = 0; i < n; ++i) {
-    T x = inp[i];
-    T u = T(kGeluScale) * (x + T(0.044715) * x * x * x);
-    out[i] = T(0.5) * x * (T(1) + vtanh(u));
+  for (int64_t i = 0; i < n; ++i) out[i] = gelu_value(inp[i]);
+}
+
+void gelu_forward_16(uint16_t* out16, const float* inp, int64_t n, DType t) {
+  // Pieces of f32 values on the stack, each rounded while it is in cache.
+  constexpr int64_t kPiece = 1024;
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < n; b += kPiece) {
+    const int64_t m = std::min(kPiece, n - b);
+    float y[kPiece];
+#pragma omp simd
+    for (int64_t i = 0; i < m; ++i) y[i] = gelu_value(inp[b + i]);
+    round_to_16_serial(y, out16 + b, m, t);
   }
 }
 

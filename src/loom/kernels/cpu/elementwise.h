@@ -10,7 +10,9 @@ namespace loom::cpu {
 // out (n) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 template <typename T>
 void gelu_forward(T* out, const T* inp, int64_t n);
-// Accumulates dinp += gelu'(inp) * dout.
+// gelu_forward's values rounded to t (kBF16 or kF16), bit for bit.
+void gelu_forward_16(uint16_t* out16, const float* inp, int64_t n, DType t);
+// Writes dinp = gelu'(inp) * dout over what dinp held.
 template <typename T>
 void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n);
 

@@ -463,7 +463,9 @@ Bf16MatmulFacts bf16_matmul_facts() {
   f.onednn = gemm_backend_available(GemmBackend::kOneDnn);
   f.runs = gemm_16_uses_bf16_matmul(DType::kBF16);
 #ifdef LOOM_HAVE_ONEDNN
-  f.amx = f.runs && dnnl_get_effective_cpu_isa() == dnnl_cpu_isa_avx512_core_amx;
+  const dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+  f.amx = f.runs && isa == dnnl_cpu_isa_avx512_core_amx;
+  f.native = f.amx || (f.runs && isa == dnnl_cpu_isa_avx512_core_bf16);
 #endif
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
@@ -480,10 +482,14 @@ bool bf16_matmul_pays(const Bf16MatmulFacts& f, std::string* why) {
   if (!f.onednn) return say(false, "this build has no oneDNN (so no bf16 matmul)");
   if (!f.runs) return say(false, format("ISA {} has no bf16 matmul", f.isa));
   if (f.amx) return say(true, format("oneDNN's bf16 matmul on AMX tiles (ISA {})", f.isa));
-  if (f.amd)
+  if (f.amd && f.native)
     return say(true, format("oneDNN's bf16 matmul on an AMD CPU's AVX512-BF16 (ISA {}), about 2x "
                             "its sgemm",
                             f.isa));
+  if (!f.native)
+    return say(false, format("ISA {} emulates the bf16 instructions, where rounding the operands "
+                             "costs more than its bf16 GEMMs gain",
+                             f.isa));
   return say(false, format("ISA {} without AMX and not an AMD CPU, where rounding the operands "
                            "costs more than its bf16 GEMMs gain (docs/precision.md#16-bit-gemms)",
                            f.isa));

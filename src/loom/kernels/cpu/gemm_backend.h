@@ -93,6 +93,7 @@ struct Bf16MatmulFacts {
   bool onednn = false;  // this build has oneDNN
   bool runs = false;    // oneDNN runs its bf16 matmul here
   bool amx = false;     // on AMX tiles
+  bool native = false;  // on the CPU's bf16 instructions (AVX512-BF16 or AMX), not emulated
   bool amd = false;     // an AMD CPU (Zen 4 on are the ones with AVX512-BF16)
 };
 Bf16MatmulFacts bf16_matmul_facts();

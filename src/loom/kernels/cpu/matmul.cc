@@ -88,7 +88,7 @@ void matmul_forward(const GemmConfig& g, T* out, InputArg<T> input, WeightArg<T>
     if (input.r16 != nullptr) {
       LOOM_CHECK(bf16 && g.inputs == DType::kBF16,
                  "matmul_forward: a bf16 input twin needs bf16 GEMM inputs on the bf16 matmul");
-      round_to_16(inp, input.r16, N * C, DType::kBF16);
+      if (!input.written) round_to_16(inp, input.r16, N * C, DType::kBF16);
     }
     // bf16 inputs: the bias added in the matmul's epilogue, not copied
     // into every row first; a twin read where the record keeps it.

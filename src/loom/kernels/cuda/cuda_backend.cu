@@ -193,6 +193,13 @@ __global__ void k_gelu_forward(T* out, const T* inp, int64_t n) {
     out[i] = T(0.5) * x * (T(1) + tanh(T(kGeluScale) * (x + T(0.044715) * x * x * x)));
   }
 }
+__global__ void k_gelu_forward_16(uint16_t* out16, const float* inp, int64_t n, bool bf16) {
+  LOOM_GRID_STRIDE(i, n) {
+    const float x = inp[i];
+    out16[i] = cuda::narrow16(
+        0.5f * x * (1.0f + tanhf(float(kGeluScale) * (x + 0.044715f * x * x * x))), bf16);
+  }
+}
 template <typename T>
 __global__ void k_gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n) {
   LOOM_GRID_STRIDE(i, n) {
@@ -886,6 +893,14 @@ void CudaBackend<T>::scale_16(uint16_t* x, int64_t n, float s, DType t) const {
   args.finish();
 }
 
+template <typename T>
+void CudaBackend<T>::gelu_forward_16(uint16_t* out16, const float* inp, int64_t n, DType t) const {
+  if constexpr (!std::is_same_v<T, float>) this->unsupported(Op::kGeluForward16);
+  check_16(t);
+  Args args;
+  launch(k_gelu_forward_16, n, args.inout(out16, n), args.in(inp, n), n, t == DType::kBF16);
+  args.finish();
+}
 template <typename T>
 void CudaBackend<T>::round_16(const float* x, uint16_t* out, int64_t n, DType t) const {
   if constexpr (!std::is_same_v<T, float>) this->unsupported(Op::kRound16);

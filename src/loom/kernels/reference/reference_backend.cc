@@ -582,6 +582,16 @@ void ReferenceBackend<T>::scale_16(uint16_t* x, int64_t n, float s, DType t) con
 }
 
 template <typename T>
+void ReferenceBackend<T>::gelu_forward_16(uint16_t* out16, const float* inp, int64_t n,
+                                          DType t) const {
+  if constexpr (!std::is_same_v<T, float>) this->unsupported(Op::kGeluForward16);
+  for (int64_t i = 0; i < n; ++i) {
+    const double x = double(inp[i]);
+    const auto y = float(0.5 * x * (1 + std::tanh(kGeluScale * (x + 0.044715 * x * x * x))));
+    out16[i] = t == DType::kBF16 ? f32_to_bf16(y) : f32_to_f16(y);
+  }
+}
+template <typename T>
 void ReferenceBackend<T>::round_16(const float* x, uint16_t* out, int64_t n, DType t) const {
   if constexpr (!std::is_same_v<T, float>) this->unsupported(Op::kRound16);
   check_16(t);
