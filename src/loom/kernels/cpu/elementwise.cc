@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "loom/core/error.h"
 #include "loom/kernels/cpu/precision.h"
 #include "loom/kernels/cpu/vec_math.h"
 
@@ -27,6 +28,8 @@ void gelu_forward(T* out, const T* inp, int64_t n) {
 }
 
 void gelu_forward_16(uint16_t* out16, const float* inp, int64_t n, DType t) {
+  // Checked here, not inside the parallel loop (an error there could not leave it).
+  LOOM_CHECK(t == DType::kBF16 || t == DType::kF16, "gelu_forward_16 asked for {}", dtype_name(t));
   // Pieces of f32 values on the stack, each rounded while it is in cache.
   constexpr int64_t kPiece = 1024;
 #pragma omp parallel for schedule(static)

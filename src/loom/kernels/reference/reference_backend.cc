@@ -585,6 +585,7 @@ template <typename T>
 void ReferenceBackend<T>::gelu_forward_16(uint16_t* out16, const float* inp, int64_t n,
                                           DType t) const {
   if constexpr (!std::is_same_v<T, float>) this->unsupported(Op::kGeluForward16);
+  check_16(t);
   for (int64_t i = 0; i < n; ++i) {
     const double x = double(inp[i]);
     const auto y = float(0.5 * x * (1 + std::tanh(kGeluScale * (x + 0.044715 * x * x * x))));
