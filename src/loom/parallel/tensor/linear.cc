@@ -26,8 +26,8 @@ void ColumnParallelLinear::forward(const ParamStore<float>& ps, float* y, const 
 }
 
 void ColumnParallelLinear::backward(const ParamStore<float>& ps, float* dx_partial, const float* dy,
-                                    const float* x, int64_t N) const {
-  linear_backward(ps, dx_partial, weight, bias, dy, x, N, in_, local_out());
+                                    const float* x, int64_t N, GradWrite dx_write) const {
+  linear_backward(ps, dx_partial, weight, bias, dy, x, N, in_, local_out(), dx_write);
 }
 
 void ColumnParallelLinear::forward_gathered(const ParamStore<float>& ps, float* y, const float* x,
@@ -78,8 +78,8 @@ void RowParallelLinear::forward_rows(const ParamStore<float>& ps, float* y_rows,
 }
 
 void RowParallelLinear::backward(const ParamStore<float>& ps, float* dx_local, const float* dy,
-                                 const float* x_local, int64_t N) const {
-  linear_backward(ps, dx_local, weight, bias, dy, x_local, N, local_in(), out_);
+                                 const float* x_local, int64_t N, GradWrite dx_write) const {
+  linear_backward(ps, dx_local, weight, bias, dy, x_local, N, local_in(), out_, dx_write);
 }
 
 }  // namespace loom::tp

@@ -30,10 +30,10 @@ class ColumnParallelLinear {
   int64_t local_out() const { return out_ / size_; }
   // y (N, out/tp) = x (N, in) @ W_local + b_local.
   void forward(const ParamStore<float>& ps, float* y, const float* x, int64_t N) const;
-  // dx_partial (N, in) += dy (N, out/tp) @ W_local^T; accumulates the
-  // weight and bias gradients.
+  // dx_partial (N, in) += dy (N, out/tp) @ W_local^T (= with kSet);
+  // accumulates the weight and bias gradients.
   void backward(const ParamStore<float>& ps, float* dx_partial, const float* dy, const float* x,
-                int64_t N) const;
+                int64_t N, GradWrite dx_write = GradWrite::kAdd) const;
   // The same with the output gathered (column split only): y (N, out), every
   // rank's features in place; backward takes dy (N, out), whole on every
   // rank, and uses this rank's columns of it.
@@ -59,10 +59,11 @@ class RowParallelLinear {
   // sum (reduce-scattered along the rows), + b; `partial` is (N, out) scratch.
   void forward_rows(const ParamStore<float>& ps, float* y_rows, const float* x_local, int64_t N,
                     float* partial) const;
-  // dx_local (N, in/tp) += dy (N, out) @ W_local^T; accumulates the weight
-  // gradient and (the same on every rank) the bias gradient.
+  // dx_local (N, in/tp) += dy (N, out) @ W_local^T (= with kSet);
+  // accumulates the weight gradient and (the same on every rank) the bias
+  // gradient.
   void backward(const ParamStore<float>& ps, float* dx_local, const float* dy, const float* x_local,
-                int64_t N) const;
+                int64_t N, GradWrite dx_write = GradWrite::kAdd) const;
   ParamId weight, bias;
 
  private:

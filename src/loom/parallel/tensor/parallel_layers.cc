@@ -93,13 +93,11 @@ void ParallelAttention::backward(const ParamStore<float>& ps, float* record, boo
   if (selective)
     attention_core_forward(core_.get(), be, r.y, r.lse, r.qkv, B, Tn, Cl_, NHl_,
                            local_heads(probs));
-  be.fill(d_y, BT * Cl_, 0);
-  c_proj_.backward(ps, d_y, dout, r.y, BT);
+  c_proj_.backward(ps, d_y, dout, r.y, BT, GradWrite::kSet);
   be.fill(d_qkv, BT * 3 * Cl_, 0);
   attention_core_backward(core_.get(), be, d_qkv, d_y, r.qkv, r.y, r.lse, B, Tn, Cl_, NHl_,
                           local_heads(probs));
-  be.fill(d_x, BT * C_, 0);
-  c_attn_.backward(ps, d_x, d_qkv, x, BT);
+  c_attn_.backward(ps, d_x, d_qkv, x, BT, GradWrite::kSet);
   add_input_gradient(be, g_, rows, C_, dx, d_x, a);
 }
 
@@ -161,11 +159,10 @@ void ParallelMlp::backward(const ParamStore<float>& ps, float* record, bool sele
   float* d_fch_gelu = a.take(BT * Hl_);
   float* d_x = a.take(BT * C_);
   gather_for_backward(g_, rows, C_, dout, x, a);
-  be.fill(d_fch_gelu, BT * Hl_, 0);
-  c_proj_.backward(ps, d_fch_gelu, dout, fch_gelu, BT);
+  // The scratch gradients written over, never zero-filled first.
+  c_proj_.backward(ps, d_fch_gelu, dout, fch_gelu, BT, GradWrite::kSet);
   be.gelu_backward(d_fch, fch, d_fch_gelu, BT * Hl_);  // written over
-  be.fill(d_x, BT * C_, 0);
-  c_fc_.backward(ps, d_x, d_fch, x, BT);
+  c_fc_.backward(ps, d_x, d_fch, x, BT, GradWrite::kSet);
   add_input_gradient(be, g_, rows, C_, dx, d_x, a);
 }
 
