@@ -554,18 +554,8 @@ void gemm_16(GemmBackend be, DType t, bool ta, bool tb, int64_t M, int64_t N, in
     // A 16-bit weight with somewhere to keep its layout is multiplied in
     // oneDNN's blocked layout, reordered once per update: the matmul then
     // skips its own copies of plain weights, and the products are the same.
-    const Bf16Shape shape{M,
-                          N,
-                          K,
-                          ta,
-                          tb,
-                          a_ld,
-                          b_ld,
-                          ldc,
-                          alpha,
-                          beta,
-                          bias != nullptr,
-                          B16 != nullptr && packs != nullptr};
+    const bool has_bias = bias != nullptr, packed = B16 != nullptr && packs != nullptr;
+    const Bf16Shape shape{M, N, K, ta, tb, a_ld, b_ld, ldc, alpha, beta, has_bias, packed};
     Bf16Matmul& mm = bf16_matmul(shape);
     const void* b_data = b16;
     if (shape.packed_b) {

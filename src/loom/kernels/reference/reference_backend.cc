@@ -32,6 +32,11 @@ double at(const T* X, int64_t ld, bool trans, int64_t i, int64_t j) {
 
 constexpr double kGeluScale = 0.7978845608028654;  // sqrt(2 / pi)
 
+// GELU (tanh form) in double, for both forward operations.
+double gelu_of(double x) {
+  return 0.5 * x * (1 + std::tanh(kGeluScale * (x + 0.044715 * x * x * x)));
+}
+
 }  // namespace
 
 template <typename T>
@@ -181,10 +186,7 @@ void ReferenceBackend<T>::layernorm_backward(T* dinp, T* dweight, T* dbias, cons
 
 template <typename T>
 void ReferenceBackend<T>::gelu_forward(T* out, const T* inp, int64_t n) const {
-  for (int64_t i = 0; i < n; ++i) {
-    const double x = double(inp[i]);
-    out[i] = T(0.5 * x * (1 + std::tanh(kGeluScale * (x + 0.044715 * x * x * x))));
-  }
+  for (int64_t i = 0; i < n; ++i) out[i] = T(gelu_of(double(inp[i])));
 }
 
 template <typename T>
@@ -587,8 +589,7 @@ void ReferenceBackend<T>::gelu_forward_16(uint16_t* out16, const float* inp, int
   if constexpr (!std::is_same_v<T, float>) this->unsupported(Op::kGeluForward16);
   check_16(t);
   for (int64_t i = 0; i < n; ++i) {
-    const double x = double(inp[i]);
-    const auto y = float(0.5 * x * (1 + std::tanh(kGeluScale * (x + 0.044715 * x * x * x))));
+    const auto y = float(gelu_of(double(inp[i])));
     out16[i] = t == DType::kBF16 ? f32_to_bf16(y) : f32_to_f16(y);
   }
 }
