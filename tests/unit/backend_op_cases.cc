@@ -69,10 +69,13 @@ void add_gemm_cases(std::vector<OpCase>& ops) {
 }
 
 void add_layer_cases(std::vector<OpCase>& ops) {
-  {
-    const int64_t N = 9, C = 12;
-    OpCase op = make_case("layernorm", {Op::kLayerNormForward, Op::kLayerNormBackward},
-                          {N * C, C, C}, {N * C, N, N}, {true, false, false});
+  // C 12: the rows' ragged ends alone; C 37: two blocks of the CPU's 16
+  // lanes and a ragged end.
+  for (const int64_t C : {12, 37}) {
+    const int64_t N = 9;
+    OpCase op = make_case(C == 12 ? "layernorm" : "layernorm_c37",
+                          {Op::kLayerNormForward, Op::kLayerNormBackward}, {N * C, C, C},
+                          {N * C, N, N}, {true, false, false});
     set_forward(op, [=](const auto& be, const auto& in, auto& out) {
       be.layernorm_forward(out[0].data(), out[1].data(), out[2].data(), in[0].data(), in[1].data(),
                            in[2].data(), N, C);
@@ -112,6 +115,23 @@ void add_layer_cases(std::vector<OpCase>& ops) {
     set_forward_f32(op, [=](const auto& be, const auto& in, auto& out) {
       std::vector<uint16_t> h(static_cast<size_t>(n));
       be.gelu_forward_16(h.data(), in[0].data(), n, t);
+      from_16(h, out[0], t);
+    });
+    ops.push_back(op);
+  }
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    // A LayerNorm written straight into 16 bits: within one 16-bit rounding
+    // of the reference's output, its statistics in f32 (bit for bit
+    // layernorm_forward rounded: test_precision.cc).
+    const int64_t N = 7, C = 37;
+    OpCase op = make_case("layernorm_forward_16_" + std::string(dtype_name(t)),
+                          {Op::kLayerNormForward16}, {N * C, C, C}, {N * C, N, N},
+                          {true, true, true});
+    op.fwd_tol = t == DType::kBF16 ? 8e-3 : 1e-3;
+    set_forward_f32(op, [=](const auto& be, const auto& in, auto& out) {
+      std::vector<uint16_t> h(static_cast<size_t>(N * C));
+      be.layernorm_forward_16(h.data(), out[1].data(), out[2].data(), in[0].data(), in[1].data(),
+                              in[2].data(), N, C, t);
       from_16(h, out[0], t);
     });
     ops.push_back(op);

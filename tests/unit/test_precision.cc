@@ -12,6 +12,7 @@
 #include "loom/core/rng.h"
 #include "loom/kernels/cpu/adamw.h"
 #include "loom/kernels/cpu/elementwise.h"
+#include "loom/kernels/cpu/layernorm.h"
 #include "loom/kernels/cpu/precision.h"
 
 namespace loom {
@@ -110,6 +111,34 @@ TEST(Precision, GeluForward16IsGeluRoundedBitwise) {
     cpu::round_to_16(y.data(), want.data(), n, t);
     cpu::gelu_forward_16(got.data(), x.data(), n, t);
     EXPECT_EQ(got, want) << dtype_name(t);
+  }
+}
+
+// A LayerNorm written straight into 16 bits (the record twin of the
+// attention's or the MLP's input) is layernorm_forward rounded, bit for
+// bit, with the same statistics: rows longer than a piece, ragged ends.
+TEST(Precision, LayerNormForward16IsLayerNormRoundedBitwise) {
+  for (const int64_t C : {int64_t{7}, int64_t{512}, int64_t{2 * 1024 + 37}}) {
+    const int64_t N = 5;
+    std::vector<float> x(static_cast<size_t>(N * C)), w(static_cast<size_t>(C)),
+        b(static_cast<size_t>(C)), y(x.size()), mean(5), rstd(5), mean16(5), rstd16(5);
+    const NormalStream rng(7, "layernorm");
+    for (size_t i = 0; i < x.size(); ++i) x[i] = 2 + 3 * rng.at(i);
+    for (size_t c = 0; c < w.size(); ++c) {
+      w[c] = 1 + 0.2f * rng.at(x.size() + c);
+      b[c] = 0.1f * rng.at(x.size() + w.size() + c);
+    }
+    cpu::layernorm_forward<float>(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(),
+                                  N, C);
+    for (DType t : {DType::kBF16, DType::kF16}) {
+      std::vector<uint16_t> want(x.size()), got(x.size());
+      cpu::round_to_16(y.data(), want.data(), N * C, t);
+      cpu::layernorm_forward_16(got.data(), mean16.data(), rstd16.data(), x.data(), w.data(),
+                                b.data(), N, C, t);
+      EXPECT_EQ(got, want) << dtype_name(t) << " C " << C;
+      EXPECT_EQ(mean16, mean) << dtype_name(t) << " C " << C;
+      EXPECT_EQ(rstd16, rstd) << dtype_name(t) << " C " << C;
+    }
   }
 }
 

@@ -16,6 +16,7 @@ const char* op_name(Op op) {
       "matmul_nt_backward",
       "layernorm_forward",
       "layernorm_backward",
+      "layernorm_forward_16",
       "gelu_forward",
       "gelu_backward",
       "gelu_forward_16",
@@ -56,6 +57,7 @@ const char* op_name(Op op) {
 bool is_16bit_op(Op op) {
   switch (op) {
     case Op::kAdamW16:
+    case Op::kLayerNormForward16:
     case Op::kGeluForward16:
     case Op::kSumSquares16:
     case Op::kScale16:
@@ -96,6 +98,12 @@ template <typename T>
 void Backend<T>::scale_16(uint16_t*, int64_t, float, DType) const {
   unsupported(Op::kScale16);
 }
+template <typename T>
+void Backend<T>::layernorm_forward_16(uint16_t*, float*, float*, const float*, const float*,
+                                      const float*, int64_t, int64_t, DType) const {
+  unsupported(Op::kLayerNormForward16);
+}
+
 template <typename T>
 void Backend<T>::gelu_forward_16(uint16_t*, const float*, int64_t, DType) const {
   unsupported(Op::kGeluForward16);

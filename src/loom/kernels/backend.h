@@ -37,6 +37,7 @@ enum class Op : uint8_t {
   kMatmulNtBackward,
   kLayerNormForward,
   kLayerNormBackward,
+  kLayerNormForward16,
   kGeluForward,
   kGeluBackward,
   kGeluForward16,
@@ -136,6 +137,12 @@ class Backend {
   virtual void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
                                   const T* weight, const T* mean, const T* rstd, int64_t N,
                                   int64_t C) const = 0;
+  // out16 (N, C) = layernorm_forward's output rounded to t, bit for bit, and
+  // its mean and rstd (f32 alone): a LayerNorm's output written straight
+  // into its 16-bit home when only the next linear's GEMMs read it.
+  virtual void layernorm_forward_16(uint16_t* out16, float* mean, float* rstd, const float* inp,
+                                    const float* weight, const float* bias, int64_t N, int64_t C,
+                                    DType t) const;
   // out (n) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
   virtual void gelu_forward(T* out, const T* inp, int64_t n) const = 0;
   // out16 (n) = gelu_forward's values rounded to t, bit for bit (f32 alone):

@@ -112,17 +112,37 @@ struct RecordTwins {
   uint16_t* rounded = nullptr;     // the slot's 16-bit part: the elements outside `exact`, in order
   std::vector<RecordRange> exact;  // ranges kept f32 (sorted)
   std::vector<RecordRange> twins;  // ranges read in bf16 (sorted, outside `exact`)
+  // The twins whose producer wrote the bf16 values itself (a LayerNorm's
+  // output), for the linear that reads them not to round them again: the
+  // block's forward runs under one RecordTwins, so these start false.
+  mutable std::vector<bool> written;
+
+  // The index in `twins` of [x, x + n), or -1.
+  int64_t index_of(const float* x, int64_t n) const {
+    if (x < room) return -1;
+    const int64_t at = x - room;
+    for (size_t k = 0; k < twins.size(); ++k)
+      if (twins[k].offset == at && twins[k].count == n) return static_cast<int64_t>(k);
+    return -1;
+  }
   // The bf16 home of [x, x + n) when that is one of `twins`; else null.
   uint16_t* find(const float* x, int64_t n) const {
-    if (x < room) return nullptr;
+    if (index_of(x, n) < 0) return nullptr;
     const int64_t at = x - room;
-    bool twin = false;
-    for (const RecordRange& r : twins) twin = twin || (r.offset == at && r.count == n);
-    if (!twin) return nullptr;
     int64_t before = 0;  // exact elements ahead of `at`
     for (const RecordRange& r : exact)
       if (r.offset < at) before += r.count;
     return rounded + (at - before);
+  }
+  void mark_written(const float* x, int64_t n) const {
+    const int64_t k = index_of(x, n);
+    if (k < 0) return;
+    written.resize(twins.size(), false);
+    written[static_cast<size_t>(k)] = true;
+  }
+  bool is_written(const float* x, int64_t n) const {
+    const int64_t k = index_of(x, n);
+    return k >= 0 && static_cast<size_t>(k) < written.size() && written[static_cast<size_t>(k)];
   }
 };
 

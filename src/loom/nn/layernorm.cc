@@ -1,6 +1,8 @@
 #include "loom/nn/layernorm.h"
 #include "loom/nn/deferred_grads.h"
 
+#include <type_traits>
+
 namespace loom {
 
 template <typename T>
@@ -13,6 +15,17 @@ template <typename T>
 void LayerNorm<T>::forward(const ParamStore<T>& ps, T* out, T* mean, T* rstd, const T* x,
                            int64_t N) const {
   const auto& be = ps.backend();
+  if constexpr (std::is_same_v<T, float>) {
+    // Where only the next linear's GEMMs read the output (its bf16 record
+    // twin), it goes straight there: never written in f32, never rounded again.
+    const Input<T> home = ps.input(out, N * C_);
+    if (home.r16 != nullptr) {
+      be.layernorm_forward_16(home.r16, mean, rstd, x, ps.param(weight), ps.param(bias), N, C_,
+                              DType::kBF16);
+      ps.mark_written(out, N * C_);
+      return;
+    }
+  }
   be.layernorm_forward(out, mean, rstd, x, ps.param(weight), ps.param(bias), N, C_);
 }
 

@@ -96,8 +96,18 @@ class ParamStore {
   // twin while the running block's record has one there (set_twins).
   Input<T> input(const T* x, int64_t n) const {
     if constexpr (std::is_same_v<T, float>)
-      if (twins_ != nullptr) return Input<T>(x, twins_->find(x, n));
+      if (twins_ != nullptr) {
+        Input<T> in(x, twins_->find(x, n));
+        in.written = in.r16 != nullptr && twins_->is_written(x, n);
+        return in;
+      }
     return Input<T>(x);
+  }
+  // A producer wrote the 16-bit home of [x, x + n) itself (input() found
+  // it): the linear that reads it takes those values as they are.
+  void mark_written(const T* x, int64_t n) const {
+    if constexpr (std::is_same_v<T, float>)
+      if (twins_ != nullptr) twins_->mark_written(x, n);
   }
   // The running block's record twins (null: none), set by the stage around
   // the block's forward and backward.

@@ -220,6 +220,14 @@ void CpuBackend<T>::scale_16(uint16_t* x, int64_t n, float s, DType t) const {
   cpu::scale_16(x, n, s, t);
 }
 template <typename T>
+void CpuBackend<T>::layernorm_forward_16(uint16_t* out16, float* mean, float* rstd,
+                                         const float* inp, const float* weight, const float* bias,
+                                         int64_t N, int64_t C, DType t) const {
+  if constexpr (!std::is_same_v<T, float>) this->unsupported(Op::kLayerNormForward16);
+  cpu::layernorm_forward_16(out16, mean, rstd, inp, weight, bias, N, C, t);
+}
+
+template <typename T>
 void CpuBackend<T>::gelu_forward_16(uint16_t* out16, const float* inp, int64_t n, DType t) const {
   if constexpr (!std::is_same_v<T, float>) this->unsupported(Op::kGeluForward16);
   cpu::gelu_forward_16(out16, inp, n, t);

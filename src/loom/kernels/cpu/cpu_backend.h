@@ -40,6 +40,9 @@ class CpuBackend final : public Backend<T> {
                           int64_t C) const override;
   void gelu_forward(T* out, const T* inp, int64_t n) const override;
   void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n) const override;
+  void layernorm_forward_16(uint16_t* out16, float* mean, float* rstd, const float* inp,
+                            const float* weight, const float* bias, int64_t N, int64_t C,
+                            DType t) const override;
   void gelu_forward_16(uint16_t* out16, const float* inp, int64_t n, DType t) const override;
   void residual_forward(T* out, const T* a, const T* b, int64_t n) const override;
   void add(T* dst, const T* src, int64_t n) const override;

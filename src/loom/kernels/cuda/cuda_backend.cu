@@ -140,6 +140,27 @@ __global__ void k_layernorm_forward(T* out, T* mean, T* rstd, const T* inp, cons
   if (lane == 0) mean[n] = m, rstd[n] = r;
 }
 
+// k_layernorm_forward<float>, its output rounded to 16 bits.
+__global__ void k_layernorm_forward_16(uint16_t* out16, float* mean, float* rstd, const float* inp,
+                                       const float* weight, const float* bias, int64_t N,
+                                       int64_t C, bool bf16) {
+  const int64_t n = blockIdx.x * int64_t{blockDim.x / 32} + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (n >= N) return;
+  const float* x = inp + n * C;
+  float s = 0;
+  for (int64_t c = lane; c < C; c += 32) s += x[c];
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  const float m = s / float(C);
+  float v = 0;
+  for (int64_t c = lane; c < C; c += 32) v += (x[c] - m) * (x[c] - m);
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const float r = 1.0f / sqrt(v / float(C) + float(kLayerNormEps));
+  for (int64_t c = lane; c < C; c += 32)
+    out16[n * C + c] = cuda::narrow16((x[c] - m) * r * weight[c] + bias[c], bf16);
+  if (lane == 0) mean[n] = m, rstd[n] = r;
+}
+
 template <typename T>
 __global__ void k_layernorm_dinp(T* dinp, const T* dout, const T* inp, const T* weight,
                                  const T* mean, const T* rstd, int64_t N, int64_t C) {
@@ -890,6 +911,23 @@ void CudaBackend<T>::scale_16(uint16_t* x, int64_t n, float s, DType t) const {
   check_16(t);
   Args args;
   launch(k_scale_16, n, args.inout(x, n), n, s, t == DType::kBF16);
+  args.finish();
+}
+
+template <typename T>
+void CudaBackend<T>::layernorm_forward_16(uint16_t* out16, float* mean, float* rstd,
+                                          const float* inp, const float* weight, const float* bias,
+                                          int64_t N, int64_t C, DType t) const {
+  if constexpr (!std::is_same_v<T, float>) this->unsupported(Op::kLayerNormForward16);
+  check_16(t);
+  if (N == 0) return;
+  Args args;
+  constexpr int rows = kThreads / 32;
+  k_layernorm_forward_16<<<static_cast<unsigned>((N + rows - 1) / rows), kThreads, 0,
+                           context().stream>>>(
+      args.inout(out16, N * C), args.inout(mean, N), args.inout(rstd, N), args.in(inp, N * C),
+      args.in(weight, C), args.in(bias, C), N, C, t == DType::kBF16);
+  LOOM_CUDA_LAUNCHED();
   args.finish();
 }
 

@@ -135,21 +135,30 @@ void ReferenceBackend<T>::matmul_nt_backward(T* dinp, T* dweight, const T* dout,
       }
 }
 
+namespace {
+
+// One row of a LayerNorm in f64: out (C) as U, its mean and rstd as T.
+template <typename T, typename U>
+void layernorm_row(U* out, T* mean, T* rstd, const T* x, const T* weight, const T* bias,
+                   int64_t C) {
+  double m = 0, var = 0;
+  for (int64_t c = 0; c < C; ++c) m += double(x[c]);
+  m /= double(C);
+  for (int64_t c = 0; c < C; ++c) var += (double(x[c]) - m) * (double(x[c]) - m);
+  const double s = 1.0 / std::sqrt(var / double(C) + kLayerNormEps);
+  for (int64_t c = 0; c < C; ++c)
+    out[c] = U((double(x[c]) - m) * s * double(weight[c]) + double(bias[c]));
+  *mean = T(m);
+  *rstd = T(s);
+}
+
+}  // namespace
+
 template <typename T>
 void ReferenceBackend<T>::layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight,
                                             const T* bias, int64_t N, int64_t C) const {
-  for (int64_t n = 0; n < N; ++n) {
-    const T* x = inp + n * C;
-    double m = 0, var = 0;
-    for (int64_t c = 0; c < C; ++c) m += double(x[c]);
-    m /= double(C);
-    for (int64_t c = 0; c < C; ++c) var += (double(x[c]) - m) * (double(x[c]) - m);
-    const double s = 1.0 / std::sqrt(var / double(C) + kLayerNormEps);
-    for (int64_t c = 0; c < C; ++c)
-      out[n * C + c] = T((double(x[c]) - m) * s * double(weight[c]) + double(bias[c]));
-    mean[n] = T(m);
-    rstd[n] = T(s);
-  }
+  for (int64_t n = 0; n < N; ++n)
+    layernorm_row(out + n * C, mean + n, rstd + n, inp + n * C, weight, bias, C);
 }
 
 template <typename T>
@@ -581,6 +590,21 @@ void ReferenceBackend<T>::scale_16(uint16_t* x, int64_t n, float s, DType t) con
   if constexpr (!std::is_same_v<T, float>) this->unsupported(Op::kScale16);
   check_16(t);
   for (int64_t i = 0; i < n; ++i) x[i] = narrow(float(widen(x[i], t)) * s, t);
+}
+
+template <typename T>
+void ReferenceBackend<T>::layernorm_forward_16(uint16_t* out16, float* mean, float* rstd,
+                                               const float* inp, const float* weight,
+                                               const float* bias, int64_t N, int64_t C,
+                                               DType t) const {
+  if constexpr (!std::is_same_v<T, float>) this->unsupported(Op::kLayerNormForward16);
+  std::vector<float> row(static_cast<size_t>(C));
+  for (int64_t n = 0; n < N; ++n) {
+    layernorm_row(row.data(), mean + n, rstd + n, inp + n * C, weight, bias, C);
+    for (int64_t c = 0; c < C; ++c)
+      out16[n * C + c] = t == DType::kBF16 ? f32_to_bf16(row[static_cast<size_t>(c)])
+                                           : f32_to_f16(row[static_cast<size_t>(c)]);
+  }
 }
 
 template <typename T>
