@@ -10,7 +10,14 @@
 # (marked "fit"); the others are held out. `--fit` redoes that choice: a
 # grid over the three (gemm_efficiency.max, gemm_efficiency.half_at_gflop,
 # links.node.bandwidth_GBps), each point scored by the largest |error| on
-# the fit rows (then the mean), the best five printed.
+# the fit rows (then the mean), the best five printed. `--sensitivity`
+# asks whether any setting of the three constants meets both validation
+# targets at once: over a wider grid (gemm_efficiency.max 0.60-0.90,
+# half_at_gflop 0.01-128, the node link 200 GB/s to unlimited), every
+# point's largest |error| over all ten rows and how far the planner's best
+# layout is ahead of the published one in each row; the points where every
+# row is within 10% and every published layout within 5% of the best are
+# counted (about 2 minutes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LOOM=${LOOM:-build/apps/loom/loom}
@@ -65,6 +72,40 @@ if mode == "--fit":
     print("%-5s %-14s %-11s %10s %10s" % ("max", "half_at_gflop", "node GB/s", "max |err|", "mean |err|"))
     for worst, mean, mx, half, node in scored[:5]:
         print("%-5.2f %-14d %-11d %9.1f%% %9.1f%%" % (mx, half, node, 100 * worst, 100 * mean))
+    sys.exit(0)
+if mode == "--sensitivity":
+    base = json.load(open(cluster))
+    hits, near = [], []
+    print("%-5s %-14s %-11s %10s %16s %16s %17s" % ("max", "half_at_gflop", "node GB/s", "max |err|",
+                                                  "39.1B error", "39.1B best +%", "other rows best +%"))
+    for mx, half, node in itertools.product([0.60, 0.66, 0.72, 0.78, 0.84, 0.90],
+                                            [0.01, 1, 4, 16, 64, 128], [200, 300, 600, 1200, 100000]):
+        c = json.loads(json.dumps(base))
+        c["gpu"]["gemm_efficiency"] = {"max": mx, "half_at_gflop": half}
+        c["links"]["node"]["bandwidth_GBps"] = node
+        cluster = f"{work}/c.json"
+        json.dump(c, open(cluster, "w"))
+        errs, gaps = [], []
+        for i, (P, a, h, l, tp, pp, dp, g, B, tf) in enumerate(rows):
+            m = model_file(i, a, h, l)
+            r = plan(m, g, B, f"tp={tp},pp={pp},dp={dp}," + fixed, 1)[0]
+            best = plan(m, g, B, fixed, 1)[0]
+            errs.append(r["hw_tflops_per_gpu"] / tf - 1)
+            gaps.append(best["tokens_per_s"] / r["tokens_per_s"] - 1)
+        worst = max(abs(e) for e in errs)
+        other = max(gaps[:4] + gaps[5:])
+        print("%-5.2f %-14g %-11d %9.1f%% %+15.1f%% %15.1f%% %16.1f%%" % (
+            mx, half, node, 100 * worst, 100 * errs[4], 100 * gaps[4], 100 * other), flush=True)
+        if worst <= 0.10 and max(gaps) <= 0.05:
+            hits.append((mx, half, node))
+        if max(gaps) <= 0.05:
+            near.append((worst, mx, half, node))
+    print("points with every row within 10%% and every published layout within 5%% of the best: %d"
+          % len(hits))
+    if near:
+        worst, mx, half, node = min(near)
+        print("every published layout within 5%%: %d points, the closest to 10%% off at %.1f%% "
+              "(max %.2f, half_at_gflop %g, node %d GB/s)" % (len(near), 100 * worst, mx, half, node))
     sys.exit(0)
 print("%-7s %-4s %-14s %-26s %9s %9s %7s %5s %8s" % ("params", "", "tp pp dp", "chosen", "predicted", "published",
                                                     "error", "rank", "best +%"))
