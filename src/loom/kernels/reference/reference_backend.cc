@@ -598,6 +598,7 @@ void ReferenceBackend<T>::layernorm_forward_16(uint16_t* out16, float* mean, flo
                                                const float* bias, int64_t N, int64_t C,
                                                DType t) const {
   if constexpr (!std::is_same_v<T, float>) this->unsupported(Op::kLayerNormForward16);
+  check_16(t);
   std::vector<float> row(static_cast<size_t>(C));
   for (int64_t n = 0; n < N; ++n) {
     layernorm_row(row.data(), mean + n, rstd + n, inp + n * C, weight, bias, C);
