@@ -124,9 +124,9 @@ void add_layer_cases(std::vector<OpCase>& ops) {
     // of the reference's output, its statistics in f32 (bit for bit
     // layernorm_forward rounded: test_precision.cc).
     const int64_t N = 7, C = 37;
-    OpCase op = make_case("layernorm_forward_16_" + std::string(dtype_name(t)),
-                          {Op::kLayerNormForward16}, {N * C, C, C}, {N * C, N, N},
-                          {true, true, true});
+    OpCase op =
+        make_case("layernorm_forward_16_" + std::string(dtype_name(t)), {Op::kLayerNormForward16},
+                  {N * C, C, C}, {N * C, N, N}, {true, true, true});
     op.fwd_tol = t == DType::kBF16 ? 8e-3 : 1e-3;
     set_forward_f32(op, [=](const auto& be, const auto& in, auto& out) {
       std::vector<uint16_t> h(static_cast<size_t>(N * C));

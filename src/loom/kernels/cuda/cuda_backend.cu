@@ -120,9 +120,22 @@ void colsum_add(T* dst, const T* x, int64_t N, int64_t C) {
   LOOM_CUDA_LAUNCHED();
 }
 
-// One warp per row.
+// Where a LayerNorm's output goes: T values, or (f32 alone) their 16-bit
+// roundings.
 template <typename T>
-__global__ void k_layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight,
+struct StoreAs {
+  T* out;
+  __device__ void operator()(int64_t i, T y) const { out[i] = y; }
+};
+struct StoreRounded {
+  uint16_t* out;
+  bool bf16;
+  __device__ void operator()(int64_t i, float y) const { out[i] = cuda::narrow16(y, bf16); }
+};
+
+// One warp per row.
+template <typename T, typename Store>
+__global__ void k_layernorm_forward(Store out, T* mean, T* rstd, const T* inp, const T* weight,
                                     const T* bias, int64_t N, int64_t C) {
   const int64_t n = blockIdx.x * int64_t{blockDim.x / 32} + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -136,28 +149,7 @@ __global__ void k_layernorm_forward(T* out, T* mean, T* rstd, const T* inp, cons
   for (int64_t c = lane; c < C; c += 32) v += (x[c] - m) * (x[c] - m);
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   const T r = T(1) / sqrt(v / T(C) + T(kLayerNormEps));
-  for (int64_t c = lane; c < C; c += 32) out[n * C + c] = (x[c] - m) * r * weight[c] + bias[c];
-  if (lane == 0) mean[n] = m, rstd[n] = r;
-}
-
-// k_layernorm_forward<float>, its output rounded to 16 bits.
-__global__ void k_layernorm_forward_16(uint16_t* out16, float* mean, float* rstd, const float* inp,
-                                       const float* weight, const float* bias, int64_t N,
-                                       int64_t C, bool bf16) {
-  const int64_t n = blockIdx.x * int64_t{blockDim.x / 32} + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (n >= N) return;
-  const float* x = inp + n * C;
-  float s = 0;
-  for (int64_t c = lane; c < C; c += 32) s += x[c];
-  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-  const float m = s / float(C);
-  float v = 0;
-  for (int64_t c = lane; c < C; c += 32) v += (x[c] - m) * (x[c] - m);
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const float r = 1.0f / sqrt(v / float(C) + float(kLayerNormEps));
-  for (int64_t c = lane; c < C; c += 32)
-    out16[n * C + c] = cuda::narrow16((x[c] - m) * r * weight[c] + bias[c], bf16);
+  for (int64_t c = lane; c < C; c += 32) out(n * C + c, (x[c] - m) * r * weight[c] + bias[c]);
   if (lane == 0) mean[n] = m, rstd[n] = r;
 }
 
@@ -668,8 +660,8 @@ void CudaBackend<T>::layernorm_forward(T* out, T* mean, T* rstd, const T* inp, c
   constexpr int rows = kThreads / 32;
   k_layernorm_forward<T>
       <<<static_cast<unsigned>((N + rows - 1) / rows), kThreads, 0, context().stream>>>(
-          args.inout(out, N * C), args.inout(mean, N), args.inout(rstd, N), args.in(inp, N * C),
-          args.in(weight, C), args.in(bias, C), N, C);
+          StoreAs<T>{args.inout(out, N * C)}, args.inout(mean, N), args.inout(rstd, N),
+          args.in(inp, N * C), args.in(weight, C), args.in(bias, C), N, C);
   LOOM_CUDA_LAUNCHED();
   args.finish();
 }
@@ -923,10 +915,10 @@ void CudaBackend<T>::layernorm_forward_16(uint16_t* out16, float* mean, float* r
   if (N == 0) return;
   Args args;
   constexpr int rows = kThreads / 32;
-  k_layernorm_forward_16<<<static_cast<unsigned>((N + rows - 1) / rows), kThreads, 0,
-                           context().stream>>>(
-      args.inout(out16, N * C), args.inout(mean, N), args.inout(rstd, N), args.in(inp, N * C),
-      args.in(weight, C), args.in(bias, C), N, C, t == DType::kBF16);
+  k_layernorm_forward<float>
+      <<<static_cast<unsigned>((N + rows - 1) / rows), kThreads, 0, context().stream>>>(
+          StoreRounded{args.inout(out16, N * C), t == DType::kBF16}, args.inout(mean, N),
+          args.inout(rstd, N), args.in(inp, N * C), args.in(weight, C), args.in(bias, C), N, C);
   LOOM_CUDA_LAUNCHED();
   args.finish();
 }
