@@ -5,8 +5,10 @@
 
 #include "commands.h"
 #include "loom/core/error.h"
+#include "loom/core/memory.h"
 
 int main(int argc, char** argv) {
+  loom::keep_freed_host_memory();
   CLI::App app{"loom: train transformer and mixture-of-experts models across processes"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "loom 0.1.0");

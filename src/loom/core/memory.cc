@@ -1,9 +1,15 @@
 #include "loom/core/memory.h"
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <new>
 #include <utility>
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include "loom/core/error.h"
 
@@ -45,13 +51,30 @@ MemoryTracker& memory_tracker() {
   return tracker;
 }
 
+bool keep_freed_host_memory() {
+#if defined(__GLIBC__)
+  for (const char* v : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES"})
+    if (std::getenv(v) != nullptr) return false;
+  // Both together: setting either alone turns off glibc's adaptive
+  // threshold, and the trim threshold alone would leave every block past
+  // 128 KiB to mmap.
+  constexpr int kMaxMmapThreshold = 32 << 20;
+  return mallopt(M_MMAP_THRESHOLD, kMaxMmapThreshold) == 1 &&
+         mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max()) == 1;
+#else
+  return false;
+#endif
+}
+
 Buffer::Buffer(size_t bytes, MemCategory category, bool zeroed)
     : bytes_(bytes), category_(category) {
   if (bytes == 0) return;
-  size_t rounded = (bytes + 63) / 64 * 64;
-  data_ = std::aligned_alloc(64, rounded);
-  LOOM_CHECK(data_ != nullptr, "out of memory allocating {} bytes for {}", bytes,
+  const size_t rounded = (bytes + 63) / 64 * 64;
+  base_ = std::malloc(rounded + 64);
+  LOOM_CHECK(base_ != nullptr, "out of memory allocating {} bytes for {}", bytes,
              mem_category_name(category));
+  const auto at = reinterpret_cast<uintptr_t>(base_);
+  data_ = reinterpret_cast<void*>((at + 63) / 64 * 64);
   if (zeroed) std::memset(data_, 0, rounded);
   memory_tracker().on_alloc(category_, bytes_);
 }
@@ -68,6 +91,7 @@ Buffer Buffer::adopt(void* data, size_t bytes, MemCategory category, Device devi
   b.category_ = category;
   b.device_ = device;
   b.free_ = free_fn;
+  if (free_fn == nullptr) b.base_ = data;  // std::free
   if (data != nullptr) memory_tracker().on_alloc(category, bytes);
   return b;
 }
@@ -81,7 +105,8 @@ Buffer::Buffer(Buffer&& other) noexcept
       bytes_(std::exchange(other.bytes_, 0)),
       category_(other.category_),
       device_(other.device_),
-      free_(std::exchange(other.free_, nullptr)) {}
+      free_(std::exchange(other.free_, nullptr)),
+      base_(std::exchange(other.base_, nullptr)) {}
 
 Buffer& Buffer::operator=(Buffer&& other) noexcept {
   if (this != &other) {
@@ -91,6 +116,7 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     category_ = other.category_;
     device_ = other.device_;
     free_ = std::exchange(other.free_, nullptr);
+    base_ = std::exchange(other.base_, nullptr);
   }
   return *this;
 }
@@ -100,9 +126,10 @@ void Buffer::release() {
   if (free_ != nullptr)
     free_(data_);
   else
-    std::free(data_);
+    std::free(base_);
   memory_tracker().on_free(category_, bytes_);
   data_ = nullptr;
+  base_ = nullptr;
   bytes_ = 0;
 }
 

@@ -41,6 +41,20 @@ class MemoryTracker {
 
 MemoryTracker& memory_tracker();
 
+// Makes the C library keep the host memory that is freed for the next
+// allocations instead of handing it back to the system: a training step
+// frees and allocates the same buffers over and over (a unit's f32 working
+// copy and gradients, once per use in 16-bit mode), and memory handed back
+// is faulted in again page by page, zeroed by the kernel, at every use.
+// glibc: blocks up to 32 MiB (its limit) come from the heap, which is
+// trimmed only past 2 GiB free at its top; the process's resident size
+// stays near its peak. Leaves the
+// allocator alone where the user tuned it (MALLOC_MMAP_THRESHOLD_,
+// MALLOC_TRIM_THRESHOLD_ or GLIBC_TUNABLES set) or where the C library is
+// not glibc. Returns whether it changed anything. The command-line tool
+// calls it first thing.
+bool keep_freed_host_memory();
+
 // An owning allocation counted under one category, with the device it lives
 // on. The constructor allocates host memory, 64-byte aligned, zeroed unless
 // the caller will write all of it first (zeroed = false); a backend with
@@ -73,7 +87,11 @@ class Buffer {
   size_t bytes_ = 0;
   MemCategory category_ = MemCategory::kWorkspace;
   Device device_ = Device::kCpu;
-  void (*free_)(void*) = nullptr;  // null: std::free
+  void (*free_)(void*) = nullptr;  // null: std::free(base_)
+  // Host allocations: what malloc returned, 64 bytes or less below data_.
+  // (Not aligned_alloc: glibc's aligned blocks fragment its heap, so that
+  // freed ones are not reused whole; malloc's are.)
+  void* base_ = nullptr;
 };
 
 }  // namespace loom
