@@ -53,13 +53,12 @@ MemoryTracker& memory_tracker() {
 
 bool keep_freed_host_memory() {
 #if defined(__GLIBC__)
-  for (const char* v : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES"})
+  for (const char* v :
+       {"MALLOC_MMAP_MAX_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES"})
     if (std::getenv(v) != nullptr) return false;
-  // Both together: setting either alone turns off glibc's adaptive
-  // threshold, and the trim threshold alone would leave every block past
-  // 128 KiB to mmap.
-  constexpr int kMaxMmapThreshold = 32 << 20;
-  return mallopt(M_MMAP_THRESHOLD, kMaxMmapThreshold) == 1 &&
+  // No block mapped on its own (every one comes from a heap and goes back
+  // to it), and the heap trimmed only past 2 GiB free at its top.
+  return mallopt(M_MMAP_MAX, 0) == 1 &&
          mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max()) == 1;
 #else
   return false;

@@ -46,13 +46,14 @@ MemoryTracker& memory_tracker();
 // frees and allocates the same buffers over and over (a unit's f32 working
 // copy and gradients, once per use in 16-bit mode), and memory handed back
 // is faulted in again page by page, zeroed by the kernel, at every use.
-// glibc: blocks up to 32 MiB (its limit) come from the heap, which is
-// trimmed only past 2 GiB free at its top; the process's resident size
-// stays near its peak. Leaves the
-// allocator alone where the user tuned it (MALLOC_MMAP_THRESHOLD_,
-// MALLOC_TRIM_THRESHOLD_ or GLIBC_TUNABLES set) or where the C library is
-// not glibc. Returns whether it changed anything. The command-line tool
-// calls it first thing.
+// glibc: no block gets a mapping of its own (by default every one past
+// 128 KiB to 32 MiB, adaptively, does, and is unmapped when freed); every
+// one comes from a heap and goes back to it, which is trimmed only past
+// 2 GiB free at its top. The process's resident size stays near its peak.
+// Leaves the allocator alone where the user tuned it (MALLOC_MMAP_MAX_,
+// MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_ or GLIBC_TUNABLES set) or
+// where the C library is not glibc. Returns whether it changed anything.
+// The command-line tool calls it first thing.
 bool keep_freed_host_memory();
 
 // An owning allocation counted under one category, with the device it lives
