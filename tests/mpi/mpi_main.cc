@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "loom/core/memory.h"
 #include "mpi_main.h"
 
 namespace loom::test {
@@ -40,6 +41,7 @@ MpiRuntime& runtime() {
 }  // namespace loom::test
 
 int main(int argc, char** argv) {
+  loom::keep_freed_host_memory();  // as the command-line tool does
   auto rt = std::make_unique<loom::MpiRuntime>(&argc, &argv);
   loom::test::g_runtime = rt.get();
   ::testing::InitGoogleTest(&argc, argv);

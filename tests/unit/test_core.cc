@@ -1,10 +1,14 @@
 #include <gtest/gtest.h>
+#if __has_include(<malloc.h>)
+#include <malloc.h>
+#endif
 #include <sys/resource.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -77,19 +81,28 @@ TEST(Memory, TrackerCountsCurrentAndPeakPerCategory) {
   EXPECT_EQ(memory_tracker().stats().peak[k], before.current[k]);
 }
 
-// A step's buffers freed and allocated again reuse their pages instead of
-// faulting them in anew, at the same addresses (glibc's aligned blocks,
-// which Buffer no longer uses, had fragmented its heap so that they moved
-// and faulted for rounds).
+// A step's buffers freed and allocated again reuse their memory, at the
+// same addresses, instead of getting fresh mappings that fault every page
+// in anew (and glibc's aligned blocks, which Buffer no longer uses, had
+// fragmented its heap so that they moved and faulted for rounds).
 TEST(Memory, FreedHostBuffersAreReusedWithoutFaults) {
-#if !defined(__GLIBC__) || defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if defined(__GLIBC__) && defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || \
+    __has_feature(memory_sanitizer)
+#define LOOM_SANITIZER_ALLOCATOR 1
+#endif
+#endif
+#if !defined(__GLIBC__) || defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || \
+    defined(LOOM_SANITIZER_ALLOCATOR)
   GTEST_SKIP() << "glibc's own allocator only";
 #else
+  for (const char* v : {"MALLOC_MMAP_MAX_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"})
+    if (std::getenv(v) != nullptr) GTEST_SKIP() << v << " tunes glibc's allocator here";
+  if (const char* t = std::getenv("GLIBC_TUNABLES"); t && std::strstr(t, "glibc.malloc."))
+    GTEST_SKIP() << "GLIBC_TUNABLES tunes glibc's allocator here";
   ::setenv("MALLOC_TRIM_THRESHOLD_", "131072", 1);
   EXPECT_FALSE(keep_freed_host_memory()) << "the user's tuning is left alone";
   ::unsetenv("MALLOC_TRIM_THRESHOLD_");
-  for (const char* v : {"MALLOC_MMAP_MAX_", "MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES"})
-    if (std::getenv(v) != nullptr) GTEST_SKIP() << v << " tunes glibc's allocator here";
   ASSERT_TRUE(keep_freed_host_memory());
   auto faults = [] {
     rusage u{};
@@ -99,12 +112,14 @@ TEST(Memory, FreedHostBuffersAreReusedWithoutFaults) {
   // Past glibc's largest mmap threshold (32 MiB), and four of them past its
   // trim threshold.
   const size_t bytes = size_t(40) << 20;
-  const auto* first = static_cast<const char*>(nullptr);
+  const char* first = nullptr;
   long last = 0;
   for (int round = 0; round < 4; ++round) {
     const long before = faults();
+    const size_t mapped = mallinfo2().hblkhd;
     std::vector<Buffer> step;
     for (int i = 0; i < 4; ++i) step.emplace_back(bytes, MemCategory::kWorkspace, true);
+    EXPECT_EQ(mallinfo2().hblkhd, mapped) << "round " << round << ": blocks mapped on their own";
     if (round == 0) first = step[0].as<char>();
     EXPECT_EQ(step[0].as<char>(), first) << "round " << round;
     EXPECT_EQ(reinterpret_cast<uintptr_t>(step[3].data()) % 64, 0u);

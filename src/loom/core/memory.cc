@@ -53,13 +53,15 @@ MemoryTracker& memory_tracker() {
 
 bool keep_freed_host_memory() {
 #if defined(__GLIBC__)
-  for (const char* v :
-       {"MALLOC_MMAP_MAX_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES"})
+  for (const char* v : {"MALLOC_MMAP_MAX_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"})
     if (std::getenv(v) != nullptr) return false;
+  if (const char* t = std::getenv("GLIBC_TUNABLES"); t && std::strstr(t, "glibc.malloc."))
+    return false;
   // No block mapped on its own (every one comes from a heap and goes back
   // to it), and the heap trimmed only past 2 GiB free at its top.
-  return mallopt(M_MMAP_MAX, 0) == 1 &&
-         mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max()) == 1;
+  const bool no_mmap = mallopt(M_MMAP_MAX, 0) == 1;
+  const bool no_trim = mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max()) == 1;
+  return no_mmap || no_trim;
 #else
   return false;
 #endif
@@ -68,6 +70,8 @@ bool keep_freed_host_memory() {
 Buffer::Buffer(size_t bytes, MemCategory category, bool zeroed)
     : bytes_(bytes), category_(category) {
   if (bytes == 0) return;
+  LOOM_CHECK(bytes <= size_t(PTRDIFF_MAX) / 2, "allocating {} bytes for {}: more than any host has",
+             bytes, mem_category_name(category));
   const size_t rounded = (bytes + 63) / 64 * 64;
   base_ = std::malloc(rounded + 64);
   LOOM_CHECK(base_ != nullptr, "out of memory allocating {} bytes for {}", bytes,

@@ -46,14 +46,19 @@ MemoryTracker& memory_tracker();
 // frees and allocates the same buffers over and over (a unit's f32 working
 // copy and gradients, once per use in 16-bit mode), and memory handed back
 // is faulted in again page by page, zeroed by the kernel, at every use.
-// glibc: no block gets a mapping of its own (by default every one past
-// 128 KiB to 32 MiB, adaptively, does, and is unmapped when freed); every
-// one comes from a heap and goes back to it, which is trimmed only past
-// 2 GiB free at its top. The process's resident size stays near its peak.
+// glibc: by default every block past its mmap threshold (128 KiB, rising
+// adaptively to at most 32 MiB) gets a mapping of its own, unmapped when
+// freed, and the heap is trimmed when a few times that threshold is free
+// at its top. After this call the main arena (where the main thread, which
+// runs the steps, allocates) maps no block on its own and is trimmed only
+// past 2 GiB free, so a freed block is reused by the next allocation that
+// fits and the process's resident size stays near its peak. Other threads'
+// arenas still map blocks larger than their 64 MiB heaps on their own.
 // Leaves the allocator alone where the user tuned it (MALLOC_MMAP_MAX_,
-// MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_ or GLIBC_TUNABLES set) or
-// where the C library is not glibc. Returns whether it changed anything.
-// The command-line tool calls it first thing.
+// MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, or glibc.malloc.* in
+// GLIBC_TUNABLES) or where the C library is not glibc (or a sanitizer's
+// allocator stands in for it). Returns whether it changed anything. The
+// command-line tool and the MPI test runner call it first thing.
 bool keep_freed_host_memory();
 
 // An owning allocation counted under one category, with the device it lives
