@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -96,13 +95,16 @@ TEST(Memory, FreedHostBuffersAreReusedWithoutFaults) {
     defined(LOOM_SANITIZER_ALLOCATOR)
   GTEST_SKIP() << "glibc's own allocator only";
 #else
-  for (const char* v : {"MALLOC_MMAP_MAX_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"})
-    if (std::getenv(v) != nullptr) GTEST_SKIP() << v << " tunes glibc's allocator here";
-  if (const char* t = std::getenv("GLIBC_TUNABLES"); t && std::strstr(t, "glibc.malloc."))
-    GTEST_SKIP() << "GLIBC_TUNABLES tunes glibc's allocator here";
+  if (host_allocator_tuned()) GTEST_SKIP() << "this environment tunes glibc's allocator";
   ::setenv("MALLOC_TRIM_THRESHOLD_", "131072", 1);
+  EXPECT_TRUE(host_allocator_tuned());
   EXPECT_FALSE(keep_freed_host_memory()) << "the user's tuning is left alone";
   ::unsetenv("MALLOC_TRIM_THRESHOLD_");
+  ::setenv("GLIBC_TUNABLES", "glibc.pthread.rseq=0", 1);
+  EXPECT_FALSE(host_allocator_tuned()) << "a tunable of another part of glibc";
+  ::setenv("GLIBC_TUNABLES", "glibc.pthread.rseq=0:glibc.malloc.trim_threshold=131072", 1);
+  EXPECT_TRUE(host_allocator_tuned());
+  ::unsetenv("GLIBC_TUNABLES");
   ASSERT_TRUE(keep_freed_host_memory());
   auto faults = [] {
     rusage u{};

@@ -51,12 +51,16 @@ MemoryTracker& memory_tracker() {
   return tracker;
 }
 
+bool host_allocator_tuned() {
+  for (const char* v : {"MALLOC_MMAP_MAX_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"})
+    if (std::getenv(v) != nullptr) return true;
+  const char* t = std::getenv("GLIBC_TUNABLES");
+  return t != nullptr && std::strstr(t, "glibc.malloc.") != nullptr;
+}
+
 bool keep_freed_host_memory() {
 #if defined(__GLIBC__)
-  for (const char* v : {"MALLOC_MMAP_MAX_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"})
-    if (std::getenv(v) != nullptr) return false;
-  if (const char* t = std::getenv("GLIBC_TUNABLES"); t && std::strstr(t, "glibc.malloc."))
-    return false;
+  if (host_allocator_tuned()) return false;
   // No block mapped on its own (every one comes from a heap and goes back
   // to it), and the heap trimmed only past 2 GiB free at its top.
   const bool no_mmap = mallopt(M_MMAP_MAX, 0) == 1;

@@ -54,12 +54,15 @@ MemoryTracker& memory_tracker();
 // past 2 GiB free, so a freed block is reused by the next allocation that
 // fits and the process's resident size stays near its peak. Other threads'
 // arenas still map blocks larger than their 64 MiB heaps on their own.
-// Leaves the allocator alone where the user tuned it (MALLOC_MMAP_MAX_,
-// MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, or glibc.malloc.* in
-// GLIBC_TUNABLES) or where the C library is not glibc (or a sanitizer's
-// allocator stands in for it). Returns whether it changed anything. The
-// command-line tool and the MPI test runner call it first thing.
+// Leaves the allocator alone where the user tuned it (host_allocator_tuned)
+// or where the C library is not glibc (or a sanitizer's allocator stands in
+// for it). Returns whether it changed anything. The command-line tool and
+// the MPI test runner call it first thing.
 bool keep_freed_host_memory();
+// Whether the environment tunes glibc's allocator: MALLOC_MMAP_MAX_,
+// MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, or glibc.malloc.* in
+// GLIBC_TUNABLES.
+bool host_allocator_tuned();
 
 // An owning allocation counted under one category, with the device it lives
 // on. The constructor allocates host memory, 64-byte aligned, zeroed unless
