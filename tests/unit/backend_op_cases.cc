@@ -253,6 +253,27 @@ void add_loss_cases(std::vector<OpCase>& ops) {
     });
     ops.push_back(op);
   }
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    // The gradient written straight into 16 bits: within one 16-bit
+    // rounding of the reference's (bit for bit cross_entropy_backward
+    // rounded: test_precision.cc), padding zero, a slice's range (inputs:
+    // logits, lse, dloss).
+    const int64_t N = 8, V = 20, Vp = 24, v0 = 24;
+    const auto targets = make_tokens(N, 60, 6);
+    OpCase op = make_case("cross_entropy_backward_16_" + std::string(dtype_name(t)),
+                          {Op::kCrossEntropyBackward16}, {N * Vp, N, N}, {N * Vp}, {true});
+    op.fwd_tol = t == DType::kBF16 ? 8e-3 : 1e-3;
+    op.adjust_inputs = [=](Vecs<double>& in) {
+      for (auto& x : in[1]) x = std::abs(x) + 3;
+    };
+    set_forward_f32(op, [=](const auto& be, const auto& in, auto& out) {
+      std::vector<uint16_t> h(static_cast<size_t>(N * Vp), 0xffff);
+      be.cross_entropy_backward_16(h.data(), in[0].data(), in[1].data(), targets.data(),
+                                   in[2].data(), N, V, Vp, v0, t);
+      from_16(h, out[0], t);
+    });
+    ops.push_back(op);
+  }
   {
     const int64_t N = 8, V = 20, Vp = 24, v0 = 24;
     const auto targets = make_tokens(N, 60, 5);

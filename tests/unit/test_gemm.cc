@@ -365,6 +365,35 @@ TEST(Gemm, BackwardRoundsDoutOnceForBothProducts) {
                  1.0f, want_dwt.data(), C);
     EXPECT_EQ(dinp, want_dinp) << "nt, 16-bit weight " << sixteen;
     EXPECT_EQ(dwt, want_dwt) << "nt, 16-bit weight " << sixteen;
+    // dout handed over as its bf16 twin alone (the cross-entropy's
+    // gradient written in bf16): the same products, bit for bit, both
+    // together and each alone.
+    std::vector<uint16_t> dout16(dout.size());
+    for (size_t i = 0; i < dout.size(); ++i) dout16[i] = f32_to_bf16(dout[i]);
+    Input<float> twin(nullptr, dout16.data());
+    twin.written = true;
+    for (const int which : {3, 1, 2}) {
+      std::vector<float> di = dinp0, dwt2(static_cast<size_t>(V * C), 0.5f);
+      cpu::matmul_nt_backward<float>(g, (which & 1) ? di.data() : nullptr,
+                                     (which & 2) ? dwt2.data() : nullptr, twin, inp.data(), weight,
+                                     N, C, V);
+      if (which & 1) EXPECT_EQ(di, want_dinp) << "nt twin, 16-bit weight " << sixteen;
+      if (which & 2) EXPECT_EQ(dwt2, want_dwt) << "nt twin, 16-bit weight " << sixteen;
+    }
+  }
+  // A twin where the GEMMs do not read bf16 operands is refused by name.
+  std::vector<uint16_t> d16(static_cast<size_t>(N * OC));
+  std::vector<float> di(static_cast<size_t>(N * C));
+  Input<float> twin(nullptr, d16.data());
+  twin.written = true;
+  try {
+    cpu::matmul_nt_backward<float>(cpu::GemmConfig{kBlas}, di.data(), nullptr, twin, nullptr,
+                                   Weight<float>(w.data()), N, C, OC);
+    ADD_FAILURE() << "a bf16 dout on f32 GEMMs was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("a bf16 output gradient needs bf16 GEMM inputs"),
+              std::string::npos)
+        << e.what();
   }
 }
 

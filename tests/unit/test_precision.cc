@@ -7,10 +7,12 @@
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <tuple>
 #include <vector>
 
 #include "loom/core/rng.h"
 #include "loom/kernels/cpu/adamw.h"
+#include "loom/kernels/cpu/cross_entropy.h"
 #include "loom/kernels/cpu/elementwise.h"
 #include "loom/kernels/cpu/layernorm.h"
 #include "loom/kernels/cpu/precision.h"
@@ -111,6 +113,43 @@ TEST(Precision, GeluForward16IsGeluRoundedBitwise) {
     cpu::round_to_16(y.data(), want.data(), n, t);
     cpu::gelu_forward_16(got.data(), x.data(), n, t);
     EXPECT_EQ(got, want) << dtype_name(t);
+  }
+}
+
+// The cross-entropy's gradient written straight into 16 bits (what the LM
+// head's bf16 GEMMs read) is cross_entropy_backward's rounded, bit for bit:
+// rows longer than a piece with ragged ends, targets in every piece, the
+// padding zero, and a vocabulary-parallel slice (v0) whose targets may lie
+// outside it.
+TEST(Precision, CrossEntropyBackward16IsTheGradientRoundedBitwise) {
+  for (const auto& [V, Vp, v0] : {std::tuple<int64_t, int64_t, int64_t>{50, 64, 0},
+                                  {3 * 1024 + 77, 3 * 1024 + 128, 0},
+                                  {2 * 1024 + 5, 2 * 1024 + 8, 1000}}) {
+    const int64_t N = 9;
+    std::vector<float> logits(static_cast<size_t>(N * Vp)), lse(N), losses(N), dloss(N);
+    std::vector<int32_t> targets(N);
+    const NormalStream rng(11, "cross_entropy");
+    for (size_t i = 0; i < logits.size(); ++i) logits[i] = 3 * rng.at(i);
+    for (int64_t n = 0; n < N; ++n) {
+      // Spread over the row's pieces (and, for the slice, before and past it).
+      targets[n] = static_cast<int32_t>((n * (V + 2 * v0) / N) % (V + v0 + v0 / 2));
+      dloss[n] = 1.0f / float(N) * (1 + 0.1f * float(n));
+    }
+    const std::vector<int32_t> first(N, 0);  // lse does not depend on the targets
+    cpu::cross_entropy_forward<float>(losses.data(), lse.data(), logits.data(), first.data(), N, V,
+                                      Vp);
+    std::vector<float> grad = logits;
+    cpu::cross_entropy_backward<float>(grad.data(), lse.data(), targets.data(), dloss.data(), N, V,
+                                       Vp, v0);
+    for (DType t : {DType::kBF16, DType::kF16}) {
+      std::vector<uint16_t> want(grad.size()), got(grad.size(), 0xffff);
+      cpu::round_to_16(grad.data(), want.data(), N * Vp, t);
+      const std::vector<float> before = logits;
+      cpu::cross_entropy_backward_16(got.data(), logits.data(), lse.data(), targets.data(),
+                                     dloss.data(), N, V, Vp, v0, t);
+      EXPECT_EQ(got, want) << dtype_name(t) << " V " << V << " v0 " << v0;
+      EXPECT_EQ(logits, before) << "the logits are only read";
+    }
   }
 }
 

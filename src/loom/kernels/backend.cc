@@ -30,6 +30,7 @@ const char* op_name(Op op) {
       "attention_chunk_backward",
       "cross_entropy_forward",
       "cross_entropy_backward",
+      "cross_entropy_backward_16",
       "vocab_logit_stats",
       "vocab_sum_exp",
       "encoder_forward",
@@ -59,6 +60,7 @@ bool is_16bit_op(Op op) {
     case Op::kAdamW16:
     case Op::kLayerNormForward16:
     case Op::kGeluForward16:
+    case Op::kCrossEntropyBackward16:
     case Op::kSumSquares16:
     case Op::kScale16:
     case Op::kRound16:
@@ -107,6 +109,12 @@ void Backend<T>::layernorm_forward_16(uint16_t*, float*, float*, const float*, c
 template <typename T>
 void Backend<T>::gelu_forward_16(uint16_t*, const float*, int64_t, DType) const {
   unsupported(Op::kGeluForward16);
+}
+template <typename T>
+void Backend<T>::cross_entropy_backward_16(uint16_t*, const float*, const float*, const int32_t*,
+                                           const float*, int64_t, int64_t, int64_t, int64_t,
+                                           DType) const {
+  unsupported(Op::kCrossEntropyBackward16);
 }
 template <typename T>
 void Backend<T>::round_16(const float*, uint16_t*, int64_t, DType) const {

@@ -51,6 +51,7 @@ enum class Op : uint8_t {
   kAttentionChunkBackward,
   kCrossEntropyForward,
   kCrossEntropyBackward,
+  kCrossEntropyBackward16,
   kVocabLogitStats,
   kVocabSumExp,
   kEncoderForward,
@@ -118,14 +119,18 @@ class Backend {
   virtual void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, InputArg<T> inp,
                                WeightArg<T> weight, int64_t N, int64_t C, int64_t OC,
                                GradWrite dinp_write) const = 0;
-  // Whether matmul_forward / matmul_backward take inputs with bf16 twins
-  // (types.h Input): GEMMs with bf16 inputs that read bf16 operands.
+  // Whether matmul_forward / matmul_backward take inputs, and
+  // matmul_nt_backward an output gradient, with bf16 twins (types.h Input):
+  // GEMMs with bf16 inputs that read bf16 operands.
   virtual bool reads_inputs16() const { return false; }
   // The tied LM head: out (N, V) = inp (N, C) @ weight^T, weight (V, C).
   virtual void matmul_nt_forward(T* out, const T* inp, WeightArg<T> weight, int64_t N, int64_t C,
                                  int64_t V) const = 0;
   // dinp (N, C) += dout (N, V) @ weight; dweight (V, C) += dout^T @ inp; either may be null.
-  virtual void matmul_nt_backward(T* dinp, T* dweight, const T* dout, const T* inp,
+  // dout may come as its bf16 twin alone (r16 written, data null: the
+  // cross-entropy's gradient written straight into 16 bits), on backends
+  // whose reads_inputs16() is true.
+  virtual void matmul_nt_backward(T* dinp, T* dweight, InputArg<T> dout, const T* inp,
                                   WeightArg<T> weight, int64_t N, int64_t C, int64_t V) const = 0;
 
   // ---- normalisation, activations ----
@@ -201,6 +206,13 @@ class Backend {
   virtual void cross_entropy_backward(T* logits, const T* lse, const int32_t* targets,
                                       const T* dloss, int64_t N, int64_t V, int64_t Vp,
                                       int64_t v0) const = 0;
+  // dlogits16 (N, Vp) = cross_entropy_backward's values rounded to t, bit for
+  // bit (f32 alone), logits left as they are: the LM head's output gradient
+  // written straight into the 16 bits its GEMMs read, never stored in f32.
+  virtual void cross_entropy_backward_16(uint16_t* dlogits16, const float* logits,
+                                         const float* lse, const int32_t* targets,
+                                         const float* dloss, int64_t N, int64_t V, int64_t Vp,
+                                         int64_t v0, DType t) const;
   // A vocabulary-parallel rank's part of the loss, logits (N, Vp) over
   // columns [v0, v0 + Vp), the first V real: mx (N) = the row maxima of the
   // real columns (-inf when none), target (N) = logits[n, targets[n] - v0]

@@ -1,6 +1,8 @@
 #include "loom/nn/head.h"
 #include "loom/nn/deferred_grads.h"
 
+#include <type_traits>
+
 namespace loom {
 
 template <typename T>
@@ -49,10 +51,27 @@ void Head<T>::logits_backward(const ParamStore<T>& ps, const HeadRecord<T>& r,
                               const int32_t* targets, const T* dloss, T* d_lnf,
                               const Rows& rows) const {
   const auto& be = ps.backend();
-  const int64_t BT = rows.all();
-  be.cross_entropy_backward(r.logits, r.lse, targets, dloss, BT, c_.vocab_size, c_.padded_vocab(),
-                            0);
-  tied_head_backward(ps, d_lnf, this->wte_, r.logits, r.lnf, BT, c_.n_embd, c_.padded_vocab());
+  const int64_t BT = rows.all(), Vp = c_.padded_vocab();
+  if constexpr (std::is_same_v<T, float>) {
+    // GEMMs that read bf16 operands: the gradient written straight into
+    // bf16, which both products multiply (bit for bit the f32 gradient they
+    // would have rounded), never stored in f32 and read back. A deferred
+    // weight gradient keeps the f32 one.
+    const Weight<T> w = ps.weight(this->wte_);
+    if (be.reads_inputs16() && ps.deferral() == nullptr &&
+        (w.w16 == nullptr || w.t == DType::kBF16)) {
+      Buffer d16 = be.alloc(static_cast<size_t>(BT * Vp) * sizeof(uint16_t),
+                            MemCategory::kActivations, false);
+      be.cross_entropy_backward_16(d16.as<uint16_t>(), r.logits, r.lse, targets, dloss, BT,
+                                   c_.vocab_size, Vp, 0, DType::kBF16);
+      Input<T> dout(nullptr, d16.as<uint16_t>());
+      dout.written = true;
+      be.matmul_nt_backward(d_lnf, ps.grad(this->wte_), dout, r.lnf, w, BT, c_.n_embd, Vp);
+      return;
+    }
+  }
+  be.cross_entropy_backward(r.logits, r.lse, targets, dloss, BT, c_.vocab_size, Vp, 0);
+  tied_head_backward(ps, d_lnf, this->wte_, r.logits, r.lnf, BT, c_.n_embd, Vp);
 }
 
 template class Head<float>;

@@ -51,7 +51,8 @@ class HeadLayer {
   virtual double loss(const ParamStore<T>& ps, const HeadRecord<T>& r, const int32_t* targets,
                       const Rows& rows) const = 0;
   // d_lnf (rows.count, C) += the gradient of sum(dloss_n * loss_n) through
-  // the logits (dloss for every row); the logits become their gradient.
+  // the logits (dloss for every row); the logits' buffer may become their
+  // gradient (its values are not read after).
   virtual void logits_backward(const ParamStore<T>& ps, const HeadRecord<T>& r,
                                const int32_t* targets, const T* dloss, T* d_lnf,
                                const Rows& rows) const = 0;

@@ -66,7 +66,7 @@ void CpuBackend<T>::matmul_nt_forward(T* out, const T* inp, WeightArg<T> weight,
   cpu::matmul_nt_forward<T>(g_, out, inp, weight, N, C, V);
 }
 template <typename T>
-void CpuBackend<T>::matmul_nt_backward(T* dinp, T* dweight, const T* dout, const T* inp,
+void CpuBackend<T>::matmul_nt_backward(T* dinp, T* dweight, InputArg<T> dout, const T* inp,
                                        WeightArg<T> weight, int64_t N, int64_t C, int64_t V) const {
   cpu::matmul_nt_backward<T>(g_, dinp, dweight, dout, inp, weight, N, C, V);
 }
@@ -142,6 +142,14 @@ void CpuBackend<T>::cross_entropy_backward(T* logits, const T* lse, const int32_
                                            const T* dloss, int64_t N, int64_t V, int64_t Vp,
                                            int64_t v0) const {
   cpu::cross_entropy_backward<T>(logits, lse, targets, dloss, N, V, Vp, v0);
+}
+template <typename T>
+void CpuBackend<T>::cross_entropy_backward_16(uint16_t* dlogits16, const float* logits,
+                                              const float* lse, const int32_t* targets,
+                                              const float* dloss, int64_t N, int64_t V, int64_t Vp,
+                                              int64_t v0, DType t) const {
+  if constexpr (!std::is_same_v<T, float>) this->unsupported(Op::kCrossEntropyBackward16);
+  cpu::cross_entropy_backward_16(dlogits16, logits, lse, targets, dloss, N, V, Vp, v0, t);
 }
 template <typename T>
 void CpuBackend<T>::vocab_logit_stats(T* mx, T* target, const T* logits, const int32_t* targets,

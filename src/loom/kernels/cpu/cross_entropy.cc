@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 
+#include "loom/core/error.h"
+#include "loom/kernels/cpu/precision.h"
 #include "loom/kernels/cpu/vec_math.h"
 
 namespace loom::cpu {
@@ -49,6 +51,37 @@ void cross_entropy_backward(T* logits, const T* lse, const int32_t* targets, con
     std::fill(row + V, row + Vp, T(0));
     const int64_t t = targets[n] - v0;
     if (t >= 0 && t < Vp) row[t] -= d;
+  }
+}
+
+void cross_entropy_backward_16(uint16_t* dlogits16, const float* logits, const float* lse,
+                               const int32_t* targets, const float* dloss, int64_t N, int64_t V,
+                               int64_t Vp, int64_t v0, DType t) {
+  // A row a piece at a time: the f32 gradient (cross_entropy_backward's
+  // arithmetic, the target's column included) in a buffer that stays in
+  // cache, rounded from there.
+  LOOM_CHECK(t == DType::kBF16 || t == DType::kF16, "cross_entropy_backward_16 asked for {}",
+             dtype_name(t));
+  constexpr int64_t kPiece = 1024;
+#pragma omp parallel for
+  for (int64_t n = 0; n < N; ++n) {
+    const float* row = logits + n * Vp;
+    uint16_t* out = dlogits16 + n * Vp;
+    const float l = lse[n], d = dloss[n];
+    const int64_t target = targets[n] - v0;
+    float g[kPiece];
+    for (int64_t b = 0; b < V; b += kPiece) {
+      const int64_t len = std::min(kPiece, V - b);
+      for (int64_t k = 0; k < len; ++k) g[k] = d * vexp(row[b + k] - l);
+      if (target >= b && target < b + len) g[target - b] -= d;
+      round_to_16_serial(g, out + b, len, t);
+    }
+    // The padding: zero in either 16-bit type.
+    std::fill(out + V, out + Vp, uint16_t{0});
+    if (target >= V && target < Vp) {
+      const float g_pad = 0.0f - d;
+      out[target] = t == DType::kBF16 ? f32_to_bf16(g_pad) : f32_to_f16(g_pad);
+    }
   }
 }
 

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "loom/core/dtype.h"
+
 namespace loom::cpu {
 
 // logits (N, Vp), of which the first V columns are real and the rest padding
@@ -20,6 +22,12 @@ void cross_entropy_forward(T* losses, T* lse, const T* logits, const int32_t* ta
 template <typename T>
 void cross_entropy_backward(T* logits, const T* lse, const int32_t* targets, const T* dloss,
                             int64_t N, int64_t V, int64_t Vp, int64_t v0);
+
+// dlogits16 (N, Vp) = cross_entropy_backward's values rounded to t (kBF16 or
+// kF16), bit for bit; logits are only read.
+void cross_entropy_backward_16(uint16_t* dlogits16, const float* logits, const float* lse,
+                               const int32_t* targets, const float* dloss, int64_t N, int64_t V,
+                               int64_t Vp, int64_t v0, DType t);
 
 // A vocabulary-parallel rank's part of the loss (kernels/backend.h).
 template <typename T>

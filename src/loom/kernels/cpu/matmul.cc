@@ -178,20 +178,36 @@ void matmul_nt_forward(const GemmConfig& g, T* out, const T* inp, WeightArg<T> w
 }
 
 template <typename T>
-void matmul_nt_backward(const GemmConfig& g, T* dinp, T* dweight, const T* dout, const T* inp,
-                        WeightArg<T> weight, int64_t N, int64_t C, int64_t V) {
+void matmul_nt_backward(const GemmConfig& g, T* dinp, T* dweight, InputArg<T> dout_arg,
+                        const T* inp, WeightArg<T> weight, int64_t N, int64_t C, int64_t V) {
+  const T* dout = dout_arg.data;
   if constexpr (std::is_same_v<T, float>) {
-    if (share_dout<T>(g, dinp, dweight, N, C, V) &&
-        (weight.w16 == nullptr || weight.t == g.inputs)) {
-      const uint16_t* dout16 = round_shared_operand(dout, N * V);
-      if (weight.w16 != nullptr)
-        gemm_16(g.backend, g.inputs, false, false, N, C, V, 1.0f, nullptr, V, nullptr, C, 1.0f,
-                dinp, C, weight.w16, dout16, nullptr, weight.packs);
-      else
-        gemm_16(g.backend, g.inputs, false, false, N, C, V, 1.0f, nullptr, V, weight.data, C, 1.0f,
-                dinp, C, nullptr, dout16);
-      gemm_16(g.backend, g.inputs, true, false, V, C, N, 1.0f, nullptr, V, inp, C, 1.0f, dweight, C,
-              nullptr, dout16);
+    const bool bf16 =
+        gemm_16_uses_bf16_matmul(g.inputs) && (weight.w16 == nullptr || weight.t == g.inputs);
+    // dout in bf16: the twin its producer wrote, or rounded here once for
+    // the two products.
+    const uint16_t* dout16 = nullptr;
+    if (dout_arg.r16 != nullptr) {
+      LOOM_CHECK(dout_arg.written && bf16 && g.inputs == DType::kBF16,
+                 "matmul_nt_backward: a bf16 output gradient needs bf16 GEMM inputs on the bf16 "
+                 "matmul (and the weight in bf16 or f32)");
+      dout16 = dout_arg.r16;
+    } else if (share_dout<T>(g, dinp, dweight, N, C, V) && bf16) {
+      dout16 = round_shared_operand(dout, N * V);
+    }
+    if (dout16 != nullptr) {
+      if (N == 0 || C == 0 || V == 0) return;
+      if (dinp != nullptr) {
+        if (weight.w16 != nullptr)
+          gemm_16(g.backend, g.inputs, false, false, N, C, V, 1.0f, nullptr, V, nullptr, C, 1.0f,
+                  dinp, C, weight.w16, dout16, nullptr, weight.packs);
+        else
+          gemm_16(g.backend, g.inputs, false, false, N, C, V, 1.0f, nullptr, V, weight.data, C,
+                  1.0f, dinp, C, nullptr, dout16);
+      }
+      if (dweight != nullptr)
+        gemm_16(g.backend, g.inputs, true, false, V, C, N, 1.0f, nullptr, V, inp, C, 1.0f, dweight,
+                C, nullptr, dout16);
       return;
     }
   }
@@ -207,7 +223,8 @@ void matmul_nt_backward(const GemmConfig& g, T* dinp, T* dweight, const T* dout,
                                    WeightArg<T>, int64_t, int64_t, int64_t, GradWrite);            \
   template void matmul_nt_forward<T>(const GemmConfig&, T*, const T*, WeightArg<T>, int64_t,       \
                                      int64_t, int64_t);                                            \
-  template void matmul_nt_backward<T>(const GemmConfig&, T*, T*, const T*, const T*, WeightArg<T>, \
+  template void matmul_nt_backward<T>(const GemmConfig&, T*, T*, InputArg<T>, const T*,           \
+                                      WeightArg<T>, \
                                       int64_t, int64_t, int64_t);
 LOOM_INSTANTIATE(float)
 LOOM_INSTANTIATE(double)

@@ -39,9 +39,11 @@ void matmul_nt_forward(const GemmConfig& g, T* out, const T* inp, WeightArg<T> w
                        int64_t C, int64_t V);
 
 // Accumulates: dinp (N, C) += dout (N, V) @ weight; dweight (V, C) += dout^T @ inp.
-// Either may be null (then weight, or inp, is not read).
+// Either may be null (then weight, or inp, is not read). dout may be its
+// bf16 twin alone (r16 written; bf16 inputs on the bf16 matmul): both
+// products multiply it as it is.
 template <typename T>
-void matmul_nt_backward(const GemmConfig& g, T* dinp, T* dweight, const T* dout, const T* inp,
+void matmul_nt_backward(const GemmConfig& g, T* dinp, T* dweight, InputArg<T> dout, const T* inp,
                         WeightArg<T> weight, int64_t N, int64_t C, int64_t V);
 
 }  // namespace loom::cpu

@@ -290,6 +290,21 @@ __global__ void k_ce_backward(T* logits, const T* lse, const int32_t* targets, c
   }
 }
 
+// cross_entropy_backward's value in f32, rounded to 16 bits, logits only read.
+__global__ void k_ce_backward_16(uint16_t* dlogits16, const float* logits, const float* lse,
+                                 const int32_t* targets, const float* dloss, int64_t N, int64_t V,
+                                 int64_t Vp, int64_t v0, bool bf16) {
+  LOOM_GRID_STRIDE(i, N * Vp) {
+    const int64_t n = i / Vp, v = i % Vp;
+    if (v >= V) {
+      dlogits16[i] = 0;
+      continue;
+    }
+    const float hit = v0 + v == targets[n] ? 1.0f : 0.0f;
+    dlogits16[i] = cuda::narrow16(dloss[n] * (expf(logits[i] - lse[n]) - hit), bf16);
+  }
+}
+
 template <typename T>
 __global__ void k_vocab_stats(T* mx, T* target, const T* logits, const int32_t* targets, int64_t V,
                               int64_t Vp, int64_t v0) {
@@ -639,11 +654,12 @@ void CudaBackend<T>::matmul_nt_forward(T* out, const T* inp, WeightArg<T> weight
 }
 
 template <typename T>
-void CudaBackend<T>::matmul_nt_backward(T* dinp, T* dweight, const T* dout, const T* inp,
+void CudaBackend<T>::matmul_nt_backward(T* dinp, T* dweight, InputArg<T> dout, const T* inp,
                                         WeightArg<T> weight, int64_t N, int64_t C,
                                         int64_t V) const {
+  LOOM_CHECK(dout.r16 == nullptr, "backend {} takes no bf16 input twins", name());
   Args args;
-  const T* dy = args.in(dout, N * V);
+  const T* dy = args.in(dout.data, N * V);
   if (dinp != nullptr)
     weight_gemm<T>(g_, args, false, false, N, C, V, T(1), dy, V, weight, C, T(1), dinp, C);
   if (dweight != nullptr)
@@ -760,6 +776,20 @@ void CudaBackend<T>::cross_entropy_backward(T* logits, const T* lse, const int32
   Args args;
   launch(k_ce_backward<T>, N * Vp, args.inout(logits, N * Vp), args.in(lse, N), args.in(targets, N),
          args.in(dloss, N), N, V, Vp, v0);
+  args.finish();
+}
+
+template <typename T>
+void CudaBackend<T>::cross_entropy_backward_16(uint16_t* dlogits16, const float* logits,
+                                               const float* lse, const int32_t* targets,
+                                               const float* dloss, int64_t N, int64_t V,
+                                               int64_t Vp, int64_t v0, DType t) const {
+  if constexpr (!std::is_same_v<T, float>) this->unsupported(Op::kCrossEntropyBackward16);
+  check_16(t);
+  Args args;
+  launch(k_ce_backward_16, N * Vp, args.inout(dlogits16, N * Vp), args.in(logits, N * Vp),
+         args.in(lse, N), args.in(targets, N), args.in(dloss, N), N, V, Vp, v0,
+         t == DType::kBF16);
   args.finish();
 }
 

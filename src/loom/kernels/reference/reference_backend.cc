@@ -116,9 +116,11 @@ void ReferenceBackend<T>::matmul_nt_forward(T* out, const T* inp, WeightArg<T> w
 }
 
 template <typename T>
-void ReferenceBackend<T>::matmul_nt_backward(T* dinp, T* dweight, const T* dout, const T* inp,
-                                             WeightArg<T> weight, int64_t N, int64_t C,
-                                             int64_t V) const {
+void ReferenceBackend<T>::matmul_nt_backward(T* dinp, T* dweight, InputArg<T> dout_arg,
+                                             const T* inp, WeightArg<T> weight, int64_t N,
+                                             int64_t C, int64_t V) const {
+  LOOM_CHECK(dout_arg.r16 == nullptr, "backend {} takes no bf16 input twins", name());
+  const T* dout = dout_arg.data;
   if (dinp != nullptr)
     for (int64_t n = 0; n < N; ++n)
       for (int64_t c = 0; c < C; ++c) {
@@ -458,6 +460,22 @@ void ReferenceBackend<T>::cross_entropy_backward(T* logits, const T* lse, const 
       row[v] = T(d * (std::exp(double(row[v]) - l) - hit));
     }
   }
+}
+
+template <typename T>
+void ReferenceBackend<T>::cross_entropy_backward_16(uint16_t* dlogits16, const float* logits,
+                                                    const float* lse, const int32_t* targets,
+                                                    const float* dloss, int64_t N, int64_t V,
+                                                    int64_t Vp, int64_t v0, DType t) const {
+  if constexpr (!std::is_same_v<T, float>) this->unsupported(Op::kCrossEntropyBackward16);
+  check_16(t);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t v = 0; v < Vp; ++v) {
+      const double hit = v0 + v == targets[n] ? 1.0 : 0.0;
+      const double e = v < V ? std::exp(double(logits[n * Vp + v]) - double(lse[n])) : 0.0;
+      const auto g = float(double(dloss[n]) * (e - hit));
+      dlogits16[n * Vp + v] = t == DType::kBF16 ? f32_to_bf16(g) : f32_to_f16(g);
+    }
 }
 
 template <typename T>

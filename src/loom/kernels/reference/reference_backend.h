@@ -26,7 +26,7 @@ class ReferenceBackend final : public Backend<T> {
                        GradWrite dinp_write) const override;
   void matmul_nt_forward(T* out, const T* inp, WeightArg<T> weight, int64_t N, int64_t C,
                          int64_t V) const override;
-  void matmul_nt_backward(T* dinp, T* dweight, const T* dout, const T* inp, WeightArg<T> weight,
+  void matmul_nt_backward(T* dinp, T* dweight, InputArg<T> dout, const T* inp, WeightArg<T> weight,
                           int64_t N, int64_t C, int64_t V) const override;
   void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias,
                          int64_t N, int64_t C) const override;
@@ -58,6 +58,9 @@ class ReferenceBackend final : public Backend<T> {
                              int64_t V, int64_t Vp) const override;
   void cross_entropy_backward(T* logits, const T* lse, const int32_t* targets, const T* dloss,
                               int64_t N, int64_t V, int64_t Vp, int64_t v0) const override;
+  void cross_entropy_backward_16(uint16_t* dlogits16, const float* logits, const float* lse,
+                                 const int32_t* targets, const float* dloss, int64_t N, int64_t V,
+                                 int64_t Vp, int64_t v0, DType t) const override;
   void vocab_logit_stats(T* mx, T* target, const T* logits, const int32_t* targets, int64_t N,
                          int64_t V, int64_t Vp, int64_t v0) const override;
   void vocab_sum_exp(T* sum, const T* logits, const T* mx, int64_t N, int64_t V,
