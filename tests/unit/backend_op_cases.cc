@@ -177,6 +177,35 @@ void add_layer_cases(std::vector<OpCase>& ops) {
     ops.push_back(op);
   }
   for (float p : {0.0f, 0.25f}) {
+    // Dropout and the residual add in one pass, out of place and in place;
+    // its backward: the gradient dropped (out of place, no residual) into
+    // x's, and passed as it is to the residual's.
+    static const DropoutStream streams[2] = {DropoutStream(11, 3, 0.0f),
+                                             DropoutStream(11, 3, 0.25f)};
+    const DropoutSpec spec{&streams[p > 0 ? 1 : 0], 4, dropout_site(2, DropoutSite::kAttnResid)};
+    const int64_t Tn = 7, C = 8, row0 = 5, n = 9;
+    for (const bool in_place : {false, true}) {
+      OpCase op = make_case(std::string(p > 0 ? "dropout_residual_p25" : "dropout_residual_p0") +
+                                (in_place ? "_in_place" : ""),
+                            {Op::kDropoutResidual}, {n * C, n * C}, {n * C}, {true});
+      set_forward(op, [=](const auto& be, const auto& in, auto& out) {
+        if (in_place) {
+          out[0] = in[0];
+          be.dropout_residual(out[0].data(), out[0].data(), in[1].data(), spec, Tn, C, row0, n);
+        } else {
+          be.dropout_residual(out[0].data(), in[0].data(), in[1].data(), spec, Tn, C, row0, n);
+        }
+      });
+      set_backward(op, [=](const auto& be, const auto&, const auto&, const auto& d, auto& g) {
+        auto dx = d[0];
+        be.dropout_residual(dx.data(), d[0].data(), nullptr, spec, Tn, C, row0, n);
+        be.add(g[0].data(), dx.data(), n * C);
+        be.add(g[1].data(), d[0].data(), n * C);
+      });
+      ops.push_back(op);
+    }
+  }
+  for (float p : {0.0f, 0.25f}) {
     static const DropoutStream streams[2] = {DropoutStream(11, 3, 0.0f),
                                              DropoutStream(11, 3, 0.25f)};
     const DropoutSpec drop{&streams[p > 0 ? 1 : 0], 5, dropout_site(1, DropoutSite::kAttnProbs)};

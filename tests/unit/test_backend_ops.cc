@@ -353,6 +353,38 @@ TEST(Dropout, KeepRateAndScale) {
   for (int i = 0; i < 40; ++i) EXPECT_EQ(part[i], keep[64 + i]);
 }
 
+// A row's masks are what DropoutStream documents for every element (word
+// c % 4 of philox4x32 on (sample low, site, position, sample high << 18 +
+// c / 4) against the threshold), whichever way row() computes them: whole
+// rows and sub-ranges starting on any multiple of 4, ragged ends, a sample
+// past 2^32, in f32 and f64.
+TEST(Dropout, MasksAreTheDocumentedPhiloxWords) {
+  const DropoutStream s(42, 7, 0.1f);
+  const uint64_t sample = (uint64_t{3} << 32) + 17;
+  const uint32_t site = dropout_site(5, DropoutSite::kAttnProbs, 3), position = 200;
+  const int64_t C = 1000;
+  std::vector<float> want(static_cast<size_t>(C));
+  for (int64_t c = 0; c < C; ++c) {
+    const auto r =
+        philox4x32({static_cast<uint32_t>(sample), site, position,
+                    (static_cast<uint32_t>(sample >> 32) << 18) + static_cast<uint32_t>(c / 4)},
+                   s.key());
+    want[static_cast<size_t>(c)] =
+        r[static_cast<size_t>(c % 4)] >= s.threshold() ? 1.0f / (1.0f - 0.1f) : 0.0f;
+  }
+  for (const auto& [b, e] : {std::pair<int64_t, int64_t>{0, C}, {4, 68}, {64, 999}, {8, 9}}) {
+    std::vector<float> got(static_cast<size_t>(e - b), -1.0f);
+    std::vector<double> got64(got.size(), -1.0);
+    s.row(sample, site, position, b, e, got.data());
+    s.row(sample, site, position, b, e, got64.data());
+    for (int64_t c = b; c < e; ++c) {
+      ASSERT_EQ(got[static_cast<size_t>(c - b)], want[static_cast<size_t>(c)]) << c << " in " << b;
+      ASSERT_EQ(float(got64[static_cast<size_t>(c - b)]) != 0, want[static_cast<size_t>(c)] != 0)
+          << c << " in " << b << " (f64)";
+    }
+  }
+}
+
 // Context parallelism's chunk kernels, composed over a sequence cut into
 // chunks and merged in a scrambled order, give the whole-sequence attention
 // and its gradient (with dropout: the same masks), on every backend.

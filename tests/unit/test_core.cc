@@ -8,7 +8,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
+#include <random>
 #include <vector>
 
 #include "loom/core/dtype.h"
@@ -172,6 +174,36 @@ TEST(Error, CheckRecordsConditionAndValues) {
     EXPECT_NE(what.find("a=3 b=4"), std::string::npos) << what;
     EXPECT_NE(what.find("test_core.cc"), std::string::npos) << what;
     EXPECT_EQ(e.kind(), ErrorKind::kInternal);
+  }
+}
+
+// The lane-parallel Philox (dropout's masks) gives philox4x32's words, bit
+// for bit, on every path this CPU runs: counters that differ in every
+// word, keys with the top bits set (the Weyl additions wrap).
+TEST(Rng, PhiloxLanesAreScalarPhiloxOnEveryPath) {
+  std::mt19937 gen(3);
+  for (const PhiloxKey key : {PhiloxKey{0, 0}, PhiloxKey{0xffffffffu, 0x80000001u},
+                              PhiloxKey{uint32_t(gen()), uint32_t(gen())}}) {
+    uint32_t in[4][kPhiloxLanes];
+    for (auto& w : in)
+      for (uint32_t& v : w) v = uint32_t(gen());
+    in[0][0] = in[1][0] = in[2][0] = in[3][0] = 0xffffffffu;
+    int ran = 0;
+    for (PhiloxPath p :
+         {PhiloxPath::kBest, PhiloxPath::kScalar, PhiloxPath::kAvx2, PhiloxPath::kAvx512}) {
+      if (!philox_runs(p)) continue;
+      ++ran;
+      uint32_t x[4][kPhiloxLanes];
+      std::memcpy(x, in, sizeof x);
+      philox4x32_lanes(x, key, p);
+      for (int l = 0; l < kPhiloxLanes; ++l) {
+        const auto want = philox4x32({in[0][l], in[1][l], in[2][l], in[3][l]}, key);
+        for (int w = 0; w < 4; ++w)
+          ASSERT_EQ(x[w][l], want[static_cast<size_t>(w)])
+              << "path " << static_cast<int>(p) << " lane " << l << " word " << w;
+      }
+    }
+    EXPECT_GE(ran, 2);
   }
 }
 

@@ -377,8 +377,12 @@ TEST(Gemm, BackwardRoundsDoutOnceForBothProducts) {
       cpu::matmul_nt_backward<float>(g, (which & 1) ? di.data() : nullptr,
                                      (which & 2) ? dwt2.data() : nullptr, twin, inp.data(), weight,
                                      N, C, V);
-      if (which & 1) EXPECT_EQ(di, want_dinp) << "nt twin, 16-bit weight " << sixteen;
-      if (which & 2) EXPECT_EQ(dwt2, want_dwt) << "nt twin, 16-bit weight " << sixteen;
+      if (which & 1) {
+        EXPECT_EQ(di, want_dinp) << "nt twin, 16-bit weight " << sixteen;
+      }
+      if (which & 2) {
+        EXPECT_EQ(dwt2, want_dwt) << "nt twin, 16-bit weight " << sixteen;
+      }
     }
   }
   // A twin where the GEMMs do not read bf16 operands is refused by name.

@@ -17,6 +17,15 @@ using PhiloxCounter = std::array<uint32_t, 4>;
 // Ten rounds of Philox-4x32 on `counter` under `key`.
 std::array<uint32_t, 4> philox4x32(PhiloxCounter counter, PhiloxKey key);
 
+// philox4x32 on kPhiloxLanes counters at once (word w of counter l in
+// x[w][l], replaced by the result), bit for bit, through the CPU's widest
+// vector unit (kBest) or the path named, where the CPU has it (philox_runs).
+inline constexpr int kPhiloxLanes = 16;
+enum class PhiloxPath { kBest, kScalar, kAvx2, kAvx512 };
+bool philox_runs(PhiloxPath path);
+void philox4x32_lanes(uint32_t (&x)[4][kPhiloxLanes], PhiloxKey key,
+                      PhiloxPath path = PhiloxPath::kBest);
+
 // 64-bit FNV-1a of a name: the stream id of a named tensor.
 uint64_t name_hash(std::string_view name);
 

@@ -24,6 +24,7 @@ const char* op_name(Op op) {
       "add",
       "bias_add",
       "dropout",
+      "dropout_residual",
       "attention_forward",
       "attention_backward",
       "attention_chunk_forward",

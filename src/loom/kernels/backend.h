@@ -45,6 +45,7 @@ enum class Op : uint8_t {
   kAdd,
   kBiasAdd,
   kDropout,
+  kDropoutResidual,
   kAttentionForward,
   kAttentionBackward,
   kAttentionChunkForward,
@@ -168,6 +169,13 @@ class Backend {
   // masks). Its backward is the same call on the gradient.
   virtual void dropout(T* x, const DropoutSpec& spec, int64_t Tn, int64_t C, int64_t row0,
                        int64_t n) const = 0;
+  // out (n, C) = x * those keep masks + residual, in one pass (residual
+  // null: nothing added, a dropout out of place; out may be x). A block's
+  // sublayer output dropped and added to the residual stream; its backward
+  // is the call on the gradient without a residual (the residual's own
+  // gradient being the output's).
+  virtual void dropout_residual(T* out, const T* x, const T* residual, const DropoutSpec& spec,
+                                int64_t Tn, int64_t C, int64_t row0, int64_t n) const = 0;
 
   // ---- attention ----
   // Causal self-attention. qkv (B, T, 3C) holds q, k, v side by side, each
@@ -209,10 +217,9 @@ class Backend {
   // dlogits16 (N, Vp) = cross_entropy_backward's values rounded to t, bit for
   // bit (f32 alone), logits left as they are: the LM head's output gradient
   // written straight into the 16 bits its GEMMs read, never stored in f32.
-  virtual void cross_entropy_backward_16(uint16_t* dlogits16, const float* logits,
-                                         const float* lse, const int32_t* targets,
-                                         const float* dloss, int64_t N, int64_t V, int64_t Vp,
-                                         int64_t v0, DType t) const;
+  virtual void cross_entropy_backward_16(uint16_t* dlogits16, const float* logits, const float* lse,
+                                         const int32_t* targets, const float* dloss, int64_t N,
+                                         int64_t V, int64_t Vp, int64_t v0, DType t) const;
   // A vocabulary-parallel rank's part of the loss, logits (N, Vp) over
   // columns [v0, v0 + Vp), the first V real: mx (N) = the row maxima of the
   // real columns (-inf when none), target (N) = logits[n, targets[n] - v0]

@@ -237,13 +237,11 @@ void Block<T>::forward(const ParamStore<T>& ps, const BlockRecord<T>& r, const T
   ln_1->forward(ps, r.ln1, r.ln1_mean, r.ln1_rstd, x, N);
   attn->forward(ps, r.attn, selective, r.res2, r.ln1, rows,
                 drop.at(layer_, DropoutSite::kAttnProbs), r.attn_recompute);
-  drop.apply(be, r.res2, layer_, DropoutSite::kAttnResid, rows, C);
-  be.add(r.res2, x, N * C);
+  drop.apply_add(be, r.res2, r.res2, x, layer_, DropoutSite::kAttnResid, rows, C);
   ln_2->forward(ps, r.ln2, r.ln2_mean, r.ln2_rstd, r.res2, N);
   ffn->forward(ps, r.ffn, selective, record_only ? nullptr : r.res3, r.ln2, rows, r.ffn_recompute);
   if (record_only) return;
-  drop.apply(be, r.res3, layer_, DropoutSite::kMlpResid, rows, C);
-  be.add(r.res3, r.res2, N * C);
+  drop.apply_add(be, r.res3, r.res3, r.res2, layer_, DropoutSite::kMlpResid, rows, C);
 }
 
 template <typename T>
@@ -256,15 +254,15 @@ void Block<T>::backward(const ParamStore<T>& ps, const BlockRecord<T>& r, const 
   T* rest = scratch + 2 * N * C;
 
   // Feed-forward: dresid holds d(res3); the residual passes it on to d(res2).
-  be.copy(d_proj, dresid, N * C);
-  drop.apply(be, d_proj, layer_, DropoutSite::kMlpResid, rows, C);
+  drop.apply_add(be, d_proj, dresid, static_cast<const T*>(nullptr), layer_, DropoutSite::kMlpResid,
+                 rows, C);
   be.fill(d_ln, N * C, 0);
   ffn->backward(ps, r.ffn, selective, d_ln, d_proj, r.ln2, rows, rest, r.ffn_recompute);
   ln_2->backward(ps, dresid, d_ln, r.res2, r.ln2_mean, r.ln2_rstd, N);
 
   // Attention: dresid now holds d(res2).
-  be.copy(d_proj, dresid, N * C);
-  drop.apply(be, d_proj, layer_, DropoutSite::kAttnResid, rows, C);
+  drop.apply_add(be, d_proj, dresid, static_cast<const T*>(nullptr), layer_,
+                 DropoutSite::kAttnResid, rows, C);
   be.fill(d_ln, N * C, 0);
   attn->backward(ps, r.attn, selective, d_ln, d_proj, r.ln1, rows,
                  drop.at(layer_, DropoutSite::kAttnProbs), rest, r.attn_recompute);

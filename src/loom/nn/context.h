@@ -162,6 +162,14 @@ struct Dropout {
     spec.positions = rows.pos;
     be.dropout(x, spec, rows.Tn, C, rows.first, rows.count);
   }
+  // out (rows.count, C) = x * those masks + residual (null: none), one pass.
+  template <typename T>
+  void apply_add(const Backend<T>& be, T* out, const T* x, const T* residual, int layer,
+                 DropoutSite site, const Rows& rows, int64_t C) const {
+    DropoutSpec spec = at(layer, site);
+    spec.positions = rows.pos;
+    be.dropout_residual(out, x, residual, spec, rows.Tn, C, rows.first, rows.count);
+  }
   DropoutStream stream;
   uint64_t sample0;
 };

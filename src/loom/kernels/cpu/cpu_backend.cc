@@ -107,6 +107,11 @@ void CpuBackend<T>::dropout(T* x, const DropoutSpec& spec, int64_t Tn, int64_t C
   cpu::dropout_rows<T>(x, spec, Tn, C, row0, n);
 }
 template <typename T>
+void CpuBackend<T>::dropout_residual(T* out, const T* x, const T* residual, const DropoutSpec& spec,
+                                     int64_t Tn, int64_t C, int64_t row0, int64_t n) const {
+  cpu::dropout_residual_rows<T>(out, x, residual, spec, Tn, C, row0, n);
+}
+template <typename T>
 void CpuBackend<T>::attention_forward(T* out, T* lse, const T* qkv, int64_t B, int64_t Tn,
                                       int64_t C, int64_t NH, const DropoutSpec& dropout) const {
   cpu::attention_forward<T>(g_, out, lse, qkv, B, Tn, C, NH, dropout);

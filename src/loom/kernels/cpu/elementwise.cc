@@ -128,21 +128,53 @@ void dropout_rows(T* x, const DropoutSpec& spec, int64_t Tn, int64_t C, int64_t 
 }
 
 template <typename T>
+void dropout_residual_rows(T* out, const T* x, const T* residual, const DropoutSpec& spec,
+                           int64_t Tn, int64_t C, int64_t row0, int64_t n) {
+  if (!spec.active()) {
+    if (residual != nullptr)
+      residual_forward(out, x, residual, n * C);
+    else if (out != x)
+      copy(out, x, n * C);
+    return;
+  }
+#pragma omp parallel
+  {
+    std::vector<T> keep(static_cast<size_t>(C));
+#pragma omp for
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t b = (row0 + i) / Tn, t = (row0 + i) % Tn;
+      spec.stream->row(spec.sample0 + static_cast<uint64_t>(b), spec.site, spec.position(t), 0, C,
+                       keep.data());
+      const T* xr = x + i * C;
+      T* o = out + i * C;
+      if (residual == nullptr) {
+        for (int64_t c = 0; c < C; ++c) o[c] = xr[c] * keep[c];
+      } else {
+        const T* r = residual + i * C;
+        for (int64_t c = 0; c < C; ++c) o[c] = xr[c] * keep[c] + r[c];
+      }
+    }
+  }
+}
+
+template <typename T>
 void dropout_inplace(T* x, const DropoutSpec& spec, int64_t B, int64_t Tn, int64_t C) {
   dropout_rows(x, spec, Tn, C, 0, B * Tn);
 }
 
-#define LOOM_INSTANTIATE(T)                                                            \
-  template void gelu_forward<T>(T*, const T*, int64_t);                                \
-  template void gelu_backward<T>(T*, const T*, const T*, int64_t);                     \
-  template void residual_forward<T>(T*, const T*, const T*, int64_t);                  \
-  template void add_inplace<T>(T*, const T*, int64_t);                                 \
-  template void bias_add<T>(T*, const T*, int64_t, int64_t);                           \
-  template void axpy<T>(T*, T, const T*, int64_t);                                     \
-  template void copy<T>(T*, const T*, int64_t);                                        \
-  template void fill<T>(T*, int64_t, T);                                               \
-  template void dropout_inplace<T>(T*, const DropoutSpec&, int64_t, int64_t, int64_t); \
-  template void dropout_rows<T>(T*, const DropoutSpec&, int64_t, int64_t, int64_t, int64_t);
+#define LOOM_INSTANTIATE(T)                                                                   \
+  template void gelu_forward<T>(T*, const T*, int64_t);                                       \
+  template void gelu_backward<T>(T*, const T*, const T*, int64_t);                            \
+  template void residual_forward<T>(T*, const T*, const T*, int64_t);                         \
+  template void add_inplace<T>(T*, const T*, int64_t);                                        \
+  template void bias_add<T>(T*, const T*, int64_t, int64_t);                                  \
+  template void axpy<T>(T*, T, const T*, int64_t);                                            \
+  template void copy<T>(T*, const T*, int64_t);                                               \
+  template void fill<T>(T*, int64_t, T);                                                      \
+  template void dropout_inplace<T>(T*, const DropoutSpec&, int64_t, int64_t, int64_t);        \
+  template void dropout_rows<T>(T*, const DropoutSpec&, int64_t, int64_t, int64_t, int64_t);  \
+  template void dropout_residual_rows<T>(T*, const T*, const T*, const DropoutSpec&, int64_t, \
+                                         int64_t, int64_t, int64_t);
 LOOM_INSTANTIATE(float)
 LOOM_INSTANTIATE(double)
 #undef LOOM_INSTANTIATE

@@ -44,4 +44,10 @@ void dropout_inplace(T* x, const DropoutSpec& spec, int64_t B, int64_t Tn, int64
 template <typename T>
 void dropout_rows(T* x, const DropoutSpec& spec, int64_t Tn, int64_t C, int64_t row0, int64_t n);
 
+// out (n, C) = x * the keep masks of those rows + residual (null: none),
+// one pass; out may be x.
+template <typename T>
+void dropout_residual_rows(T* out, const T* x, const T* residual, const DropoutSpec& spec,
+                           int64_t Tn, int64_t C, int64_t row0, int64_t n);
+
 }  // namespace loom::cpu

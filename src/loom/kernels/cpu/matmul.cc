@@ -216,16 +216,15 @@ void matmul_nt_backward(const GemmConfig& g, T* dinp, T* dweight, InputArg<T> do
   if (dweight != nullptr) gemm<T>(g, true, false, V, C, N, T(1), dout, V, inp, C, T(1), dweight, C);
 }
 
-#define LOOM_INSTANTIATE(T)                                                                        \
-  template void matmul_forward<T>(const GemmConfig&, T*, InputArg<T>, WeightArg<T>, const T*,      \
-                                  int64_t, int64_t, int64_t);                                      \
-  template void matmul_backward<T>(const GemmConfig&, T*, T*, T*, const T*, InputArg<T>,           \
-                                   WeightArg<T>, int64_t, int64_t, int64_t, GradWrite);            \
-  template void matmul_nt_forward<T>(const GemmConfig&, T*, const T*, WeightArg<T>, int64_t,       \
-                                     int64_t, int64_t);                                            \
-  template void matmul_nt_backward<T>(const GemmConfig&, T*, T*, InputArg<T>, const T*,           \
-                                      WeightArg<T>, \
-                                      int64_t, int64_t, int64_t);
+#define LOOM_INSTANTIATE(T)                                                                   \
+  template void matmul_forward<T>(const GemmConfig&, T*, InputArg<T>, WeightArg<T>, const T*, \
+                                  int64_t, int64_t, int64_t);                                 \
+  template void matmul_backward<T>(const GemmConfig&, T*, T*, T*, const T*, InputArg<T>,      \
+                                   WeightArg<T>, int64_t, int64_t, int64_t, GradWrite);       \
+  template void matmul_nt_forward<T>(const GemmConfig&, T*, const T*, WeightArg<T>, int64_t,  \
+                                     int64_t, int64_t);                                       \
+  template void matmul_nt_backward<T>(const GemmConfig&, T*, T*, InputArg<T>, const T*,       \
+                                      WeightArg<T>, int64_t, int64_t, int64_t);
 LOOM_INSTANTIATE(float)
 LOOM_INSTANTIATE(double)
 #undef LOOM_INSTANTIATE

@@ -246,6 +246,18 @@ __global__ void k_dropout(T* x, cuda::DeviceDropout d, int64_t Tn, int64_t C, in
     x[idx] *= cuda::keep_of<T>(d, d.sample0 + static_cast<uint64_t>(b), d.site, pos, c);
   }
 }
+// out = x * keep (+ residual where given), one pass; out may be x.
+template <typename T>
+__global__ void k_dropout_residual(T* out, const T* x, const T* residual, cuda::DeviceDropout d,
+                                   int64_t Tn, int64_t C, int64_t row0, int64_t n) {
+  LOOM_GRID_STRIDE(idx, n * C) {
+    const int64_t i = idx / C, c = idx % C;
+    const int64_t b = (row0 + i) / Tn, t = (row0 + i) % Tn;
+    const uint32_t pos = static_cast<uint32_t>(d.positions ? int64_t{d.positions[t]} : t);
+    const T y = x[idx] * cuda::keep_of<T>(d, d.sample0 + static_cast<uint64_t>(b), d.site, pos, c);
+    out[idx] = residual != nullptr ? y + residual[idx] : y;
+  }
+}
 
 // One block per row: the row maximum of the first V columns and the sum of
 // exp(x - max) in double.
@@ -757,6 +769,26 @@ void CudaBackend<T>::dropout(T* x, const DropoutSpec& spec, int64_t Tn, int64_t 
 }
 
 template <typename T>
+void CudaBackend<T>::dropout_residual(T* out, const T* x, const T* residual,
+                                      const DropoutSpec& spec, int64_t Tn, int64_t C, int64_t row0,
+                                      int64_t n) const {
+  if (!spec.active()) {
+    if (residual != nullptr)
+      residual_forward(out, x, residual, n * C);
+    else if (out != x)
+      copy(out, x, n * C);
+    return;
+  }
+  Args args;
+  const cuda::DeviceDropout d = cuda::device_dropout(spec, args, Tn);
+  T* o = args.inout(out, n * C);
+  const T* xs = out == x ? o : args.in(x, n * C);
+  const T* r = residual != nullptr ? args.in(residual, n * C) : nullptr;
+  launch(k_dropout_residual<T>, n * C, o, xs, r, d, Tn, C, row0, n);
+  args.finish();
+}
+
+template <typename T>
 void CudaBackend<T>::cross_entropy_forward(T* losses, T* lse, const T* logits,
                                            const int32_t* targets, int64_t N, int64_t V,
                                            int64_t Vp) const {
@@ -782,14 +814,13 @@ void CudaBackend<T>::cross_entropy_backward(T* logits, const T* lse, const int32
 template <typename T>
 void CudaBackend<T>::cross_entropy_backward_16(uint16_t* dlogits16, const float* logits,
                                                const float* lse, const int32_t* targets,
-                                               const float* dloss, int64_t N, int64_t V,
-                                               int64_t Vp, int64_t v0, DType t) const {
+                                               const float* dloss, int64_t N, int64_t V, int64_t Vp,
+                                               int64_t v0, DType t) const {
   if constexpr (!std::is_same_v<T, float>) this->unsupported(Op::kCrossEntropyBackward16);
   check_16(t);
   Args args;
   launch(k_ce_backward_16, N * Vp, args.inout(dlogits16, N * Vp), args.in(logits, N * Vp),
-         args.in(lse, N), args.in(targets, N), args.in(dloss, N), N, V, Vp, v0,
-         t == DType::kBF16);
+         args.in(lse, N), args.in(targets, N), args.in(dloss, N), N, V, Vp, v0, t == DType::kBF16);
   args.finish();
 }
 

@@ -85,6 +85,8 @@ class CudaBackend final : public Backend<T> {
   void residual_forward(T* out, const T* a, const T* b, int64_t n) const override;
   void add(T* dst, const T* src, int64_t n) const override;
   void bias_add(T* y, const T* bias, int64_t N, int64_t C) const override;
+  void dropout_residual(T* out, const T* x, const T* residual, const DropoutSpec& spec, int64_t Tn,
+                        int64_t C, int64_t row0, int64_t n) const override;
   void dropout(T* x, const DropoutSpec& spec, int64_t Tn, int64_t C, int64_t row0,
                int64_t n) const override;
   void attention_forward(T* out, T* lse, const T* qkv, int64_t B, int64_t Tn, int64_t C, int64_t NH,

@@ -238,6 +238,23 @@ void ReferenceBackend<T>::dropout(T* x, const DropoutSpec& spec, int64_t Tn, int
   }
 }
 
+template <typename T>
+void ReferenceBackend<T>::dropout_residual(T* out, const T* x, const T* residual,
+                                           const DropoutSpec& spec, int64_t Tn, int64_t C,
+                                           int64_t row0, int64_t n) const {
+  std::vector<T> keep(static_cast<size_t>(C), T(1));
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t b = (row0 + i) / Tn, t = (row0 + i) % Tn;
+    if (spec.active())
+      spec.stream->row(spec.sample0 + static_cast<uint64_t>(b), spec.site, spec.position(t), 0, C,
+                       keep.data());
+    for (int64_t c = 0; c < C; ++c) {
+      const double r = residual != nullptr ? double(residual[i * C + c]) : 0.0;
+      out[i * C + c] = T(double(x[i * C + c]) * double(keep[static_cast<size_t>(c)]) + r);
+    }
+  }
+}
+
 namespace {
 
 // The keep mask of query i of (b, h) over keys [0, Tn): all ones without dropout.
