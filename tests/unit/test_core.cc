@@ -205,6 +205,11 @@ TEST(Rng, PhiloxLanesAreScalarPhiloxOnEveryPath) {
     }
     EXPECT_GE(ran, 2);
   }
+#if defined(__x86_64__)
+  // The vector paths run wherever the CPU has their instructions.
+  EXPECT_EQ(philox_runs(PhiloxPath::kAvx2), bool(__builtin_cpu_supports("avx2")));
+  EXPECT_EQ(philox_runs(PhiloxPath::kAvx512), bool(__builtin_cpu_supports("avx512f")));
+#endif
 }
 
 TEST(Rng, PhiloxKnownAnswer) {

@@ -4,6 +4,7 @@
 // AdamW on f32 masters from 16-bit gradients.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <limits>
@@ -118,21 +119,21 @@ TEST(Precision, GeluForward16IsGeluRoundedBitwise) {
 
 // The cross-entropy's gradient written straight into 16 bits (what the LM
 // head's bf16 GEMMs read) is cross_entropy_backward's rounded, bit for bit:
-// rows longer than a piece with ragged ends, targets in every piece, the
-// padding zero, and a vocabulary-parallel slice (v0) whose targets may lie
-// outside it.
+// rows longer than a piece with ragged ends, a target in the first, a middle
+// and the last piece, the padding zero (a target there too), and a
+// vocabulary-parallel slice (v0) with targets before and past it.
 TEST(Precision, CrossEntropyBackward16IsTheGradientRoundedBitwise) {
   for (const auto& [V, Vp, v0] : {std::tuple<int64_t, int64_t, int64_t>{50, 64, 0},
                                   {3 * 1024 + 77, 3 * 1024 + 128, 0},
                                   {2 * 1024 + 5, 2 * 1024 + 8, 1000}}) {
-    const int64_t N = 9;
+    const std::vector<int64_t> local = {0, V / 2, 1024 + 3, V - 5, V - 1, V + 1, -1, Vp + 7};
+    const auto N = static_cast<int64_t>(local.size());
     std::vector<float> logits(static_cast<size_t>(N * Vp)), lse(N), losses(N), dloss(N);
     std::vector<int32_t> targets(N);
     const NormalStream rng(11, "cross_entropy");
     for (size_t i = 0; i < logits.size(); ++i) logits[i] = 3 * rng.at(i);
     for (int64_t n = 0; n < N; ++n) {
-      // Spread over the row's pieces (and, for the slice, before and past it).
-      targets[n] = static_cast<int32_t>((n * (V + 2 * v0) / N) % (V + v0 + v0 / 2));
+      targets[n] = static_cast<int32_t>(v0 + std::min(local[n], Vp + 7));
       dloss[n] = 1.0f / float(N) * (1 + 0.1f * float(n));
     }
     const std::vector<int32_t> first(N, 0);  // lse does not depend on the targets
@@ -141,6 +142,8 @@ TEST(Precision, CrossEntropyBackward16IsTheGradientRoundedBitwise) {
     std::vector<float> grad = logits;
     cpu::cross_entropy_backward<float>(grad.data(), lse.data(), targets.data(), dloss.data(), N, V,
                                        Vp, v0);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t v = V; v < Vp; ++v) ASSERT_EQ(grad[n * Vp + v], 0.0f) << "padding " << n;
     for (DType t : {DType::kBF16, DType::kF16}) {
       std::vector<uint16_t> want(grad.size()), got(grad.size(), 0xffff);
       cpu::round_to_16(grad.data(), want.data(), N * Vp, t);

@@ -66,10 +66,10 @@ __attribute__((target("avx2"))) inline void mulhilo8(__m256i a, __m256i m, __m25
 
 __attribute__((target("avx2"))) void philox_lanes_avx2(uint32_t (&x)[4][kLanes], PhiloxKey key) {
   for (int half = 0; half < kLanes; half += 8) {
-    auto load = [&](int w) {
-      return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[w] + half));
-    };
-    __m256i c0 = load(0), c1 = load(1), c2 = load(2), c3 = load(3);
+    __m256i c0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[0] + half));
+    __m256i c1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[1] + half));
+    __m256i c2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[2] + half));
+    __m256i c3 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[3] + half));
     const __m256i m0 = _mm256_set1_epi64x(kMul0), m1 = _mm256_set1_epi64x(kMul1);
     PhiloxKey k = key;
     for (int round = 0; round < 10; ++round) {
@@ -82,10 +82,10 @@ __attribute__((target("avx2"))) void philox_lanes_avx2(uint32_t (&x)[4][kLanes],
       k[0] += kWeyl0;
       k[1] += kWeyl1;
     }
-    auto store = [&](int w, __m256i v) {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(x[w] + half), v);
-    };
-    store(0, c0), store(1, c1), store(2, c2), store(3, c3);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(x[0] + half), c0);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(x[1] + half), c1);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(x[2] + half), c2);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(x[3] + half), c3);
   }
 }
 #else

@@ -60,8 +60,8 @@ void Head<T>::logits_backward(const ParamStore<T>& ps, const HeadRecord<T>& r,
     const Weight<T> w = ps.weight(this->wte_);
     if (be.reads_inputs16() && ps.deferral() == nullptr &&
         (w.w16 == nullptr || w.t == DType::kBF16)) {
-      Buffer d16 = be.alloc(static_cast<size_t>(BT * Vp) * sizeof(uint16_t),
-                            MemCategory::kActivations, false);
+      Buffer d16 =
+          be.alloc(static_cast<size_t>(BT * Vp) * sizeof(uint16_t), MemCategory::kWorkspace, false);
       be.cross_entropy_backward_16(d16.as<uint16_t>(), r.logits, r.lse, targets, dloss, BT,
                                    c_.vocab_size, Vp, 0, DType::kBF16);
       Input<T> dout(nullptr, d16.as<uint16_t>());

@@ -50,7 +50,7 @@ void cross_entropy_backward(T* logits, const T* lse, const int32_t* targets, con
     for (int64_t v = 0; v < V; ++v) row[v] = d * vexp(row[v] - l);
     std::fill(row + V, row + Vp, T(0));
     const int64_t t = targets[n] - v0;
-    if (t >= 0 && t < Vp) row[t] -= d;
+    if (t >= 0 && t < V) row[t] -= d;  // padding stays 0, as on every backend
   }
 }
 
@@ -58,8 +58,8 @@ void cross_entropy_backward_16(uint16_t* dlogits16, const float* logits, const f
                                const int32_t* targets, const float* dloss, int64_t N, int64_t V,
                                int64_t Vp, int64_t v0, DType t) {
   // A row a piece at a time: the f32 gradient (cross_entropy_backward's
-  // arithmetic, the target's column included) in a buffer that stays in
-  // cache, rounded from there.
+  // arithmetic, the target's column included where it is a real column) in
+  // a buffer that stays in cache, rounded from there.
   LOOM_CHECK(t == DType::kBF16 || t == DType::kF16, "cross_entropy_backward_16 asked for {}",
              dtype_name(t));
   constexpr int64_t kPiece = 1024;
@@ -78,10 +78,6 @@ void cross_entropy_backward_16(uint16_t* dlogits16, const float* logits, const f
     }
     // The padding: zero in either 16-bit type.
     std::fill(out + V, out + Vp, uint16_t{0});
-    if (target >= V && target < Vp) {
-      const float g_pad = 0.0f - d;
-      out[target] = t == DType::kBF16 ? f32_to_bf16(g_pad) : f32_to_f16(g_pad);
-    }
   }
 }
 

@@ -211,6 +211,8 @@ void matmul_nt_backward(const GemmConfig& g, T* dinp, T* dweight, InputArg<T> do
       return;
     }
   }
+  LOOM_CHECK(dout_arg.r16 == nullptr,
+             "matmul_nt_backward: a bf16 output gradient needs f32 layers on the bf16 matmul");
   if (dinp != nullptr)
     gemm_weight<T>(g, false, false, N, C, V, T(1), dout, V, weight, C, T(1), dinp, C);
   if (dweight != nullptr) gemm<T>(g, true, false, V, C, N, T(1), dout, V, inp, C, T(1), dweight, C);

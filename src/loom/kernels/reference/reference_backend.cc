@@ -488,8 +488,12 @@ void ReferenceBackend<T>::cross_entropy_backward_16(uint16_t* dlogits16, const f
   check_16(t);
   for (int64_t n = 0; n < N; ++n)
     for (int64_t v = 0; v < Vp; ++v) {
+      if (v >= V) {
+        dlogits16[n * Vp + v] = 0;  // padding
+        continue;
+      }
       const double hit = v0 + v == targets[n] ? 1.0 : 0.0;
-      const double e = v < V ? std::exp(double(logits[n * Vp + v]) - double(lse[n])) : 0.0;
+      const double e = std::exp(double(logits[n * Vp + v]) - double(lse[n]));
       const auto g = float(double(dloss[n]) * (e - hit));
       dlogits16[n * Vp + v] = t == DType::kBF16 ? f32_to_bf16(g) : f32_to_f16(g);
     }
