@@ -111,23 +111,6 @@ void fill(T* x, int64_t n, T value) {
 }
 
 template <typename T>
-void dropout_rows(T* x, const DropoutSpec& spec, int64_t Tn, int64_t C, int64_t row0, int64_t n) {
-  if (!spec.active()) return;
-#pragma omp parallel
-  {
-    std::vector<T> keep(static_cast<size_t>(C));
-#pragma omp for
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t b = (row0 + i) / Tn, t = (row0 + i) % Tn;
-      spec.stream->row(spec.sample0 + static_cast<uint64_t>(b), spec.site, spec.position(t), 0, C,
-                       keep.data());
-      T* row = x + i * C;
-      for (int64_t c = 0; c < C; ++c) row[c] *= keep[c];
-    }
-  }
-}
-
-template <typename T>
 void dropout_residual_rows(T* out, const T* x, const T* residual, const DropoutSpec& spec,
                            int64_t Tn, int64_t C, int64_t row0, int64_t n) {
   if (!spec.active()) {
@@ -155,6 +138,11 @@ void dropout_residual_rows(T* out, const T* x, const T* residual, const DropoutS
       }
     }
   }
+}
+
+template <typename T>
+void dropout_rows(T* x, const DropoutSpec& spec, int64_t Tn, int64_t C, int64_t row0, int64_t n) {
+  dropout_residual_rows<T>(x, x, nullptr, spec, Tn, C, row0, n);
 }
 
 template <typename T>
