@@ -12,6 +12,8 @@
 #include <random>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "loom/io/fs.h"
 #include "loom/kernels/cpu/gemm_backend.h"
 #include "loom/kernels/cpu/matmul.h"
@@ -204,6 +206,39 @@ TEST(Gemm, ThePeakIsTheBestBackendMeasuredOnceAndCachedPerMachine) {
   // f32 and fp16 inputs run on the sgemm: its peak.
   EXPECT_EQ(gemm_path_for(DType::kF32), GemmPath::kF32Sgemm);
   EXPECT_EQ(gemm_path_for(DType::kF16), GemmPath::kF32Sgemm);
+  unsetenv("XDG_CACHE_HOME");
+}
+
+// A cached peak below what the machine shows (measured while it was busy)
+// is raised by the next remeasurement; one above it stands.
+TEST(Gemm, ARemeasuredPeakKeepsTheHigherFigure) {
+  test::TempDir tmp;
+  setenv("XDG_CACHE_HOME", tmp.path.c_str(), 1);
+  const PeakGflops first = machine_peak_gflops(2);
+  const std::string file = first.cache_file;
+  auto cached_as = [&](double g) {
+    nlohmann::json cache = nlohmann::json::parse(read_file(file));
+    ASSERT_EQ(cache.size(), 1u) << cache.dump();
+    for (auto& e : cache) e["gflops"] = g;
+    write_file_atomic(file, cache.dump(2));
+    ASSERT_EQ(machine_peak_gflops(2).gflops, g) << "the cache is read as written";
+  };
+  // Stale and low: raised, and written back.
+  cached_as(1.0);
+  const PeakGflops raised = machine_peak_gflops(2, GemmPath::kF32Sgemm, true);
+  EXPECT_FALSE(raised.cached);
+  EXPECT_EQ(raised.was, 1.0);
+  EXPECT_GT(raised.measured, 1.0);
+  EXPECT_EQ(raised.gflops, raised.measured);
+  EXPECT_EQ(machine_peak_gflops(2).gflops, raised.measured);
+  // Above anything the machine reaches: it stands, and the measurement is told.
+  cached_as(1e9);
+  const PeakGflops kept = machine_peak_gflops(2, GemmPath::kF32Sgemm, true);
+  EXPECT_TRUE(kept.cached);
+  EXPECT_EQ(kept.gflops, 1e9);
+  EXPECT_GT(kept.measured, 0);
+  EXPECT_LT(kept.measured, 1e9);
+  EXPECT_EQ(machine_peak_gflops(2).gflops, 1e9);
   unsetenv("XDG_CACHE_HOME");
 }
 

@@ -26,11 +26,17 @@ std::vector<GemmBenchResult> bench_gemm(cpu::GemmBackend b, const std::vector<in
 // (about 1 s), measured once and cached per machine in
 // $XDG_CACHE_HOME/loom/peak_gflops.json (else ~/.cache/loom/), keyed by the
 // CPU model, the thread count and the backends; the GEMM backend in use is
-// restored after measuring.
+// restored after measuring. A peak is the best the machine has shown: with
+// `remeasure` it is measured again even when cached, and the cache keeps the
+// higher of the two (a first measurement taken on a busy machine would
+// otherwise stay low for good and inflate every MFU after it); `loom bench`
+// remeasures, `loom train` reads the cache.
 struct PeakGflops {
   double gflops = 0;
   std::string backend;  // the backend that reached it
-  bool cached = false;  // read from the cache file
+  bool cached = false;  // read from the cache file, not measured now
+  double measured = 0;  // this call's measurement (0: none)
+  double was = 0;       // the cached figure before it (0: none)
   std::string cache_file;
 };
 
@@ -50,6 +56,7 @@ GemmPath gemm_path_for(DType inputs);
 
 // path kBf16Matmul: the median of five 2048^3 bf16 matmuls (f32
 // accumulation), cached under its own key.
-PeakGflops machine_peak_gflops(int threads, GemmPath path = GemmPath::kF32Sgemm);
+PeakGflops machine_peak_gflops(int threads, GemmPath path = GemmPath::kF32Sgemm,
+                               bool remeasure = false);
 
 }  // namespace loom

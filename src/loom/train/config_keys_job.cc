@@ -475,7 +475,7 @@ std::vector<ConfigKey> model_and_job_keys() {
                "the best 2048^3 sgemm of any GEMM backend (or, for bf16 GEMM inputs through "
                "oneDNN's bf16 matmul, the 2048^3 bf16 matmul), measured (about 1 s) once per "
                "machine and thread count and cached in `$XDG_CACHE_HOME/loom/peak_gflops.json` "
-               "(else `~/.cache/loom/`)"),
+               "(else `~/.cache/loom/`), raised when `loom bench` measures a higher one"),
   };
 }
 

@@ -130,7 +130,8 @@ Trainer::Trainer(Config config, RunOptions options, ThreadConfig threads)
     if (world) world->barrier()->wait();
     float peak = 0;
     if (!world || world->rank() == 0)
-      peak = static_cast<float>(machine_peak_gflops(threads_.threads, gemm_path_).gflops);
+      peak = static_cast<float>(
+          machine_peak_gflops(threads_.threads, gemm_path_, options_.remeasure_peak).gflops);
     if (world) world->broadcast(&peak, 1, DType::kF32, 0)->wait();
     peak_gflops_ = peak;
   }
@@ -287,7 +288,7 @@ StepResult Trainer::train_step() {
         long(step_ + 1), r.mfu, peak_gflops_, r.gemm_path.c_str(),
         config_.log.peak_gflops > 0
             ? "raise log.peak_gflops to the path's peak (loom bench gemm)"
-            : "the cached peak may be stale: delete the peak_gflops.json cache");
+            : "the cached peak may be stale: `loom bench gemm` measures it again");
   }
   gather_rank_times(r);
   if (record) {
@@ -764,16 +765,17 @@ void Trainer::describe_run() const {
                   tp);
     std::printf("\n");
   }
-  std::printf("loom: GEMM %s: %.0f GFLOP/s %s\n", gemm_.describe.c_str(), peak_gflops_,
-              config_.log.peak_gflops > 0 ? "(log.peak_gflops)"
-              : config_.device == "cuda"
-                  ? "per rank (a 4096^3 GEMM on this rank's GPU by the run's own path, measured "
-                    "at start; the MFU denominator)"
-              : gemm_path_ == GemmPath::kBf16Matmul
-                  ? "per rank (the 2048^3 bf16 matmul, the path this run's GEMMs take, "
-                    "measured once per machine and cached; the MFU denominator)"
-                  : "per rank (the best 2048^3 sgemm of any backend, measured "
-                    "once per machine and cached; the MFU denominator)");
+  std::printf(
+      "loom: GEMM %s: %.0f GFLOP/s %s\n", gemm_.describe.c_str(), peak_gflops_,
+      config_.log.peak_gflops > 0 ? "(log.peak_gflops)"
+      : config_.device == "cuda"
+          ? "per rank (a 4096^3 GEMM on this rank's GPU by the run's own path, measured "
+            "at start; the MFU denominator)"
+      : gemm_path_ == GemmPath::kBf16Matmul
+          ? "per rank (the 2048^3 bf16 matmul, the path this run's GEMMs take, "
+            "measured once per machine and cached, raised by loom bench; the MFU denominator)"
+          : "per rank (the best 2048^3 sgemm of any backend, measured "
+            "once per machine and cached, raised by loom bench; the MFU denominator)");
   if (!gemm_.warning.empty()) std::printf("loom: warning: %s\n", gemm_.warning.c_str());
   if (const DType in = gemm_inputs_; in != DType::kF32)
     std::printf(

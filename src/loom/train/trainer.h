@@ -41,6 +41,9 @@ struct RunOptions {
   // one process. World rank 0 alone writes the run folder, metrics,
   // checkpoints and progress.
   ParallelContext parallel;
+  // Measure the machine's GEMM peak (the MFU denominator) again even when it
+  // is cached, keeping the higher figure (machine_peak_gflops); benchmarks.
+  bool remeasure_peak = false;
 };
 
 class Trainer {
