@@ -335,7 +335,7 @@ TEST(Moe, BackwardMatchesFiniteDifferences) {
     const Rows rows = f.rows();
     std::vector<double> rec(f.moe->record_elems(rows, selective)),
         re(std::max<int64_t>(1, f.moe->recompute_elems(rows, selective))),
-        sc(f.moe->scratch_elems(rows)), dx(f.x.size(), 0.0);
+        sc(f.moe->scratch_elems(rows)), dx(f.x.size(), 7.0);  // written over
     f.moe->forward(f.ps, rec.data(), selective, nullptr, f.x.data(), rows, re.data());
     f.ps.zero_grads();
     f.moe->backward(f.ps, rec.data(), selective, dx.data(), f.w.data(), f.x.data(), rows, sc.data(),

@@ -82,7 +82,8 @@ void Attention<T>::backward(const ParamStore<T>& ps, T* record, bool selective, 
   linear_backward(ps, d_y, c_proj_w, c_proj_b, dout, r.y, BT, C_, C_, GradWrite::kSet);
   be.fill(d_qkv, BT * 3 * C_, 0);
   attention_core_backward(core_.get(), be, d_qkv, d_y, r.qkv, r.y, r.lse, B, Tn, C_, NH_, probs);
-  linear_backward(ps, dx, c_attn_w, c_attn_b, d_qkv, ps.input(x, BT * C_), BT, C_, 3 * C_);
+  linear_backward(ps, dx, c_attn_w, c_attn_b, d_qkv, ps.input(x, BT * C_), BT, C_, 3 * C_,
+                  GradWrite::kSet);
 }
 
 template class Attention<float>;

@@ -81,7 +81,8 @@ class AttentionLayer {
   // normalised input; `probs` keys the dropout masks on the probabilities.
   virtual void forward(const ParamStore<T>& ps, T* record, bool selective, T* out, const T* x,
                        const Rows& rows, const DropoutSpec& probs, T* recompute) const = 0;
-  // Accumulates dx (rows.count, C) and the parameter gradients from dout.
+  // Writes dx (rows.count, C) over what it held (the caller need not zero
+  // it) and accumulates the parameter gradients, from dout.
   virtual void backward(const ParamStore<T>& ps, T* record, bool selective, T* dx, const T* dout,
                         const T* x, const Rows& rows, const DropoutSpec& probs, T* scratch,
                         T* recompute) const = 0;

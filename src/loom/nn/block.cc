@@ -253,18 +253,23 @@ void Block<T>::backward(const ParamStore<T>& ps, const BlockRecord<T>& r, const 
   T* d_ln = scratch + N * C;
   T* rest = scratch + 2 * N * C;
 
+  // A branch's output gradient: dresid through the branch's dropout masks
+  // into d_proj, or dresid itself without dropout (the branch reads it
+  // before the LayerNorm's backward adds into it).
+  auto branch_dout = [&](DropoutSite site) -> const T* {
+    if (!drop.at(layer_, site).active()) return dresid;
+    drop.apply_add(be, d_proj, dresid, static_cast<const T*>(nullptr), layer_, site, rows, C);
+    return d_proj;
+  };
   // Feed-forward: dresid holds d(res3); the residual passes it on to d(res2).
-  drop.apply_add(be, d_proj, dresid, static_cast<const T*>(nullptr), layer_, DropoutSite::kMlpResid,
-                 rows, C);
-  be.fill(d_ln, N * C, 0);
-  ffn->backward(ps, r.ffn, selective, d_ln, d_proj, r.ln2, rows, rest, r.ffn_recompute);
+  // Each branch writes its input's gradient into d_ln (no zero fill first).
+  const T* d_mlp = branch_dout(DropoutSite::kMlpResid);
+  ffn->backward(ps, r.ffn, selective, d_ln, d_mlp, r.ln2, rows, rest, r.ffn_recompute);
   ln_2->backward(ps, dresid, d_ln, r.res2, r.ln2_mean, r.ln2_rstd, N);
 
   // Attention: dresid now holds d(res2).
-  drop.apply_add(be, d_proj, dresid, static_cast<const T*>(nullptr), layer_,
-                 DropoutSite::kAttnResid, rows, C);
-  be.fill(d_ln, N * C, 0);
-  attn->backward(ps, r.attn, selective, d_ln, d_proj, r.ln1, rows,
+  const T* d_attn = branch_dout(DropoutSite::kAttnResid);
+  attn->backward(ps, r.attn, selective, d_ln, d_attn, r.ln1, rows,
                  drop.at(layer_, DropoutSite::kAttnProbs), rest, r.attn_recompute);
   ln_1->backward(ps, dresid, d_ln, x, r.ln1_mean, r.ln1_rstd, N);
 }

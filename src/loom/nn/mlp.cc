@@ -69,7 +69,8 @@ void Mlp<T>::backward(const ParamStore<T>& ps, T* record, bool selective, T* dx,
   linear_backward(ps, d_fch_gelu, c_proj_w, c_proj_b, dout, ps.input(fch_gelu, BT * 4 * C_), BT,
                   4 * C_, C_, GradWrite::kSet);
   be.gelu_backward(d_fch, fch, d_fch_gelu, BT * 4 * C_);
-  linear_backward(ps, dx, c_fc_w, c_fc_b, d_fch, ps.input(x, BT * C_), BT, C_, 4 * C_);
+  linear_backward(ps, dx, c_fc_w, c_fc_b, d_fch, ps.input(x, BT * C_), BT, C_, 4 * C_,
+                  GradWrite::kSet);
 }
 
 template class Mlp<float>;

@@ -37,7 +37,8 @@ class FeedForward {
   // recomputation for backward, which never reads the output).
   virtual void forward(const ParamStore<T>& ps, T* record, bool selective, T* out, const T* x,
                        const Rows& rows, T* recompute) const = 0;
-  // Accumulates dx (rows.count, C) and the parameter gradients from dout.
+  // Writes dx (rows.count, C) over what it held (the caller need not zero
+  // it) and accumulates the parameter gradients, from dout.
   virtual void backward(const ParamStore<T>& ps, T* record, bool selective, T* dx, const T* dout,
                         const T* x, const Rows& rows, T* scratch, T* recompute) const = 0;
 };

@@ -280,7 +280,9 @@ void MoeLayer<T>::backward(const ParamStore<T>& ps, T* record, bool selective, T
                            const T* x, const Rows& all, T* scratch, T* recompute) const {
   int64_t row0 = 0;
   const Rows rows = local_rows(all, &row0);
+  // dx is written over: the rows' gradients are sums over their slots.
   if (rows.count == all.count) {
+    ps.backend().fill(dx, all.count * C_, T(0));
     backward_rows(ps, record, selective, dx, dout, x, rows, scratch, recompute, 0, 1.0);
     return;
   }
@@ -289,12 +291,9 @@ void MoeLayer<T>::backward(const ParamStore<T>& ps, T* record, bool selective, T
   const int64_t n = rows.count * C_;
   const Backend<T>& be = ps.backend();
   Buffer mine = be.alloc(static_cast<size_t>(n) * sizeof(T), MemCategory::kComm);
-  Buffer every =
-      be.alloc(static_cast<size_t>(all.count * C_) * sizeof(T), MemCategory::kComm, false);
   backward_rows(ps, record, selective, mine.as<T>(), dout + row0 * C_, x + row0 * C_, rows, scratch,
                 recompute, row0, double(rows.count) / double(all.count));
-  split_->gather(mine.as<T>(), n, every.as<T>());
-  be.add(dx, every.as<T>(), all.count * C_);
+  split_->gather(mine.as<T>(), n, dx);
 }
 
 template <typename T>

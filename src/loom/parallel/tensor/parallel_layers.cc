@@ -49,9 +49,9 @@ std::vector<RecordRange> ParallelAttention::exact_ranges(const Rows& rows, bool 
 int64_t ParallelAttention::scratch_elems(const Rows& rows) const {
   // d_y (B,T,C/tp), d_qkv (B,T,3C/tp), the input gradient's partial sum
   // (B,T,C); with the sequence split, also the gathered input and output
-  // gradient (B,T,C) each, and the reduce-scattered input gradient (rows,C).
+  // gradient (B,T,C) each.
   const int64_t BT = rows.all();
-  return BT * (4 * Cl_ + C_) + (rows.split() ? 2 * BT * C_ + rows.count * C_ : 0);
+  return BT * (4 * Cl_ + C_) + (rows.split() ? 2 * BT * C_ : 0);
 }
 
 DropoutSpec ParallelAttention::local_heads(DropoutSpec probs) const {
@@ -98,7 +98,7 @@ void ParallelAttention::backward(const ParamStore<float>& ps, float* record, boo
   attention_core_backward(core_.get(), be, d_qkv, d_y, r.qkv, r.y, r.lse, B, Tn, Cl_, NHl_,
                           local_heads(probs));
   c_attn_.backward(ps, d_x, d_qkv, x, BT, GradWrite::kSet);
-  add_input_gradient(be, g_, rows, C_, dx, d_x, a);
+  set_input_gradient(be, g_, rows, C_, dx, d_x);
 }
 
 ParallelMlp::ParallelMlp(ParamLayout& layout, const std::string& prefix, int64_t C, float proj_std,
@@ -122,7 +122,7 @@ int64_t ParallelMlp::recompute_elems(const Rows& rows, bool selective) const {
 
 int64_t ParallelMlp::scratch_elems(const Rows& rows) const {
   const int64_t BT = rows.all();
-  return BT * (2 * Hl_ + C_) + (rows.split() ? 2 * BT * C_ + rows.count * C_ : 0);
+  return BT * (2 * Hl_ + C_) + (rows.split() ? 2 * BT * C_ : 0);
 }
 
 void ParallelMlp::forward(const ParamStore<float>& ps, float* record, bool selective, float* out,
@@ -163,7 +163,7 @@ void ParallelMlp::backward(const ParamStore<float>& ps, float* record, bool sele
   c_proj_.backward(ps, d_fch_gelu, dout, fch_gelu, BT, GradWrite::kSet);
   be.gelu_backward(d_fch, fch, d_fch_gelu, BT * Hl_);  // written over
   c_fc_.backward(ps, d_x, d_fch, x, BT, GradWrite::kSet);
-  add_input_gradient(be, g_, rows, C_, dx, d_x, a);
+  set_input_gradient(be, g_, rows, C_, dx, d_x);
 }
 
 }  // namespace loom::tp

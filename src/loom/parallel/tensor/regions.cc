@@ -99,16 +99,14 @@ void gather_for_backward(const Group& g, const Rows& rows, int64_t C, const floa
   dout = dout_all, x = x_all;
 }
 
-void add_input_gradient(const Backend<float>& be, const Group& g, const Rows& rows, int64_t C,
-                        float* dx, float* d_all, Arena<float>& a) {
-  float* mine = d_all;
+void set_input_gradient(const Backend<float>& be, const Group& g, const Rows& rows, int64_t C,
+                        float* dx, float* d_all) {
   if (rows.split()) {
-    mine = a.take(rows.count * C);
-    g.reduce_scatter(d_all, mine, rows.count * C);
-  } else {
-    copy_to_region_backward(g, d_all, rows.count * C);
+    g.reduce_scatter(d_all, dx, rows.count * C);
+    return;
   }
-  be.add(dx, mine, rows.count * C);
+  copy_to_region_backward(g, d_all, rows.count * C);
+  be.copy(dx, d_all, rows.count * C);
 }
 
 }  // namespace loom::tp

@@ -77,10 +77,10 @@ inline void reduce_from_region_forward(const Group& g, float* y, int64_t n) {
 // (rows.count, C) are gathered into (rows.all(), C) buffers taken from `a`.
 void gather_for_backward(const Group& g, const Rows& rows, int64_t C, const float*& dout,
                          const float*& x, Arena<float>& a);
-// Closing the copy-to region: dx (rows.count, C) += the group's sum of the
-// partial input gradient d_all (rows.all(), C), reduce-scattered to this
-// rank's rows when the sequence is split, else all-reduced in place.
-void add_input_gradient(const Backend<float>& be, const Group& g, const Rows& rows, int64_t C,
-                        float* dx, float* d_all, Arena<float>& a);
+// Closing the copy-to region: dx (rows.count, C) = the group's sum of the
+// partial input gradient d_all (rows.all(), C), reduce-scattered into dx
+// when the sequence is split, else all-reduced in place and copied.
+void set_input_gradient(const Backend<float>& be, const Group& g, const Rows& rows, int64_t C,
+                        float* dx, float* d_all);
 
 }  // namespace loom::tp
