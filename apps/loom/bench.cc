@@ -53,6 +53,19 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// An MFU denominator as `loom bench gemm` measured it again.
+void print_mfu_peak(const char* path, const char* what, const PeakGflops& p) {
+  std::printf("MFU denominator, %s: %.1f GFLOP/s (%s; ", path, p.gflops, what);
+  if (p.cache_file.empty())
+    std::printf("measured now; no cache: neither XDG_CACHE_HOME nor HOME is set)\n");
+  else if (p.was <= 0)
+    std::printf("measured now, cached in %s)\n", p.cache_file.c_str());
+  else if (p.gflops > p.was)
+    std::printf("raised from the %.1f cached in %s)\n", p.was, p.cache_file.c_str());
+  else
+    std::printf("cached in %s; %.1f measured now)\n", p.cache_file.c_str(), p.measured);
+}
+
 void run_gemm(const GemmArgs& a) {
   ThreadConfig threads = configure_threads();
   std::vector<cpu::GemmBackend> backends;
@@ -136,9 +149,13 @@ void run_gemm(const GemmArgs& a) {
     }
   }
   const std::string warn = cpu::openblas_misdetection();
-  // The MFU denominator runs take from the cache, measured again: a cached
-  // figure this machine now beats is raised.
+  // The MFU denominators runs take from the cache, measured again: a cached
+  // figure this machine now beats is raised. The bf16 matmul's with --dtype
+  // bf16, where it runs.
   const PeakGflops mfu = machine_peak_gflops(threads.threads, GemmPath::kF32Sgemm, true);
+  PeakGflops mfu16;
+  if (bf16 && cpu::gemm_16_uses_bf16_matmul(DType::kBF16))
+    mfu16 = machine_peak_gflops(threads.threads, GemmPath::kBf16Matmul, true);
   if (a.json) {
     nlohmann::json sizes = nlohmann::json::array();
     for (const auto& r : best_results)
@@ -150,7 +167,11 @@ void run_gemm(const GemmArgs& a) {
                         {"sizes", sizes},
                         {"backends", per},
                         {"mfu_peak_gflops", mfu.gflops},
-                        {"mfu_peak_measured_gflops", mfu.measured}};
+                        {"mfu_peak_measured_gflops", mfu.measured},
+                        {"mfu_peak_was_gflops", mfu.was}};
+    if (mfu16.gflops > 0)
+      j["mfu_peak_bf16_matmul"] = {
+          {"gflops", mfu16.gflops}, {"measured_gflops", mfu16.measured}, {"was_gflops", mfu16.was}};
     if (!warn.empty()) j["warning"] = warn;
     if (bf16) j["matmul"] = matmul;
     std::printf("%s\n", j.dump().c_str());
@@ -159,14 +180,8 @@ void run_gemm(const GemmArgs& a) {
   if (!warn.empty()) std::printf("# warning: %s\n", warn.c_str());
   std::printf("peak sgemm: %.1f GFLOP/s with %s (the largest median of any backend and size)\n",
               peak, best.c_str());
-  std::printf("MFU denominator: %.1f GFLOP/s (2048^3, the best backend's median of five; ",
-              mfu.gflops);
-  if (mfu.was <= 0)
-    std::printf("measured now, cached in %s)\n", mfu.cache_file.c_str());
-  else if (mfu.gflops > mfu.was)
-    std::printf("raised from the %.1f cached in %s)\n", mfu.was, mfu.cache_file.c_str());
-  else
-    std::printf("cached in %s; %.1f measured now)\n", mfu.cache_file.c_str(), mfu.measured);
+  print_mfu_peak("f32 sgemm", "the best backend's 2048^3 median of five", mfu);
+  if (mfu16.gflops > 0) print_mfu_peak("bf16 matmul", "the 2048^3 median of five", mfu16);
 }
 
 void run_train_bench(const TrainBenchArgs& a) {

@@ -108,7 +108,7 @@ json_check "$WORK/gemm.json" 'd["peak_gflops"] > 0 and [s["n"] for s in d["sizes
 # bf16 matmul: oneDNN runs it from AVX-512 on.
 if ((onednn)) && grep -qw avx512f /proc/cpuinfo; then
   "$LOOM" bench gemm --sizes 128 --reps 2 --dtype f32,bf16 --model "$WORK/cfg.json" --json > "$WORK/gemm-bf16.json"
-  json_check "$WORK/gemm-bf16.json" '[m["shape"] for m in d["matmul"]] == ["128^3", "c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj", "lm head"] and all(m["f32_gflops"] > 0 and m["bf16_gflops"] > 0 for m in d["matmul"])'
+  json_check "$WORK/gemm-bf16.json" '[m["shape"] for m in d["matmul"]] == ["128^3", "c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj", "lm head"] and all(m["f32_gflops"] > 0 and m["bf16_gflops"] > 0 for m in d["matmul"]) and d["mfu_peak_gflops"] > 0 and d["mfu_peak_bf16_matmul"]["gflops"] >= d["mfu_peak_bf16_matmul"]["measured_gflops"] > 0'
 fi
 # OpenBLAS forced onto its generic kernel on a CPU with AVX2: warned, with the fix.
 if grep -qw avx2 /proc/cpuinfo; then

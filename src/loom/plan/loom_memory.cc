@@ -51,20 +51,19 @@ Elems attention(const ModelShape& m, const Layout& l, const Rows& r, bool select
   e.record = N * 3 * C / t + (selective ? 0 : N * C / t + r.B * NH / t * r.T);
   e.room = selective ? N * C / t + r.B * NH / t * r.T : 0;
   e.exact = selective ? 0 : r.B * NH / t * r.T;  // the log-sum-exp
-  e.scratch = l.tp == 1 ? 4 * N * C : N * (4 * C / t + C) + (l.sp ? 2 * N * C + r.count * C : 0);
+  e.scratch = l.tp == 1 ? 4 * N * C : N * (4 * C / t + C) + (l.sp ? 2 * N * C : 0);
   // Deferred (zero-bubble W): c_attn's input and output gradient, c_proj's.
   e.deferred = N * C + N * 3 * C / t + N * C / t + N * C;
   return e;
 }
 
 // The MLP over `rows` rows (nn/mlp.cc; ParallelMlp with tp).
-Elems mlp(const ModelShape& m, double t, bool split, bool sp, double rows, double count,
-          bool selective) {
+Elems mlp(const ModelShape& m, double t, bool split, bool sp, double rows, bool selective) {
   const double C = double(m.hidden), H = 4 * C / t;
   Elems e;
   e.record = rows * H * (selective ? 1 : 2);
   e.room = selective ? rows * H : 0;
-  e.scratch = !split ? 2 * rows * H : rows * (2 * H + C) + (sp ? 2 * rows * C + count * C : 0);
+  e.scratch = !split ? 2 * rows * H : rows * (2 * H + C) + (sp ? 2 * rows * C : 0);
   e.deferred = rows * C + rows * H + rows * H + rows * C;  // c_fc's and c_proj's
   return e;
 }
@@ -88,7 +87,7 @@ Elems moe(const ModelShape& m, const Layout& l, const Rows& r, bool selective,
     }
     R = most * l.ep;
   }
-  const Elems ex = mlp(m, 1, false, false, R, R, selective);
+  const Elems ex = mlp(m, 1, false, false, R, selective);
   Elems e;
   e.record = logits + 2 * n * C + (l.ep > 1 ? R * C : 0) + ex.record;
   e.room = ex.room;
@@ -106,8 +105,8 @@ Elems block(const ModelShape& m, const Layout& l, const Rows& r, int64_t layer,
   const bool full = l.recompute == "full";
   const bool sel = l.recompute == "selective";
   const Elems a = attention(m, l, r, sel);
-  const Elems f = moe_layer(m, layer) ? moe(m, l, r, sel, expected)
-                                      : mlp(m, l.tp, l.tp > 1, l.sp, r.all, r.count, sel);
+  const Elems f =
+      moe_layer(m, layer) ? moe(m, l, r, sel, expected) : mlp(m, l.tp, l.tp > 1, l.sp, r.all, sel);
   Elems b;
   const double whole = r.count * (4 * C + 4) + a.record + f.record;
   b.exact = 4 * r.count + a.exact + f.exact;
@@ -116,8 +115,8 @@ Elems block(const ModelShape& m, const Layout& l, const Rows& r, int64_t layer,
   if (full) {
     b.record = r.count * C;  // the output; the rest rebuilt in the room
     const Elems an = attention(m, l, r, false);
-    const Elems fn = moe_layer(m, layer) ? moe(m, l, r, false)
-                                         : mlp(m, l.tp, l.tp > 1, l.sp, r.all, r.count, false);
+    const Elems fn =
+        moe_layer(m, layer) ? moe(m, l, r, false) : mlp(m, l.tp, l.tp > 1, l.sp, r.all, false);
     b.room = r.count * (4 * C + 4) + an.record + fn.record;
     return b;
   }

@@ -34,7 +34,7 @@ std::vector<GemmBenchResult> bench_gemm(cpu::GemmBackend b, const std::vector<in
 struct PeakGflops {
   double gflops = 0;
   std::string backend;  // the backend that reached it
-  bool cached = false;  // read from the cache file, not measured now
+  bool cached = false;  // the figure is the cache file's (remeasured or not)
   double measured = 0;  // this call's measurement (0: none)
   double was = 0;       // the cached figure before it (0: none)
   std::string cache_file;

@@ -286,8 +286,9 @@ StepResult Trainer::train_step() {
         "loom: warning: step %ld: MFU %.2f above 1: %.0f GFLOP/s per rank is below what "
         "this run's GEMMs (%s) reach; %s\n",
         long(step_ + 1), r.mfu, peak_gflops_, r.gemm_path.c_str(),
-        config_.log.peak_gflops > 0
-            ? "raise log.peak_gflops to the path's peak (loom bench gemm)"
+        config_.log.peak_gflops > 0 ? "raise log.peak_gflops to the path's peak (loom bench gemm)"
+        : gemm_path_ == GemmPath::kBf16Matmul
+            ? "the cached peak may be stale: `loom bench gemm --dtype bf16` measures it again"
             : "the cached peak may be stale: `loom bench gemm` measures it again");
   }
   gather_rank_times(r);
