@@ -15,6 +15,7 @@
 #include "loom/data/tokenizer.h"
 #include "loom/io/fs.h"
 #include "loom/kernels/cpu/gemm_backend.h"
+#include "loom/kernels/cpu/gemm_census.h"
 #include "loom/profile/gemm_peak.h"
 #include "loom/train/config.h"
 #include "loom/train/trainer.h"
@@ -37,6 +38,7 @@ struct TrainBenchArgs {
   std::vector<std::string> overrides;
   int64_t steps = 10;
   int64_t warmup = 2;
+  bool ceiling = false;
   bool json = false;
 };
 
@@ -184,6 +186,53 @@ void run_gemm(const GemmArgs& a) {
   if (mfu16.gflops > 0) print_mfu_peak("bf16 matmul", "the 2048^3 median of five", mfu16);
 }
 
+// The GEMM-bound ceiling: one more step with a GEMM census open, and each
+// GEMM form it called replayed alone. The step's GEMMs at those rates take
+// gemm_time_s; the run reaches `fraction` of the tokens/s they allow.
+nlohmann::json gemm_ceiling(Trainer& trainer, double step_s, double tokens) {
+  cpu::gemm_census_open();
+  try {
+    trainer.train_step();
+  } catch (...) {
+    cpu::gemm_census_close();
+    throw;
+  }
+  const std::vector<cpu::GemmTally> tallies = cpu::gemm_census_close();
+  LOOM_CHECK_KIND(kConfig, !tallies.empty(),
+                  "bench train --ceiling: the step ran no CPU GEMMs (a device backend's GEMMs "
+                  "are not counted)");
+  struct Row {
+    std::string form;
+    int64_t calls;
+    double per_call_s, seconds, gflops;
+  };
+  std::vector<Row> rows;
+  double gemm_s = 0, gemm_flops = 0;
+  for (const cpu::GemmTally& t : tallies) {
+    const double per_call = cpu::gemm_replay_seconds(t.form);
+    rows.push_back({t.form.describe(), t.calls, per_call, per_call * double(t.calls),
+                    t.form.flops() / per_call / 1e9});
+    gemm_s += per_call * double(t.calls);
+    gemm_flops += t.form.flops() * double(t.calls);
+  }
+  std::sort(rows.begin(), rows.end(),
+            [](const Row& x, const Row& y) { return x.seconds > y.seconds; });
+  nlohmann::json forms = nlohmann::json::array();
+  for (const Row& r : rows)
+    forms.push_back({{"form", r.form},
+                     {"calls", r.calls},
+                     {"seconds_per_call", r.per_call_s},
+                     {"seconds", r.seconds},
+                     {"gflops", r.gflops}});
+  return {{"gemm_time_s", gemm_s},
+          {"gemm_gflops", gemm_flops / gemm_s / 1e9},
+          {"gemm_flops_per_token", gemm_flops / tokens},
+          {"model_flops_per_token", trainer.model().flops_per_token()},
+          {"tokens_per_s", tokens / gemm_s},
+          {"fraction", gemm_s / step_s},
+          {"forms", forms}};
+}
+
 void run_train_bench(const TrainBenchArgs& a) {
   LOOM_CHECK_KIND(kConfig, a.steps > a.warmup, "--steps {} must exceed --warmup {}", a.steps,
                   a.warmup);
@@ -236,6 +285,7 @@ void run_train_bench(const TrainBenchArgs& a) {
        stage.block_bytes(B, Tn, Recompute::kNone, stage.recompute_plan().records)},
       {"block_bytes_full", stage.block_bytes(B, Tn, Recompute::kFull)},
       {"recompute_time_s", median(recompute_times)}};
+  if (a.ceiling) j["gemm_ceiling"] = gemm_ceiling(trainer, step_s, tokens);
   if (a.json) {
     std::printf("%s\n", j.dump().c_str());
     return;
@@ -304,6 +354,8 @@ void add_bench_command(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   train->add_option("--warmup", t->warmup, "Steps excluded from timing")
       ->check(CLI::NonNegativeNumber);
+  train->add_flag("--ceiling", t->ceiling,
+                  "Also the GEMM-bound ceiling: the step's GEMMs counted and each replayed alone");
   train->add_flag("--json", t->json, "One JSON object on stdout");
   train->callback([t] { run_train_bench(*t); });
 

@@ -2,20 +2,26 @@
 // transpose combination, leading dimensions and alpha/beta; kernels.gemm's
 // choice and its errors.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <stdlib.h>
 
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <memory>
 #include <random>
+#include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "loom/io/fs.h"
 #include "loom/kernels/cpu/gemm_backend.h"
+#include "loom/kernels/cpu/gemm_census.h"
 #include "loom/kernels/cpu/matmul.h"
 #include "loom/profile/gemm_peak.h"
 #include "loom/train/config.h"
@@ -73,39 +79,134 @@ TEST(Gemm, SetInputGradientNeverReadsIt) {
     }
 }
 
+// Two shapes, so that on oneDNN both f32 routes run: 37 x 29 x 53 puts NT
+// and TN on its matmul primitive (f32_matmul_form), 29 x 53 x 37 keeps them
+// on its sgemm.
 TEST(Gemm, EveryBackendMatchesANaiveReference) {
-  const int64_t M = 37, N = 29, K = 53, pad = 3;
-  std::mt19937 gen(7);
-  std::uniform_real_distribution<float> u(-1, 1);
-  for (cpu::GemmBackend b : available()) {
-    const cpu::GemmConfig g{b};
-    for (bool ta : {false, true})
-      for (bool tb : {false, true}) {
-        // Row-major with leading dimensions larger than the rows need.
-        const int64_t lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
-        std::vector<float> A((ta ? K : M) * lda), B((tb ? N : K) * ldb), C(M * ldc);
-        for (auto* v : {&A, &B, &C})
-          for (float& x : *v) x = u(gen);
-        std::vector<float> C0 = C;
-        const float alpha = 0.75f, beta = -0.5f;
-        cpu::gemm<float>(g, ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, C.data(),
-                         ldc);
-        for (int64_t i = 0; i < M; ++i)
-          for (int64_t j = 0; j < N; ++j) {
-            double s = 0;
-            for (int64_t k = 0; k < K; ++k)
-              s += double(ta ? A[k * lda + i] : A[i * lda + k]) *
-                   double(tb ? B[j * ldb + k] : B[k * ldb + j]);
-            const double want = alpha * s + beta * double(C0[i * ldc + j]);
-            ASSERT_NEAR(C[i * ldc + j], want, 1e-4 * (1 + std::abs(want)))
-                << cpu::gemm_backend_name(b) << " ta " << ta << " tb " << tb << " at " << i << ","
-                << j;
-          }
-        // The padding between rows is left alone.
-        for (int64_t i = 0; i < M; ++i)
-          for (int64_t j = N; j < ldc; ++j) ASSERT_EQ(C[i * ldc + j], C0[i * ldc + j]);
-      }
+  for (const auto& [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{37, 29, 53}, {29, 53, 37}}) {
+    const int64_t pad = 3;
+    std::mt19937 gen(7);
+    std::uniform_real_distribution<float> u(-1, 1);
+    for (cpu::GemmBackend b : available()) {
+      const cpu::GemmConfig g{b};
+      for (bool ta : {false, true})
+        for (bool tb : {false, true}) {
+          // Row-major with leading dimensions larger than the rows need.
+          const int64_t lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+          std::vector<float> A((ta ? K : M) * lda), B((tb ? N : K) * ldb), C(M * ldc);
+          for (auto* v : {&A, &B, &C})
+            for (float& x : *v) x = u(gen);
+          std::vector<float> C0 = C;
+          const float alpha = 0.75f, beta = -0.5f;
+          cpu::gemm<float>(g, ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, C.data(),
+                           ldc);
+          for (int64_t i = 0; i < M; ++i)
+            for (int64_t j = 0; j < N; ++j) {
+              double s = 0;
+              for (int64_t k = 0; k < K; ++k)
+                s += double(ta ? A[k * lda + i] : A[i * lda + k]) *
+                     double(tb ? B[j * ldb + k] : B[k * ldb + j]);
+              const double want = alpha * s + beta * double(C0[i * ldc + j]);
+              ASSERT_NEAR(C[i * ldc + j], want, 1e-4 * (1 + std::abs(want)))
+                  << cpu::gemm_backend_name(b) << " ta " << ta << " tb " << tb << " at " << i << ","
+                  << j;
+            }
+          // The padding between rows is left alone.
+          for (int64_t i = 0; i < M; ++i)
+            for (int64_t j = N; j < ldc; ++j) ASSERT_EQ(C[i * ldc + j], C0[i * ldc + j]);
+        }
+    }
   }
+}
+
+// Which f32 forms run on oneDNN's matmul primitive: a transposed B with
+// K >= N and a transposed A with M > N, at gpt-m's shapes (BT 2048, C 512)
+// the input gradients of c_attn, attn.c_proj and mlp.c_fc and the weight
+// gradients of mlp.c_proj and the LM head; never NN or TT. The same numbers
+// (to f32 rounding) from inside a parallel region, where the sgemm runs.
+TEST(Gemm, F32FormsOnTheMatmulPrimitiveFollowTheRule) {
+  const bool onednn = cpu::gemm_backend_available(cpu::GemmBackend::kOneDnn);
+  EXPECT_EQ(cpu::f32_matmul_form(false, true, 2048, 512, 1536), onednn);  // c_attn dx
+  EXPECT_EQ(cpu::f32_matmul_form(false, true, 2048, 512, 512), onednn);   // attn.c_proj dx
+  EXPECT_EQ(cpu::f32_matmul_form(false, true, 2048, 512, 2048), onednn);  // mlp.c_fc dx
+  EXPECT_FALSE(cpu::f32_matmul_form(false, true, 2048, 2048, 512));       // mlp.c_proj dx
+  EXPECT_FALSE(cpu::f32_matmul_form(false, true, 2048, 8192, 512));       // LM head forward
+  EXPECT_EQ(cpu::f32_matmul_form(true, false, 2048, 512, 2048), onednn);  // mlp.c_proj dw
+  EXPECT_EQ(cpu::f32_matmul_form(true, false, 8192, 512, 2048), onednn);  // LM head dw
+  EXPECT_FALSE(cpu::f32_matmul_form(true, false, 512, 2048, 2048));       // mlp.c_fc dw
+  EXPECT_FALSE(cpu::f32_matmul_form(true, false, 512, 512, 2048));        // attn.c_proj dw
+  EXPECT_FALSE(cpu::f32_matmul_form(false, false, 2048, 512, 2048));
+  EXPECT_FALSE(cpu::f32_matmul_form(true, true, 2048, 512, 2048));
+  EXPECT_FALSE(cpu::f32_matmul_form(false, true, 64, 64, 0));  // a product over nothing
+  if (!onednn) return;
+  const int64_t M = 96, N = 40, K = 72;
+  std::mt19937 gen(5);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> A(K * M), B(N * K), C0(M * N);
+  for (auto* v : {&A, &B, &C0})
+    for (float& x : *v) x = u(gen);
+  for (const auto& [ta, tb] : {std::pair{true, false}, std::pair{false, true}}) {
+    const int64_t lda = ta ? M : K, ldb = tb ? K : N;
+    std::vector<float> outside = C0, inside = C0;
+    cpu::gemm_f32(cpu::GemmBackend::kOneDnn, ta, tb, M, N, K, 1.0f, A.data(), lda, B.data(), ldb,
+                  1.0f, outside.data(), N);
+#pragma omp parallel num_threads(2)
+#pragma omp single
+    cpu::gemm_f32(cpu::GemmBackend::kOneDnn, ta, tb, M, N, K, 1.0f, A.data(), lda, B.data(), ldb,
+                  1.0f, inside.data(), N);
+    for (size_t i = 0; i < outside.size(); ++i)
+      ASSERT_NEAR(inside[i], outside[i], 1e-5f * (1 + std::abs(outside[i]))) << ta << tb << i;
+  }
+}
+
+// A census counts each GEMM call once by its form: a linear layer's forward
+// and backward (its bias rows copied first, then the product accumulating
+// into them), a 16-bit product that tiles into f32 GEMMs counted as the
+// one call it is, and calls from a parallel region by their team. Nothing
+// is counted while closed; a replay times a form alone.
+TEST(GemmCensus, CountsEachCallOnceByItsForm) {
+  const int64_t N = 24, C = 16, OC = 40;
+  std::vector<float> inp(N * C, 0.5f), w(C * OC, 0.25f), b(OC, 1.0f), out(N * OC),
+      dout(N * OC, 0.1f), dinp(N * C), dw(C * OC), db(OC);
+  const cpu::GemmConfig g{kBlas};
+  cpu::matmul_forward<float>(g, out.data(), InputArg<float>{inp.data()}, WeightArg<float>{w.data()},
+                             b.data(), N, C, OC);  // closed: not counted
+  cpu::gemm_census_open();
+  EXPECT_HAS(error_of([] { cpu::gemm_census_open(); }), "a census is already open");
+  cpu::matmul_forward<float>(g, out.data(), InputArg<float>{inp.data()}, WeightArg<float>{w.data()},
+                             b.data(), N, C, OC);
+  cpu::matmul_backward<float>(g, dinp.data(), dw.data(), db.data(), dout.data(),
+                              InputArg<float>{inp.data()}, WeightArg<float>{w.data()}, N, C, OC,
+                              GradWrite::kSet);
+  cpu::gemm_16(kBlas, DType::kF16, false, false, N, OC, 600, 1.0f,
+               std::vector<float>(N * 600).data(), 600, std::vector<float>(600 * OC).data(), OC,
+               0.0f, out.data(), OC);
+  int team = 1;
+#pragma omp parallel num_threads(2)
+  {
+#pragma omp single
+    team = omp_get_num_threads();
+    cpu::gemm_f32(kBlas, false, true, 8, 8, 8, 1.0f, inp.data(), 8, w.data(), 8, 0.0f,
+                  std::vector<float>(64).data(), 8);
+  }
+  const std::vector<cpu::GemmTally> t = cpu::gemm_census_close();
+  EXPECT_TRUE(cpu::gemm_census_close().empty());
+  std::map<std::string, int64_t> got;
+  for (const cpu::GemmTally& x : t) got[x.form.describe()] += x.calls;
+  const std::map<std::string, int64_t> want = {
+      {"f32 NN 24 x 40 x 16 +=C", 1},  // forward, onto the bias rows
+      {"f32 NT 24 x 16 x 40", 1},      // dinp, written
+      {"f32 TN 16 x 40 x 24 +=C", 1},  // dweight, accumulated
+      {"f16 NN 24 x 40 x 600", 1},     // three K-tiles inside, not counted
+      {team > 1 ? "f32 NT 8 x 8 x 8 (x2 threads)" : "f32 NT 8 x 8 x 8", team}};  // one a thread
+  EXPECT_EQ(got, want);
+  for (const cpu::GemmTally& x : t) {
+    const double s = cpu::gemm_replay_seconds(x.form);
+    EXPECT_GT(s, 0.0) << x.form.describe();
+    EXPECT_LT(s, 1.0) << x.form.describe();
+  }
+  EXPECT_DOUBLE_EQ(t.front().form.flops(),
+                   2.0 * t.front().form.M * t.front().form.N * t.front().form.K);
 }
 
 TEST(Gemm, KernelsGemmChoosesAndNamesTheBackend) {

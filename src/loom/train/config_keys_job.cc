@@ -429,7 +429,10 @@ std::vector<ConfigKey> model_and_job_keys() {
           .lands(LOOM_FIELD(c.kernels.gemm, std::string))
           .doc("`auto` \\| `onednn` \\| `openblas`", "`auto`",
                "the backend of every f32 matrix product (the attention core's block products "
-               "included): oneDNN's `dnnl_sgemm` or OpenBLAS's `cblas_sgemm`. `auto` is oneDNN "
+               "included): oneDNN's `dnnl_sgemm` (its f32 matmul primitive for the transposed "
+               "forms its sgemm reads slowly: op(B) transposed with K >= N, op(A) transposed "
+               "with M > N, outside parallel regions; [performance](performance.md#bf16-gemm)) "
+               "or OpenBLAS's `cblas_sgemm`. `auto` is oneDNN "
                "whenever the build has it (it recognises current x86 processors, where OpenBLAS "
                "0.3.21 runs a generic kernel, several times slower, on the ones it does not know), "
                "else OpenBLAS; a rule rather than a timing, so every run and rank computes alike. "

@@ -18,6 +18,7 @@
 
 #include "loom/core/error.h"
 #include "loom/core/memory.h"
+#include "loom/kernels/cpu/gemm_census.h"
 #include "loom/kernels/cpu/matmul.h"
 #include "loom/kernels/cpu/precision.h"
 
@@ -285,15 +286,17 @@ struct Bf16Shape {
   float alpha, beta;
   bool bias = false;      // a row of N f32 added to every row of the product
   bool packed_b = false;  // B in the layout oneDNN picks (reordered from B as stored)
+  bool f32 = false;       // A and B in f32, not bf16 (gemm_f32's forms that run here)
   auto key() const {
-    return std::tuple{M, N, K, ta, tb, lda, ldb, ldc, alpha, beta, bias, packed_b};
+    return std::tuple{M, N, K, ta, tb, lda, ldb, ldc, alpha, beta, bias, packed_b, f32};
   }
 };
 
 // oneDNN's description of op(X) (rows x cols) for X stored with ld, as the
 // strides of the untransposed rows or of the transposed columns.
-dnnl::memory::desc bf16_operand(int64_t rows, int64_t cols, bool trans, int64_t ld) {
-  return dnnl::memory::desc({rows, cols}, dnnl::memory::data_type::bf16,
+dnnl::memory::desc operand(int64_t rows, int64_t cols, bool trans, int64_t ld,
+                           dnnl::memory::data_type type) {
+  return dnnl::memory::desc({rows, cols}, type,
                             trans ? dnnl::memory::dims{1, ld} : dnnl::memory::dims{ld, 1});
 }
 
@@ -316,13 +319,14 @@ Bf16Matmul& bf16_matmul(const Bf16Shape& s) {
         oldest = it;
     if (oldest != cache.end()) cache.erase(oldest);
   }
-  const auto [M, N, K, ta, tb, lda, ldb, ldc, alpha, beta, bias, packed_b] = s.key();
+  const auto [M, N, K, ta, tb, lda, ldb, ldc, alpha, beta, bias, packed_b, f32] = s.key();
   using dt = dnnl::memory::data_type;
+  const dt in = f32 ? dt::f32 : dt::bf16;
   auto made = std::make_unique<Bf16Matmul>();
-  made->a_md = bf16_operand(M, K, ta, lda);
-  made->b_plain = bf16_operand(K, N, tb, ldb);
-  made->b_md = packed_b ? dnnl::memory::desc({K, N}, dt::bf16, dnnl::memory::format_tag::any)
-                        : made->b_plain;
+  made->a_md = operand(M, K, ta, lda, in);
+  made->b_plain = operand(K, N, tb, ldb, in);
+  made->b_md =
+      packed_b ? dnnl::memory::desc({K, N}, in, dnnl::memory::format_tag::any) : made->b_plain;
   made->c_md = dnnl::memory::desc({M, N}, dt::f32, dnnl::memory::dims{ldc, 1});
   if (bias) made->bias_md = dnnl::memory::desc({1, N}, dt::f32, dnnl::memory::dims{N, 1});
   dnnl::primitive_attr attr;
@@ -348,8 +352,8 @@ Bf16Matmul& bf16_matmul(const Bf16Shape& s) {
       made->args.emplace(DNNL_ARG_BIAS, made->bias);
     }
   } catch (const dnnl::error& e) {
-    LOOM_FAIL(kUnsupported, "oneDNN cannot run a bf16 matmul of {} x {} x {} on this CPU ({}): {}",
-              M, N, K, gemm_backend_isa(GemmBackend::kOneDnn), e.what());
+    LOOM_FAIL(kUnsupported, "oneDNN cannot run a{} matmul of {} x {} x {} on this CPU ({}): {}",
+              f32 ? "n f32" : " bf16", M, N, K, gemm_backend_isa(GemmBackend::kOneDnn), e.what());
   }
   m = std::move(made);
   return *m;
@@ -522,6 +526,30 @@ const uint16_t* round_shared_operand(const float* X, int64_t n) {
 #endif
 }
 
+bool f32_matmul_form(bool ta, bool tb, int64_t M, int64_t N, int64_t K) {
+#ifdef LOOM_HAVE_ONEDNN
+  return K > 0 && ta != tb && (tb ? N <= K : M > N);
+#else
+  (void)ta, (void)tb, (void)M, (void)N, (void)K;
+  return false;
+#endif
+}
+
+void matmul_f32(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+#ifdef LOOM_HAVE_ONEDNN
+  if (M == 0 || N == 0) return;
+  LOOM_CHECK(K > 0, "matmul_f32: a product over nothing ({} x {} x 0)", M, N);
+  Bf16Shape shape{M, N, K, ta, tb, lda, ldb, ldc, alpha, beta};
+  shape.f32 = true;
+  bf16_matmul(shape).run(A, B, C, nullptr);
+#else
+  (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)alpha, (void)A, (void)lda, (void)B,
+      (void)ldb, (void)beta, (void)C, (void)ldc;
+  LOOM_FAIL(kUnsupported, "matmul_f32: this build has no oneDNN");
+#endif
+}
+
 void gemm_16(GemmBackend be, DType t, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
              float alpha, const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
              float* C, int64_t ldc, const uint16_t* B16, const uint16_t* A16, const float* bias,
@@ -530,6 +558,8 @@ void gemm_16(GemmBackend be, DType t, bool ta, bool tb, int64_t M, int64_t N, in
   if (M == 0 || N == 0) return;
   LOOM_CHECK(bias == nullptr || alpha == 1.0f, "gemm_16: a bias needs alpha 1 (alpha is {})",
              alpha);
+  const GemmCounted counted({be, t, ta, tb, M, N, K, lda, ldb, ldc, beta != 0.0f, A16 != nullptr,
+                             B16 != nullptr, bias != nullptr, B16 != nullptr && packs != nullptr});
 #ifdef LOOM_HAVE_ONEDNN
   if (t == DType::kBF16 && K > 0 && bf16_matmul_runs()) {
     // A (and B when it is f32) rounded to bf16 in its stored layout; a

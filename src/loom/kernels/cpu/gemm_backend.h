@@ -57,6 +57,19 @@ double measure_matmul_gflops(int64_t M, int64_t N, int64_t K, bool bf16, int rep
 void gemm_f32(GemmBackend b, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
               const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
               int64_t ldc);
+// oneDNN's f32 matmul primitive, which gemm_f32 runs on the oneDNN backend
+// for the forms where oneDNN's sgemm reads a transposed operand slowly:
+// op(B) transposed with K >= N (a linear layer's input gradient, dout
+// times its transposed weight, where the layer keeps or widens its width)
+// and op(A) transposed with M > N (the weight gradient of a layer that
+// narrows, and the LM head's). Measured on AVX-512 at gpt-m's shapes: the
+// primitive 1.15-1.45x the sgemm on those, 0.85-0.95x on the other
+// transposed forms; the same under an AVX2 cap. A rule of the form alone,
+// so every rank and run multiplies alike; calls from inside a parallel
+// region (the attention core's block products) keep the sgemm.
+bool f32_matmul_form(bool ta, bool tb, int64_t M, int64_t N, int64_t K);
+void matmul_f32(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 // The same with op(A) and op(B) rounded to t (kBF16 or kF16) and the
 // products accumulated in f32: bf16 through oneDNN's bf16 matmul (the
 // f32 operands rounded into 16-bit copies in their stored layout, a

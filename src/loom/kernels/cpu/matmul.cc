@@ -1,6 +1,7 @@
 #include "loom/kernels/cpu/matmul.h"
 
 #include <cblas.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <type_traits>
@@ -11,6 +12,7 @@
 
 #include "loom/core/error.h"
 #include "loom/kernels/cpu/gemm_backend.h"
+#include "loom/kernels/cpu/gemm_census.h"
 #include "loom/kernels/cpu/precision.h"
 
 namespace loom::cpu {
@@ -31,8 +33,13 @@ void gemm_f32(GemmBackend backend, bool ta, bool tb, int64_t M, int64_t N, int64
               const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
               int64_t ldc) {
   if (M == 0 || N == 0) return;
+  const GemmCounted counted({backend, DType::kF32, ta, tb, M, N, K, lda, ldb, ldc, beta != 0.0f});
 #ifdef LOOM_HAVE_ONEDNN
   if (backend == GemmBackend::kOneDnn) {
+    if (f32_matmul_form(ta, tb, M, N, K) && !omp_in_parallel()) {
+      matmul_f32(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+      return;
+    }
     // Row-major, as cblas with CblasRowMajor.
     const dnnl_status_t st =
         dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
