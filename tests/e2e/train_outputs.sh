@@ -118,8 +118,8 @@ fi
 "$LOOM" bench train --config "$WORK/cfg.json" --set data.synthetic=true --steps 3 --warmup 1 --json > "$WORK/bench.json"
 json_check "$WORK/bench.json" 'd["tokens_per_s"] > 0 and 0 < d["mfu"] <= 1 and d["gemm_path"] == "f32 sgemm" and d["gemm_backend"] in ("onednn", "openblas") and d["model_flops_per_s"] > 0 and d["peak_bytes"]["params"] > 0 and d["peak_bytes"]["optimizer"] == 2 * d["peak_bytes"]["params"]'
 # The GEMM-bound ceiling: the step's GEMMs counted by form and replayed alone; the forms add up to
-# the GEMM time, and they multiply no more than the model's FLOPs (the attention core skips the
-# blocks its causal mask empties).
+# the GEMM time, and they multiply about the model's FLOPs (within 20%: the attention core skips
+# the blocks its causal mask empties and recomputes its scores in backward).
 "$LOOM" bench train --config "$WORK/cfg.json" --set data.synthetic=true --steps 3 --warmup 1 --ceiling --json > "$WORK/bench-ceiling.json"
-json_check "$WORK/bench-ceiling.json" '(lambda c: len(c["forms"]) > 0 and all(f["calls"] > 0 and f["seconds_per_call"] > 0 for f in c["forms"]) and abs(sum(f["seconds"] for f in c["forms"]) - c["gemm_time_s"]) <= 1e-9 * (1 + c["gemm_time_s"]) and abs(c["fraction"] - c["gemm_time_s"] / d["step_time_s"]) < 1e-9 and abs(c["tokens_per_s"] * c["gemm_time_s"] - d["tokens_per_step"]) < 1e-6 * d["tokens_per_step"] and 0 < c["gemm_flops_per_token"] <= c["model_flops_per_token"] and abs(c["model_flops_per_token"] - d["model_flops_per_s"] / d["tokens_per_s"]) < 1e-6 * c["model_flops_per_token"])(d["gemm_ceiling"])'
+json_check "$WORK/bench-ceiling.json" '(lambda c: len(c["forms"]) > 0 and all(f["calls"] > 0 and f["seconds_per_call"] > 0 for f in c["forms"]) and abs(sum(f["seconds"] for f in c["forms"]) - c["gemm_time_s"]) <= 1e-9 * (1 + c["gemm_time_s"]) and abs(c["fraction"] - c["gemm_time_s"] / d["step_time_s"]) < 1e-9 and abs(c["tokens_per_s"] * c["gemm_time_s"] - d["tokens_per_step"]) < 1e-6 * d["tokens_per_step"] and 0.8 < c["gemm_flops_per_token"] / c["model_flops_per_token"] < 1.2 and abs(c["model_flops_per_token"] - d["model_flops_per_s"] / d["tokens_per_s"]) < 1e-6 * c["model_flops_per_token"])(d["gemm_ceiling"])'
 echo PASS

@@ -79,11 +79,12 @@ TEST(Gemm, SetInputGradientNeverReadsIt) {
     }
 }
 
-// Two shapes, so that on oneDNN both f32 routes run: 37 x 29 x 53 puts NT
-// and TN on its matmul primitive (f32_matmul_form), 29 x 53 x 37 keeps them
+// Two shapes, so that on oneDNN both f32 routes run: 97 x 70 x 131 puts NT
+// and TN on its matmul primitive (f32_matmul_form), 70 x 131 x 97 keeps them
 // on its sgemm.
 TEST(Gemm, EveryBackendMatchesANaiveReference) {
-  for (const auto& [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{37, 29, 53}, {29, 53, 37}}) {
+  for (const auto& [M, N, K] :
+       {std::tuple<int64_t, int64_t, int64_t>{97, 70, 131}, {70, 131, 97}}) {
     const int64_t pad = 3;
     std::mt19937 gen(7);
     std::uniform_real_distribution<float> u(-1, 1);
@@ -122,8 +123,9 @@ TEST(Gemm, EveryBackendMatchesANaiveReference) {
 // Which f32 forms run on oneDNN's matmul primitive: a transposed B with
 // K >= N and a transposed A with M > N, at gpt-m's shapes (BT 2048, C 512)
 // the input gradients of c_attn, attn.c_proj and mlp.c_fc and the weight
-// gradients of mlp.c_proj and the LM head; never NN or TT. The same numbers
-// (to f32 rounding) from inside a parallel region, where the sgemm runs.
+// gradients of mlp.c_proj and the LM head; never NN or TT, nor under 64 in
+// any dimension. The same numbers (to f32 rounding) from inside a parallel
+// region, of two threads or of one, where the sgemm runs.
 TEST(Gemm, F32FormsOnTheMatmulPrimitiveFollowTheRule) {
   const bool onednn = cpu::gemm_backend_available(cpu::GemmBackend::kOneDnn);
   EXPECT_EQ(cpu::f32_matmul_form(false, true, 2048, 512, 1536), onednn);  // c_attn dx
@@ -137,9 +139,11 @@ TEST(Gemm, F32FormsOnTheMatmulPrimitiveFollowTheRule) {
   EXPECT_FALSE(cpu::f32_matmul_form(true, false, 512, 512, 2048));        // attn.c_proj dw
   EXPECT_FALSE(cpu::f32_matmul_form(false, false, 2048, 512, 2048));
   EXPECT_FALSE(cpu::f32_matmul_form(true, true, 2048, 512, 2048));
-  EXPECT_FALSE(cpu::f32_matmul_form(false, true, 64, 64, 0));  // a product over nothing
+  EXPECT_FALSE(cpu::f32_matmul_form(false, true, 64, 64, 0));      // a product over nothing
+  EXPECT_FALSE(cpu::f32_matmul_form(true, false, 2048, 4, 2048));  // a rank-4 PowerSGD factor
+  EXPECT_FALSE(cpu::f32_matmul_form(true, false, 256, 63, 64));    // under 64
   if (!onednn) return;
-  const int64_t M = 96, N = 40, K = 72;
+  const int64_t M = 160, N = 96, K = 128;
   std::mt19937 gen(5);
   std::uniform_real_distribution<float> u(-1, 1);
   std::vector<float> A(K * M), B(N * K), C0(M * N);
@@ -147,15 +151,19 @@ TEST(Gemm, F32FormsOnTheMatmulPrimitiveFollowTheRule) {
     for (float& x : *v) x = u(gen);
   for (const auto& [ta, tb] : {std::pair{true, false}, std::pair{false, true}}) {
     const int64_t lda = ta ? M : K, ldb = tb ? K : N;
-    std::vector<float> outside = C0, inside = C0;
+    std::vector<float> outside = C0;
     cpu::gemm_f32(cpu::GemmBackend::kOneDnn, ta, tb, M, N, K, 1.0f, A.data(), lda, B.data(), ldb,
                   1.0f, outside.data(), N);
-#pragma omp parallel num_threads(2)
+    for (const int threads : {2, 1}) {
+      std::vector<float> inside = C0;
+#pragma omp parallel num_threads(threads)
 #pragma omp single
-    cpu::gemm_f32(cpu::GemmBackend::kOneDnn, ta, tb, M, N, K, 1.0f, A.data(), lda, B.data(), ldb,
-                  1.0f, inside.data(), N);
-    for (size_t i = 0; i < outside.size(); ++i)
-      ASSERT_NEAR(inside[i], outside[i], 1e-5f * (1 + std::abs(outside[i]))) << ta << tb << i;
+      cpu::gemm_f32(cpu::GemmBackend::kOneDnn, ta, tb, M, N, K, 1.0f, A.data(), lda, B.data(), ldb,
+                    1.0f, inside.data(), N);
+      for (size_t i = 0; i < outside.size(); ++i)
+        ASSERT_NEAR(inside[i], outside[i], 1e-5f * (1 + std::abs(outside[i])))
+            << ta << tb << " threads " << threads << " at " << i;
+    }
   }
 }
 
@@ -198,7 +206,8 @@ TEST(GemmCensus, CountsEachCallOnceByItsForm) {
       {"f32 NT 24 x 16 x 40", 1},      // dinp, written
       {"f32 TN 16 x 40 x 24 +=C", 1},  // dweight, accumulated
       {"f16 NN 24 x 40 x 600", 1},     // three K-tiles inside, not counted
-      {team > 1 ? "f32 NT 8 x 8 x 8 (x2 threads)" : "f32 NT 8 x 8 x 8", team}};  // one a thread
+      {team > 1 ? "f32 NT 8 x 8 x 8 (x2 threads)" : "f32 NT 8 x 8 x 8 (in a region)",
+       team}};  // one a thread
   EXPECT_EQ(got, want);
   for (const cpu::GemmTally& x : t) {
     const double s = cpu::gemm_replay_seconds(x.form);

@@ -247,10 +247,11 @@ void gemm_16_tiled(GemmBackend be, DType t, bool ta, bool tb, int64_t M, int64_t
 }
 
 #ifdef LOOM_HAVE_ONEDNN
-// oneDNN bf16 matmul primitives by shape and scaling, made once per thread
+// oneDNN matmul primitives (bf16 inputs for gemm_16, f32 for the forms
+// gemm_f32 runs on it) by shape and scaling, made once per thread
 // (the attention kernel multiplies blocks from every thread of its parallel
 // region at once, and a primitive with its stream runs one call at a time).
-struct Bf16Matmul {
+struct OneDnnMatmul {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
   dnnl::memory::desc a_md, b_md, c_md, bias_md;
@@ -276,10 +277,10 @@ struct Bf16Matmul {
 // changing (generation, varying sequence lengths) holds bounded memory.
 constexpr size_t kCachedPrimitives = 64;
 
-// One product's shape: op(A) is M x K and op(B) K x N, each a bf16 matrix
-// stored row-major with leading dimension lda / ldb, transposed (ta / tb)
-// or not; C is f32 with ldc.
-struct Bf16Shape {
+// One product's shape: op(A) is M x K and op(B) K x N, each a bf16 (or,
+// with f32, an f32) matrix stored row-major with leading dimension lda /
+// ldb, transposed (ta / tb) or not; C is f32 with ldc.
+struct MatmulShape {
   int64_t M, N, K;
   bool ta, tb;
   int64_t lda, ldb, ldc;
@@ -300,17 +301,17 @@ dnnl::memory::desc operand(int64_t rows, int64_t cols, bool trans, int64_t ld,
                             trans ? dnnl::memory::dims{1, ld} : dnnl::memory::dims{ld, 1});
 }
 
-Bf16Matmul& bf16_matmul(const Bf16Shape& s) {
+OneDnnMatmul& onednn_matmul(const MatmulShape& s) {
   using Key = decltype(s.key());
   struct Entry {
-    std::unique_ptr<Bf16Matmul> m;
+    std::unique_ptr<OneDnnMatmul> m;
     uint64_t used = 0;
   };
   thread_local std::map<Key, Entry> cache;
   thread_local uint64_t clock = 0;
   Entry& e = cache[s.key()];
   e.used = ++clock;
-  std::unique_ptr<Bf16Matmul>& m = e.m;
+  std::unique_ptr<OneDnnMatmul>& m = e.m;
   if (m) return *m;
   if (cache.size() > kCachedPrimitives) {
     auto oldest = cache.end();
@@ -322,7 +323,7 @@ Bf16Matmul& bf16_matmul(const Bf16Shape& s) {
   const auto [M, N, K, ta, tb, lda, ldb, ldc, alpha, beta, bias, packed_b, f32] = s.key();
   using dt = dnnl::memory::data_type;
   const dt in = f32 ? dt::f32 : dt::bf16;
-  auto made = std::make_unique<Bf16Matmul>();
+  auto made = std::make_unique<OneDnnMatmul>();
   made->a_md = operand(M, K, ta, lda, in);
   made->b_plain = operand(K, N, tb, ldb, in);
   made->b_md =
@@ -364,7 +365,7 @@ Bf16Matmul& bf16_matmul(const Bf16Shape& s) {
 bool bf16_matmul_runs() {
   static const bool runs = [] {
     try {
-      bf16_matmul(Bf16Shape{2, 2, 2, false, false, 2, 2, 2, 1.0f, 0.0f});
+      onednn_matmul(MatmulShape{2, 2, 2, false, false, 2, 2, 2, 1.0f, 0.0f});
       return true;
     } catch (const Error&) {
       return false;
@@ -388,7 +389,7 @@ uint16_t* bf16_scratch(int slot, int64_t n) {
 }
 
 // B16 (described by `plain`) in the layout `packed` at dst: one reorder.
-void reorder_weight(Bf16Matmul& mm, const uint16_t* B16, void* dst) {
+void reorder_weight(OneDnnMatmul& mm, const uint16_t* B16, void* dst) {
   // oneDNN's handle is not const; the source is only read.
   dnnl::memory src(mm.b_plain, mm.engine, const_cast<uint16_t*>(B16));
   dnnl::memory out(mm.b_md, mm.engine, dst);
@@ -411,7 +412,7 @@ class Bf16WeightPacks final : public WeightPacks {
     for (const auto& [key, e] : packs_) n += e.buf.bytes();
     return n;
   }
-  const void* get(Bf16Matmul& mm, const Bf16Shape& s, const uint16_t* B16) {
+  const void* get(OneDnnMatmul& mm, const MatmulShape& s, const uint16_t* B16) {
     std::lock_guard<std::mutex> lock(mu_);
     Entry& e = packs_[std::tuple{B16, s.K, s.N, s.tb, s.ldb}];
     if (e.fresh && e.md == mm.b_md) return e.buf.data();
@@ -528,7 +529,9 @@ const uint16_t* round_shared_operand(const float* X, int64_t n) {
 
 bool f32_matmul_form(bool ta, bool tb, int64_t M, int64_t N, int64_t K) {
 #ifdef LOOM_HAVE_ONEDNN
-  return K > 0 && ta != tb && (tb ? N <= K : M > N);
+  // Below 64 in any dimension (PowerSGD's rank-r factors, small blocks) the
+  // sgemm keeps them: no primitive to make per shape.
+  return std::min({M, N, K}) >= 64 && ta != tb && (tb ? N <= K : M > N);
 #else
   (void)ta, (void)tb, (void)M, (void)N, (void)K;
   return false;
@@ -540,9 +543,9 @@ void matmul_f32(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, 
 #ifdef LOOM_HAVE_ONEDNN
   if (M == 0 || N == 0) return;
   LOOM_CHECK(K > 0, "matmul_f32: a product over nothing ({} x {} x 0)", M, N);
-  Bf16Shape shape{M, N, K, ta, tb, lda, ldb, ldc, alpha, beta};
+  MatmulShape shape{M, N, K, ta, tb, lda, ldb, ldc, alpha, beta};
   shape.f32 = true;
-  bf16_matmul(shape).run(A, B, C, nullptr);
+  onednn_matmul(shape).run(A, B, C, nullptr);
 #else
   (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)alpha, (void)A, (void)lda, (void)B,
       (void)ldb, (void)beta, (void)C, (void)ldc;
@@ -585,8 +588,8 @@ void gemm_16(GemmBackend be, DType t, bool ta, bool tb, int64_t M, int64_t N, in
     // oneDNN's blocked layout, reordered once per update: the matmul then
     // skips its own copies of plain weights, and the products are the same.
     const bool has_bias = bias != nullptr, packed = B16 != nullptr && packs != nullptr;
-    const Bf16Shape shape{M, N, K, ta, tb, a_ld, b_ld, ldc, alpha, beta, has_bias, packed};
-    Bf16Matmul& mm = bf16_matmul(shape);
+    const MatmulShape shape{M, N, K, ta, tb, a_ld, b_ld, ldc, alpha, beta, has_bias, packed};
+    OneDnnMatmul& mm = onednn_matmul(shape);
     const void* b_data = b16;
     if (shape.packed_b) {
       auto* kept = dynamic_cast<Bf16WeightPacks*>(packs);

@@ -64,9 +64,10 @@ void gemm_f32(GemmBackend b, bool ta, bool tb, int64_t M, int64_t N, int64_t K, 
 // and op(A) transposed with M > N (the weight gradient of a layer that
 // narrows, and the LM head's). Measured on AVX-512 at gpt-m's shapes: the
 // primitive 1.15-1.45x the sgemm on those, 0.85-0.95x on the other
-// transposed forms; the same under an AVX2 cap. A rule of the form alone,
-// so every rank and run multiplies alike; calls from inside a parallel
-// region (the attention core's block products) keep the sgemm.
+// transposed forms; the same under an AVX2 cap. A rule of the form alone
+// (each dimension at least 64), so every rank and run multiplies alike;
+// calls from inside a parallel region, active or not (the attention core's
+// block products), keep the sgemm.
 bool f32_matmul_form(bool ta, bool tb, int64_t M, int64_t N, int64_t K);
 void matmul_f32(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                 int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);

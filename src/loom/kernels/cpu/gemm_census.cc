@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <exception>
 #include <map>
 #include <memory>
 #include <mutex>
 
+#include "loom/core/clock.h"
 #include "loom/core/error.h"
 #include "loom/core/memory.h"
 #include "loom/kernels/cpu/precision.h"
@@ -61,10 +63,6 @@ struct Operands {
   }
 };
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 }  // namespace
 
 std::string GemmForm::describe() const {
@@ -74,7 +72,7 @@ std::string GemmForm::describe() const {
   if (a16) s += " a16";
   if (b16) s += packed ? " b16 packed" : " b16";
   if (bias) s += " +bias";
-  if (team > 1) s += format(" (x{} threads)", team);
+  if (nested) s += team > 1 ? format(" (x{} threads)", team) : std::string(" (in a region)");
   return s;
 }
 
@@ -97,7 +95,8 @@ std::vector<GemmTally> gemm_census_close() {
 bool gemm_census_enter(const GemmForm& form) {
   if (!g_open.load(std::memory_order_relaxed) || t_inside) return false;
   GemmForm f = form;
-  f.team = omp_in_parallel() ? omp_get_num_threads() : 1;
+  f.nested = omp_get_level() > 0;
+  f.team = f.nested ? omp_get_num_threads() : 1;
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     if (!g_open.load()) return false;
@@ -115,30 +114,51 @@ double gemm_replay_seconds(const GemmForm& f) {
   LOOM_CHECK(!g_open.load(), "gemm_replay_seconds: close the census first (it would count these)");
   LOOM_CHECK(f.M > 0 && f.N > 0 && f.team >= 1, "gemm_replay_seconds: an empty form {}",
              f.describe());
-  const int team = f.team;
-  std::vector<std::unique_ptr<Operands>> ops(static_cast<size_t>(team));
-  // Each thread's operands made (first touched) on the thread that uses them.
-  // A batch of k calls per thread, timed on the team's first thread between
-  // barriers; each call counts 1/team of it.
+  // A batch of k calls: a form called outside any parallel region runs
+  // here, as it did; a nested one on each thread of a region of its team
+  // (operands made on the thread that uses them), timed between barriers,
+  // each call counting 1/threads of it. An error inside the region is
+  // carried out of it and thrown here.
+  std::unique_ptr<Operands> alone;
+  std::vector<std::unique_ptr<Operands>> ops(static_cast<size_t>(f.team));
   auto batch = [&](int64_t k) {
+    if (!f.nested) {
+      if (!alone) alone = std::make_unique<Operands>(f);
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int64_t r = 0; r < k; ++r) alone->call(f);
+      return seconds_since(t0) / double(k);
+    }
     double s = 0;
-#pragma omp parallel num_threads(team) if (team > 1)
+    int threads = 1;
+    std::exception_ptr failed;
+    std::mutex failed_mutex;
+#pragma omp parallel num_threads(f.team)
     {
       const auto i = static_cast<size_t>(omp_get_thread_num());
-      if (!ops[i]) ops[i] = std::make_unique<Operands>(f);
+      try {
+        if (!ops[i]) ops[i] = std::make_unique<Operands>(f);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(failed_mutex);
+        failed = std::current_exception();
+      }
 #pragma omp barrier
       const auto t0 = std::chrono::steady_clock::now();
-      for (int64_t r = 0; r < k; ++r) ops[i]->call(f);
+      if (!failed) try {
+          for (int64_t r = 0; r < k; ++r) ops[i]->call(f);
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(failed_mutex);
+          failed = std::current_exception();
+        }
 #pragma omp barrier
-#pragma omp master
-      s = seconds_since(t0);
+      if (i == 0) s = seconds_since(t0), threads = omp_get_num_threads();
     }
-    return s / double(k * team);
+    if (failed) std::rethrow_exception(failed);
+    return s / double(k * threads);
   };
   batch(1);  // warm-up: operands, primitives, packed weights
   const double one = std::max(batch(1), 1e-7);
-  // Batches of at least 2 ms each, five of them (three past 50 ms a call).
-  const int64_t k = std::clamp<int64_t>(static_cast<int64_t>(2e-3 / one) + 1, 1, 100000);
+  // Batches of about 2 ms of calls, five of them (three past 50 ms a call).
+  const int64_t k = std::clamp<int64_t>(static_cast<int64_t>(2e-3 / (one * f.team)) + 1, 1, 100000);
   const int batches = one > 0.05 ? 3 : 5;
   std::vector<double> per_call;
   for (int b = 0; b < batches; ++b) per_call.push_back(batch(k));

@@ -3,9 +3,9 @@
 // attention core's block products included; a GEMM's own inner calls are not
 // counted again) is tallied by its form: backend, input type, transposes,
 // shape, leading dimensions, whether it accumulates into C, which operands
-// come in 16 bits, a bias, a packed weight, and the size of the OpenMP team
-// it was called from (a call inside a parallel region runs on one thread,
-// beside the team's other calls). Replaying each form alone, on operands of
+// come in 16 bits, a bias, a packed weight, and whether it was called from
+// inside an OpenMP parallel region and that region's team (such a call runs
+// on one thread, beside the team's other calls). Replaying each form alone, on operands of
 // its shapes, gives the step's GEMM time with nothing else in it: the
 // GEMM-bound ceiling `loom bench train --ceiling` reports.
 #pragma once
@@ -28,10 +28,11 @@ struct GemmForm {
   int64_t lda = 0, ldb = 0, ldc = 0;
   bool accumulate = false;  // beta != 0
   bool a16 = false, b16 = false, bias = false, packed = false;
-  int team = 1;  // OpenMP threads calling GEMMs side by side (1 outside a parallel region)
+  bool nested = false;  // called from inside a parallel region (active or not)
+  int team = 1;         // the threads of that region, calling GEMMs side by side
   auto operator<=>(const GemmForm&) const = default;
   double flops() const { return 2.0 * double(M) * double(N) * double(K); }
-  std::string describe() const;  // "f32 N,T 2048 x 1536 x 512 (+= C, team 2)"
+  std::string describe() const;  // "f32 NT 64 x 256 x 64 +=C (x2 threads)"
 };
 
 struct GemmTally {
@@ -65,8 +66,9 @@ class GemmCounted {
 
 // The wall time one call of `form` takes alone: the median over batches of
 // calls on operands of its shapes (filled with small values), after a warm-up;
-// a form with team > 1 runs its calls on that many threads at once and counts
-// each call as 1/team of the wall time, as the step's calls share it.
+// a nested form runs inside a parallel region of its team, each thread making
+// its own calls at once, and counts each call as 1/team of the wall time, as
+// the step's calls share it.
 double gemm_replay_seconds(const GemmForm& form);
 
 }  // namespace loom::cpu

@@ -36,7 +36,7 @@ void gemm_f32(GemmBackend backend, bool ta, bool tb, int64_t M, int64_t N, int64
   const GemmCounted counted({backend, DType::kF32, ta, tb, M, N, K, lda, ldb, ldc, beta != 0.0f});
 #ifdef LOOM_HAVE_ONEDNN
   if (backend == GemmBackend::kOneDnn) {
-    if (f32_matmul_form(ta, tb, M, N, K) && !omp_in_parallel()) {
+    if (f32_matmul_form(ta, tb, M, N, K) && omp_get_level() == 0) {
       matmul_f32(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
       return;
     }
