@@ -219,6 +219,7 @@ void add_layer_cases(std::vector<OpCase>& ops) {
       be.attention_backward(g[0].data(), d[0].data(), in[0].data(), out[0].data(), out[1].data(),
                             kB, kT, kC, kNH, drop);
     });
+    op.sets = {true};  // q|k|v's gradient written over the buffer
     ops.push_back(op);
   }
 }

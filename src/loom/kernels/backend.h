@@ -183,7 +183,8 @@ class Backend {
   // exp(q.k_j / sqrt(hs)); dropout on the probabilities.
   virtual void attention_forward(T* out, T* lse, const T* qkv, int64_t B, int64_t Tn, int64_t C,
                                  int64_t NH, const DropoutSpec& dropout) const = 0;
-  // dqkv (B, T, 3C) += from dout (B, T, C), given forward's inputs and outputs.
+  // dqkv (B, T, 3C) from dout (B, T, C), given forward's inputs and outputs,
+  // written over what the buffer held (every element of it).
   virtual void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse,
                                   int64_t B, int64_t Tn, int64_t C, int64_t NH,
                                   const DropoutSpec& dropout) const = 0;

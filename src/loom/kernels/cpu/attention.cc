@@ -301,9 +301,9 @@ void attention_backward(const GemmConfig& g, T* dqkv, const T* dout, const T* qk
         for (int64_t t = 0; t < Tn; ++t) {
           T* g = dqkv + (b * Tn + t) * 3 * C + h * hs;
           for (int64_t d = 0; d < hs; ++d) {
-            g[d] += dq[t * hs + d] * scale;
-            g[C + d] += dk[t * hs + d];
-            g[2 * C + d] += dv[t * hs + d];
+            g[d] = dq[t * hs + d] * scale;
+            g[C + d] = dk[t * hs + d];
+            g[2 * C + d] = dv[t * hs + d];
           }
         }
       }

@@ -51,17 +51,17 @@ __global__ void k_from_heads(T* out, const T* o, int64_t B, int64_t Tn, int64_t 
     out[(b * Tn + t) * NH * hs + h * hs + d] = o[i];
   }
 }
-// dqkv (b, t, [q | k | v], h, d) += dq, dk, dv (b, h, t, d).
+// dqkv (b, t, [q | k | v], h, d) = dq, dk, dv (b, h, t, d).
 template <typename T>
-__global__ void k_merge_heads_add(T* dqkv, const T* dq, const T* dk, const T* dv, int64_t B,
+__global__ void k_merge_heads(T* dqkv, const T* dq, const T* dk, const T* dv, int64_t B,
                                   int64_t Tn, int64_t NH, int64_t hs) {
   const int64_t C = NH * hs;
   LOOM_GRID_STRIDE(i, B * NH * Tn * hs) {
     const int64_t d = i % hs, t = (i / hs) % Tn, h = (i / (hs * Tn)) % NH, b = i / (hs * Tn * NH);
     const int64_t dst = (b * Tn + t) * 3 * C + h * hs + d;
-    dqkv[dst] += dq[i];
-    dqkv[dst + C] += dk[i];
-    dqkv[dst + 2 * C] += dv[i];
+    dqkv[dst] = dq[i];
+    dqkv[dst + C] = dk[i];
+    dqkv[dst + 2 * C] = dv[i];
   }
 }
 
@@ -370,7 +370,7 @@ void CudaBackend<T>::attention_backward(T* dqkv, const T* dout, const T* qkv, co
                    hs, DType::kF32, tf32, batch, ss, sq, sq);
   cuda::lt_gemm<T>(true, false, Tn, hs, Tn, T(1), x.as<T>(), Tn, q.as<T>(), hs, T(0), dk.as<T>(),
                    hs, DType::kF32, tf32, batch, ss, sq, sq);
-  launch(k_merge_heads_add<T>, n, args.inout(dqkv, 3 * n), static_cast<const T*>(dq.as<T>()),
+  launch(k_merge_heads<T>, n, args.inout(dqkv, 3 * n), static_cast<const T*>(dq.as<T>()),
          static_cast<const T*>(dk.as<T>()), static_cast<const T*>(dv.as<T>()), B, Tn, NH, hs);
   args.finish();
 }

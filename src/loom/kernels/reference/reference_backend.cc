@@ -407,6 +407,7 @@ void ReferenceBackend<T>::attention_backward(T* dqkv, const T* dout, const T* qk
   (void)out;  // D_i is recomputed from the probabilities
   const int64_t hs = C / NH;
   const double scale = 1.0 / std::sqrt(double(hs));
+  std::fill_n(dqkv, B * Tn * 3 * C, T(0));  // written, then summed over the keys below
   std::vector<double> p(static_cast<size_t>(Tn)), dp(static_cast<size_t>(Tn));
   std::vector<T> keep;
   auto q_at = [&](int64_t b, int64_t t, int64_t h) { return (b * Tn + t) * 3 * C + h * hs; };
