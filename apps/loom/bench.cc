@@ -39,6 +39,7 @@ struct TrainBenchArgs {
   int64_t steps = 10;
   int64_t warmup = 2;
   bool ceiling = false;
+  int ceiling_rounds = 3;
   bool json = false;
 };
 
@@ -186,10 +187,12 @@ void run_gemm(const GemmArgs& a) {
   if (mfu16.gflops > 0) print_mfu_peak("bf16 matmul", "the 2048^3 median of five", mfu16);
 }
 
-// The GEMM-bound ceiling: one more step with a GEMM census open, and each
-// GEMM form it called replayed alone. The step's GEMMs at those rates take
-// gemm_time_s; the run reaches `fraction` of the tokens/s they allow.
-nlohmann::json gemm_ceiling(Trainer& trainer, double step_s, double tokens) {
+// The GEMM-bound ceiling: one more step with a GEMM census open, then
+// rounds of a timed step followed by each form it called replayed alone.
+// A round's fraction is its replayed GEMM time over its step's time, both
+// measured within the same few seconds, so that a machine whose speed
+// drifts (a shared one) moves both alike; the medians are reported.
+nlohmann::json gemm_ceiling(Trainer& trainer, double tokens, int rounds) {
   cpu::gemm_census_open();
   try {
     trainer.train_step();
@@ -201,18 +204,29 @@ nlohmann::json gemm_ceiling(Trainer& trainer, double step_s, double tokens) {
   LOOM_CHECK_KIND(kConfig, !tallies.empty(),
                   "bench train --ceiling: the step ran no CPU GEMMs (a device backend's GEMMs "
                   "are not counted)");
+  std::vector<std::vector<double>> per_call(tallies.size());
+  std::vector<double> steps, gemms, fractions;
+  for (int r = 0; r < rounds; ++r) {
+    steps.push_back(trainer.train_step().t_step);
+    double gemm_s = 0;
+    for (size_t f = 0; f < tallies.size(); ++f) {
+      per_call[f].push_back(cpu::gemm_replay_seconds(tallies[f].form));
+      gemm_s += per_call[f].back() * double(tallies[f].calls);
+    }
+    gemms.push_back(gemm_s);
+    fractions.push_back(gemm_s / steps.back());
+  }
   struct Row {
     std::string form;
     int64_t calls;
     double per_call_s, seconds, gflops;
   };
   std::vector<Row> rows;
-  double gemm_s = 0, gemm_flops = 0;
-  for (const cpu::GemmTally& t : tallies) {
-    const double per_call = cpu::gemm_replay_seconds(t.form);
-    rows.push_back({t.form.describe(), t.calls, per_call, per_call * double(t.calls),
-                    t.form.flops() / per_call / 1e9});
-    gemm_s += per_call * double(t.calls);
+  double gemm_flops = 0;
+  for (size_t f = 0; f < tallies.size(); ++f) {
+    const cpu::GemmTally& t = tallies[f];
+    const double s = median(per_call[f]);
+    rows.push_back({t.form.describe(), t.calls, s, s * double(t.calls), t.form.flops() / s / 1e9});
     gemm_flops += t.form.flops() * double(t.calls);
   }
   std::sort(rows.begin(), rows.end(),
@@ -224,12 +238,16 @@ nlohmann::json gemm_ceiling(Trainer& trainer, double step_s, double tokens) {
                      {"seconds_per_call", r.per_call_s},
                      {"seconds", r.seconds},
                      {"gflops", r.gflops}});
-  return {{"gemm_time_s", gemm_s},
+  const double gemm_s = median(gemms);
+  return {{"rounds", rounds},
+          {"step_time_s", median(steps)},
+          {"gemm_time_s", gemm_s},
           {"gemm_gflops", gemm_flops / gemm_s / 1e9},
           {"gemm_flops_per_token", gemm_flops / tokens},
           {"model_flops_per_token", trainer.model().flops_per_token()},
           {"tokens_per_s", tokens / gemm_s},
-          {"fraction", gemm_s / step_s},
+          {"fraction", median(fractions)},
+          {"fractions", fractions},
           {"forms", forms}};
 }
 
@@ -285,7 +303,7 @@ void run_train_bench(const TrainBenchArgs& a) {
        stage.block_bytes(B, Tn, Recompute::kNone, stage.recompute_plan().records)},
       {"block_bytes_full", stage.block_bytes(B, Tn, Recompute::kFull)},
       {"recompute_time_s", median(recompute_times)}};
-  if (a.ceiling) j["gemm_ceiling"] = gemm_ceiling(trainer, step_s, tokens);
+  if (a.ceiling) j["gemm_ceiling"] = gemm_ceiling(trainer, tokens, a.ceiling_rounds);
   if (a.json) {
     std::printf("%s\n", j.dump().c_str());
     return;
@@ -356,6 +374,10 @@ void add_bench_command(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   train->add_flag("--ceiling", t->ceiling,
                   "Also the GEMM-bound ceiling: the step's GEMMs counted and each replayed alone");
+  train
+      ->add_option("--ceiling-rounds", t->ceiling_rounds,
+                   "--ceiling: rounds of a timed step and the replay (medians reported)")
+      ->check(CLI::PositiveNumber);
   train->add_flag("--json", t->json, "One JSON object on stdout");
   train->callback([t] { run_train_bench(*t); });
 
