@@ -191,7 +191,9 @@ void run_gemm(const GemmArgs& a) {
 // rounds of a timed step followed by each form it called replayed alone.
 // A round's fraction is its replayed GEMM time over its step's time, both
 // measured within the same few seconds, so that a machine whose speed
-// drifts (a shared one) moves both alike; the medians are reported.
+// drifts (a shared one) moves both alike; `fraction` is the rounds'
+// median, each form's time the median of its replays, and `gemm_time_s`
+// those forms' sum.
 nlohmann::json gemm_ceiling(Trainer& trainer, double tokens, int rounds) {
   cpu::gemm_census_open();
   try {
@@ -205,7 +207,7 @@ nlohmann::json gemm_ceiling(Trainer& trainer, double tokens, int rounds) {
                   "bench train --ceiling: the step ran no CPU GEMMs (a device backend's GEMMs "
                   "are not counted)");
   std::vector<std::vector<double>> per_call(tallies.size());
-  std::vector<double> steps, gemms, fractions;
+  std::vector<double> steps, fractions;
   for (int r = 0; r < rounds; ++r) {
     steps.push_back(trainer.train_step().t_step);
     double gemm_s = 0;
@@ -213,7 +215,6 @@ nlohmann::json gemm_ceiling(Trainer& trainer, double tokens, int rounds) {
       per_call[f].push_back(cpu::gemm_replay_seconds(tallies[f].form));
       gemm_s += per_call[f].back() * double(tallies[f].calls);
     }
-    gemms.push_back(gemm_s);
     fractions.push_back(gemm_s / steps.back());
   }
   struct Row {
@@ -238,7 +239,8 @@ nlohmann::json gemm_ceiling(Trainer& trainer, double tokens, int rounds) {
                      {"seconds_per_call", r.per_call_s},
                      {"seconds", r.seconds},
                      {"gflops", r.gflops}});
-  const double gemm_s = median(gemms);
+  double gemm_s = 0;  // the forms' medians, which the list below adds up to
+  for (const Row& r : rows) gemm_s += r.seconds;
   return {{"rounds", rounds},
           {"step_time_s", median(steps)},
           {"gemm_time_s", gemm_s},
@@ -372,12 +374,14 @@ void add_bench_command(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   train->add_option("--warmup", t->warmup, "Steps excluded from timing")
       ->check(CLI::NonNegativeNumber);
-  train->add_flag("--ceiling", t->ceiling,
-                  "Also the GEMM-bound ceiling: the step's GEMMs counted and each replayed alone");
+  CLI::Option* ceiling = train->add_flag(
+      "--ceiling", t->ceiling,
+      "Also the GEMM-bound ceiling: the step's GEMMs counted and each replayed alone");
   train
       ->add_option("--ceiling-rounds", t->ceiling_rounds,
                    "--ceiling: rounds of a timed step and the replay (medians reported)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::PositiveNumber)
+      ->needs(ceiling);
   train->add_flag("--json", t->json, "One JSON object on stdout");
   train->callback([t] { run_train_bench(*t); });
 

@@ -80,7 +80,6 @@ void Attention<T>::backward(const ParamStore<T>& ps, T* record, bool selective, 
   // Selective: the core again from q|k|v, with the same dropout masks.
   if (selective) attention_core_forward(core_.get(), be, r.y, r.lse, r.qkv, B, Tn, C_, NH_, probs);
   linear_backward(ps, d_y, c_proj_w, c_proj_b, dout, r.y, BT, C_, C_, GradWrite::kSet);
-  if (core_) be.fill(d_qkv, BT * 3 * C_, 0);  // a core's chunks add up; the kernel writes
   attention_core_backward(core_.get(), be, d_qkv, d_y, r.qkv, r.y, r.lse, B, Tn, C_, NH_, probs);
   linear_backward(ps, dx, c_attn_w, c_attn_b, d_qkv, ps.input(x, BT * C_), BT, C_, 3 * C_,
                   GradWrite::kSet);

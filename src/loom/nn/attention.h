@@ -49,13 +49,16 @@ void attention_core_forward(const AttentionCore<T>* core, const Backend<T>& be, 
     be.attention_forward(y, lse, qkv, B, Tn, C, NH, probs);
 }
 
+// dqkv (B, Tn, 3C) written over whatever it held: a core's chunks add into
+// it, so it is zeroed for them first; the backend's kernel writes it whole.
 template <typename T>
 void attention_core_backward(const AttentionCore<T>* core, const Backend<T>& be, T* dqkv,
                              const T* dy, const T* qkv, const T* y, const T* lse, int64_t B,
                              int64_t Tn, int64_t C, int64_t NH, const DropoutSpec& probs) {
-  if (core)
+  if (core) {
+    be.fill(dqkv, B * Tn * 3 * C, T(0));
     core->backward(be, dqkv, dy, qkv, y, lse, B, Tn, C, NH, probs);
-  else
+  } else
     be.attention_backward(dqkv, dy, qkv, y, lse, B, Tn, C, NH, probs);
 }
 

@@ -54,7 +54,7 @@ __global__ void k_from_heads(T* out, const T* o, int64_t B, int64_t Tn, int64_t 
 // dqkv (b, t, [q | k | v], h, d) = dq, dk, dv (b, h, t, d).
 template <typename T>
 __global__ void k_merge_heads(T* dqkv, const T* dq, const T* dk, const T* dv, int64_t B,
-                                  int64_t Tn, int64_t NH, int64_t hs) {
+                              int64_t Tn, int64_t NH, int64_t hs) {
   const int64_t C = NH * hs;
   LOOM_GRID_STRIDE(i, B * NH * Tn * hs) {
     const int64_t d = i % hs, t = (i / hs) % Tn, h = (i / (hs * Tn)) % NH, b = i / (hs * Tn * NH);

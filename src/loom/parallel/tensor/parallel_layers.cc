@@ -94,7 +94,6 @@ void ParallelAttention::backward(const ParamStore<float>& ps, float* record, boo
     attention_core_forward(core_.get(), be, r.y, r.lse, r.qkv, B, Tn, Cl_, NHl_,
                            local_heads(probs));
   c_proj_.backward(ps, d_y, dout, r.y, BT, GradWrite::kSet);
-  if (core_) be.fill(d_qkv, BT * 3 * Cl_, 0);  // a core's chunks add up; the kernel writes
   attention_core_backward(core_.get(), be, d_qkv, d_y, r.qkv, r.y, r.lse, B, Tn, Cl_, NHl_,
                           local_heads(probs));
   c_attn_.backward(ps, d_x, d_qkv, x, BT, GradWrite::kSet);
