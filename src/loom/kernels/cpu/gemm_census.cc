@@ -130,24 +130,28 @@ double gemm_replay_seconds(const GemmForm& f) {
     }
     double s = 0;
     int threads = 1;
-    std::exception_ptr failed;
+    std::exception_ptr failed;  // the first error, under failed_mutex
     std::mutex failed_mutex;
+    std::atomic<bool> any_failed{false};
+    auto keep_error = [&] {
+      std::lock_guard<std::mutex> lock(failed_mutex);
+      if (!failed) failed = std::current_exception();
+      any_failed.store(true);
+    };
 #pragma omp parallel num_threads(f.team)
     {
       const auto i = static_cast<size_t>(omp_get_thread_num());
       try {
         if (!ops[i]) ops[i] = std::make_unique<Operands>(f);
       } catch (...) {
-        std::lock_guard<std::mutex> lock(failed_mutex);
-        failed = std::current_exception();
+        keep_error();
       }
 #pragma omp barrier
       const auto t0 = std::chrono::steady_clock::now();
-      if (!failed) try {
+      if (!any_failed.load()) try {
           for (int64_t r = 0; r < k; ++r) ops[i]->call(f);
         } catch (...) {
-          std::lock_guard<std::mutex> lock(failed_mutex);
-          failed = std::current_exception();
+          keep_error();
         }
 #pragma omp barrier
       if (i == 0) s = seconds_since(t0), threads = omp_get_num_threads();
