@@ -453,9 +453,10 @@ TEST(Gemm, SixteenBitInputsAccumulateInF32) {
 }
 
 // A linear's backward with bf16 inputs rounds dout once for both of its
-// products (round_shared_operand): bit for bit the two products made
-// separately, each rounding its own operands, with the weight given as f32
-// and as its 16-bit values; the LM head's (matmul_nt_backward) alike.
+// products (round_shared_operand, with the bias gradient's column sums in
+// the same read): bit for bit the two products made separately, each
+// rounding its own operands, with the weight given as f32 and as its 16-bit
+// values; the LM head's (matmul_nt_backward) alike.
 TEST(Gemm, BackwardRoundsDoutOnceForBothProducts) {
   if (!cpu::gemm_16_uses_bf16_matmul(DType::kBF16)) GTEST_SKIP() << "no bf16 matmul on this CPU";
   std::mt19937 gen(9);
@@ -530,6 +531,33 @@ TEST(Gemm, BackwardRoundsDoutOnceForBothProducts) {
         EXPECT_EQ(dwt2, want_dwt) << "nt twin, 16-bit weight " << sixteen;
       }
     }
+  }
+  // With a bias: its gradient's column sums are taken in the read that
+  // rounds dout (round_shared_operand_sums), each column summed in row
+  // order and added to what dbias held, as the f32 path's own loop does;
+  // the products as before. OC spans several column blocks, the last partial.
+  {
+    const int64_t OC2 = 150;
+    std::vector<float> d2, w2, db0;
+    fill(d2, N * OC2), fill(w2, C * OC2), fill(db0, OC2);
+    std::vector<float> want_db = db0;
+    for (int64_t o = 0; o < OC2; ++o) {
+      float acc = 0;
+      for (int64_t n = 0; n < N; ++n) acc += d2[static_cast<size_t>(n * OC2 + o)];
+      want_db[static_cast<size_t>(o)] += acc;
+    }
+    std::vector<float> di(static_cast<size_t>(N * C)), dw(static_cast<size_t>(C * OC2), 0.0f),
+        db = db0;
+    std::vector<float> want_di(di.size()), want_dw(dw.size(), 0.0f);
+    cpu::matmul_backward<float>(g, di.data(), dw.data(), db.data(), d2.data(), inp.data(),
+                                Weight<float>(w2.data()), N, C, OC2, GradWrite::kSet);
+    cpu::gemm_16(kBlas, DType::kBF16, false, true, N, C, OC2, 1.0f, d2.data(), OC2, w2.data(), OC2,
+                 0.0f, want_di.data(), C);
+    cpu::gemm_16(kBlas, DType::kBF16, true, false, C, OC2, N, 1.0f, inp.data(), C, d2.data(), OC2,
+                 1.0f, want_dw.data(), OC2);
+    EXPECT_EQ(db, want_db) << "bias gradient";
+    EXPECT_EQ(di, want_di) << "input gradient beside the bias's";
+    EXPECT_EQ(dw, want_dw) << "weight gradient beside the bias's";
   }
   // A twin where the GEMMs do not read bf16 operands is refused by name.
   std::vector<uint16_t> d16(static_cast<size_t>(N * OC));

@@ -672,13 +672,14 @@ void GptStage<T>::block_backward(StageActivations<T>& a, size_t i, T* d_resid, T
     r = block.bind(whole, none, rw, Recompute::kNone);
   } else if (packed(plan_, i)) {
     // Widened back into the room, where forward computed it, but for the
-    // twins the linears read in the slot (unless they defer: a deferred
-    // product keeps its input's f32 values).
+    // twins the linears alone read in the slot (unless they defer: a
+    // deferred product keeps its input's f32 values).
     Arena<T> whole(room), part(room + block.record_elems(rw, mode(i)));
     r = block.bind(whole, part, rw, mode(i));
     if (uses_twins(i) && store_.deferral() == nullptr) {
       const RecordTwins tw = record_twins(a, i, room);
-      block.unpack(store_.backend(), a.blocks[i], room, rw, mode(i), plan_.records, tw.twins);
+      block.unpack(store_.backend(), a.blocks[i], room, rw, mode(i), plan_.records,
+                   block.twin_ranges(rw, mode(i), false));
       const TwinsScope<T> scope(store_, &tw);
       block.backward(store_, r, block_input(a, i), d_resid, rw, mode(i) == Recompute::kSelective,
                      drop, scratch);

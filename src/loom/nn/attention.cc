@@ -49,6 +49,13 @@ std::vector<RecordRange> Attention<T>::exact_ranges(const Rows& rows, bool selec
 }
 
 template <typename T>
+std::vector<RecordRange> Attention<T>::shared_twin_ranges(const Rows& rows, bool selective) const {
+  const int64_t BT = rows.B * rows.Tn;
+  if (selective) return {};  // y is in the recompute room
+  return {{BT * 3 * C_, BT * C_}};
+}
+
+template <typename T>
 int64_t Attention<T>::scratch_elems(const Rows& rows) const {
   const int64_t B = rows.B, Tn = rows.Tn;
   return B * Tn * 4 * C_;
@@ -64,7 +71,8 @@ void Attention<T>::forward(const ParamStore<T>& ps, T* record, bool selective, T
   be.matmul_forward(r.qkv, ps.input(x, BT * C_), ps.weight(c_attn_w), ps.param(c_attn_b), BT, C_,
                     3 * C_);
   attention_core_forward(core_.get(), be, r.y, r.lse, r.qkv, B, Tn, C_, NH_, probs);
-  be.matmul_forward(out, r.y, ps.weight(c_proj_w), ps.param(c_proj_b), BT, C_, C_);
+  be.matmul_forward(out, ps.input(r.y, BT * C_), ps.weight(c_proj_w), ps.param(c_proj_b), BT, C_,
+                    C_);
 }
 
 template <typename T>
@@ -79,7 +87,8 @@ void Attention<T>::backward(const ParamStore<T>& ps, T* record, bool selective, 
   T* d_qkv = scratch + BT * C_;
   // Selective: the core again from q|k|v, with the same dropout masks.
   if (selective) attention_core_forward(core_.get(), be, r.y, r.lse, r.qkv, B, Tn, C_, NH_, probs);
-  linear_backward(ps, d_y, c_proj_w, c_proj_b, dout, r.y, BT, C_, C_, GradWrite::kSet);
+  linear_backward(ps, d_y, c_proj_w, c_proj_b, dout, ps.input(r.y, BT * C_), BT, C_, C_,
+                  GradWrite::kSet);
   attention_core_backward(core_.get(), be, d_qkv, d_y, r.qkv, r.y, r.lse, B, Tn, C_, NH_, probs);
   linear_backward(ps, dx, c_attn_w, c_attn_b, d_qkv, ps.input(x, BT * C_), BT, C_, 3 * C_,
                   GradWrite::kSet);

@@ -78,6 +78,11 @@ class AttentionLayer {
   // layer then hands them to its linears through ParamStore::input.
   virtual std::vector<RecordRange> twin_ranges(const Rows&, bool) const { return {}; }
   virtual bool input_twin() const { return false; }
+  // Ranges a linear's GEMM reads in bf16 and another kernel of backward in
+  // f32 ("shared" twins): the linear's forward rounds them into the slot
+  // (pack leaves them), unpack widens them for that kernel, and the linear's
+  // backward reads the slot.
+  virtual std::vector<RecordRange> shared_twin_ranges(const Rows&, bool) const { return {}; }
   // Backward's gradient scratch.
   virtual int64_t scratch_elems(const Rows& rows) const = 0;
   // out (rows.count, C) = c_proj(core(c_attn(x))), x (rows.count, C) the
@@ -104,8 +109,10 @@ class Attention final : public AttentionLayer<T> {
   int64_t record_elems(const Rows& rows, bool selective) const override;
   int64_t recompute_elems(const Rows& rows, bool selective) const override;
   std::vector<RecordRange> exact_ranges(const Rows& rows, bool selective) const override;
-  // x goes to c_attn alone (the core's output y is read by its backward too).
+  // x goes to c_attn alone; the core's output y to c_proj and to the
+  // core's backward (a shared twin).
   bool input_twin() const override { return true; }
+  std::vector<RecordRange> shared_twin_ranges(const Rows& rows, bool selective) const override;
   int64_t scratch_elems(const Rows& rows) const override;
   void forward(const ParamStore<T>& ps, T* record, bool selective, T* out, const T* x,
                const Rows& rows, const DropoutSpec& probs, T* recompute) const override;

@@ -80,10 +80,12 @@ class Block {
   // The exact ranges of a record bound with `mode`, in order: the
   // LayerNorms' statistics and the slots' own (the output aside).
   std::vector<RecordRange> exact_ranges(const Rows& rows, Recompute mode) const;
-  // The ranges of such a record that only the linears' GEMMs read, in order
-  // (RecordTwins): the LayerNorms' outputs where the layer after takes them
-  // to its linears alone, and the layers' own.
-  std::vector<RecordRange> twin_ranges(const Rows& rows, Recompute mode) const;
+  // The ranges of such a record that the linears' GEMMs read in bf16, in
+  // order (RecordTwins): the LayerNorms' outputs where the layer after takes
+  // them to its linears alone, and the layers' own; `shared` adds the
+  // layers' shared twins (read in f32 by another kernel too, so unpack
+  // widens them: the ranges unpack leaves are those without).
+  std::vector<RecordRange> twin_ranges(const Rows& rows, Recompute mode, bool shared = true) const;
   // Where a packed slot's 16-bit part begins.
   uint16_t* rounded_part(T* slot, const Rows& rows, Recompute mode) const;
 

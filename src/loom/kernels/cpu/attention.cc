@@ -113,6 +113,23 @@ inline int64_t visible(int64_t i0, int64_t i, int64_t j0, int64_t nk) {
   return std::max<int64_t>(0, std::min(nk, i0 + i - j0 + 1));
 }
 
+// The largest of x[0, n) and `init`, in kLanes interleaved lanes: the
+// compiler leaves a max reduction scalar, lanes it vectorises (and a
+// maximum is the same in any order).
+template <typename T>
+T row_max(const T* x, int64_t n, T init) {
+  constexpr int64_t kLanes = 16;
+  T lane[kLanes];
+  std::fill(lane, lane + kLanes, init);
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int64_t k = 0; k < kLanes; ++k) lane[k] = std::max(lane[k], x[j + k]);
+  for (; j < n; ++j) lane[0] = std::max(lane[0], x[j]);
+  T mx = lane[0];
+  for (int64_t k = 1; k < kLanes; ++k) mx = std::max(mx, lane[k]);
+  return mx;
+}
+
 // One key block of the online softmax for nq query rows: s (nq, nk; rows
 // kKBlock apart) holds the scores; rescales what acc (nq, hs) accumulated
 // under the old running maxima m, adds this block's exp(s - max) to l (zero
@@ -124,9 +141,7 @@ void online_softmax_block(T* s, const T* keep, int64_t nq, int64_t nk, int64_t h
   for (int64_t i = 0; i < nq; ++i) {
     T* si = s + i * kKBlock;
     const int64_t jmax = seen(i);
-    T bmax = m[i];
-#pragma omp simd reduction(max : bmax)
-    for (int64_t j = 0; j < jmax; ++j) bmax = std::max(bmax, si[j]);
+    const T bmax = row_max(si, jmax, m[i]);
     const T corr = jmax > 0 ? vexp(m[i] - bmax) : T(1);
     T sum = 0;
 #pragma omp simd reduction(+ : sum)
