@@ -453,8 +453,7 @@ TEST(Gemm, SixteenBitInputsAccumulateInF32) {
 }
 
 // A linear's backward with bf16 inputs rounds dout once for both of its
-// products (round_shared_operand, with the bias gradient's column sums in
-// the same read): bit for bit the two products made separately, each
+// products (round_shared_operand): bit for bit the two products made separately, each
 // rounding its own operands, with the weight given as f32 and as its 16-bit
 // values; the LM head's (matmul_nt_backward) alike.
 TEST(Gemm, BackwardRoundsDoutOnceForBothProducts) {
@@ -532,10 +531,10 @@ TEST(Gemm, BackwardRoundsDoutOnceForBothProducts) {
       }
     }
   }
-  // With a bias: its gradient's column sums are taken in the read that
-  // rounds dout (round_shared_operand_sums), each column summed in row
-  // order and added to what dbias held, as the f32 path's own loop does;
-  // the products as before. OC spans several column blocks, the last partial.
+  // With a bias: its gradient is dout's column sums in f32, each column
+  // summed in row order and added to what dbias held (not the rounded
+  // dout's), the products as before. OC spans several column blocks, the
+  // last partial.
   {
     const int64_t OC2 = 150;
     std::vector<float> d2, w2, db0;

@@ -527,30 +527,6 @@ const uint16_t* round_shared_operand(const float* X, int64_t n) {
 #endif
 }
 
-const uint16_t* round_shared_operand_sums(const float* X, int64_t rows, int64_t cols, float* sums) {
-#ifdef LOOM_HAVE_ONEDNN
-  uint16_t* out = bf16_scratch(2, rows * cols);
-  // Column blocks, so threads never share a sum; each row's piece rounded
-  // while it is read.
-  constexpr int64_t kBlock = 64;
-#pragma omp parallel for
-  for (int64_t c0 = 0; c0 < cols; c0 += kBlock) {
-    const int64_t c1 = std::min(cols, c0 + kBlock);
-    float acc[kBlock] = {};
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* row = X + r * cols;
-      for (int64_t c = c0; c < c1; ++c) acc[c - c0] += row[c];
-      round_to_16_serial(row + c0, out + r * cols + c0, c1 - c0, DType::kBF16);
-    }
-    for (int64_t c = c0; c < c1; ++c) sums[c] += acc[c - c0];
-  }
-  return out;
-#else
-  (void)X, (void)rows, (void)cols, (void)sums;
-  LOOM_FAIL(kUnsupported, "round_shared_operand_sums: this build has no bf16 matmul");
-#endif
-}
-
 bool f32_matmul_form(bool ta, bool tb, int64_t M, int64_t N, int64_t K) {
 #ifdef LOOM_HAVE_ONEDNN
   // Below 64 in any dimension (PowerSGD's rank-r factors, small blocks) the

@@ -98,10 +98,6 @@ std::unique_ptr<WeightPacks> make_weight_packs();
 // X (n elements) rounded to bf16 into this thread's scratch for operands
 // that several gemm_16 calls read (kept until the thread's next call).
 const uint16_t* round_shared_operand(const float* X, int64_t n);
-// round_shared_operand of X (rows x cols) that also adds X's column sums
-// into sums (a linear's output gradient and its bias gradient): one read of
-// X, each column summed in row order as a separate pass would.
-const uint16_t* round_shared_operand_sums(const float* X, int64_t rows, int64_t cols, float* sums);
 // Which way gemm_16 multiplies t on this machine, in words.
 const char* gemm_16_path(DType t);
 // What decides whether bf16 GEMM inputs pay on a CPU: the facts below, as

@@ -142,10 +142,7 @@ void matmul_backward(const GemmConfig& g, T* dinp, T* dweight, T* dbias, const T
         "matmul_backward: a bf16 input twin needs bf16 GEMM inputs on the bf16 matmul");
     if (share_dout<T>(g, dinp, dweight, N, C, OC) &&
         (weight.w16 == nullptr || weight.t == g.inputs)) {
-      // The bias gradient's column sums taken in the same read of dout.
-      const uint16_t* dout16 = dbias != nullptr ? round_shared_operand_sums(dout, N, OC, dbias)
-                                                : round_shared_operand(dout, N * OC);
-      dbias = nullptr;
+      const uint16_t* dout16 = round_shared_operand(dout, N * OC);
       if (weight.w16 != nullptr)
         gemm_16(g.backend, g.inputs, false, true, N, C, OC, 1.0f, nullptr, OC, nullptr, OC,
                 dinp_beta, dinp, C, weight.w16, dout16, nullptr, weight.packs);
