@@ -222,6 +222,39 @@ void add_layer_cases(std::vector<OpCase>& ops) {
     op.sets = {true};  // q|k|v's gradient written over the buffer
     ops.push_back(op);
   }
+  {
+    // The 16-bit forms. Forward: attention_forward's outputs, and q|k|v
+    // rounded to bf16 (compared widened: within one bf16 rounding of the
+    // reference's f32 values). Backward: from q|k|v's bf16 values, given
+    // the forward of those values widened; the reference backward of the
+    // same values is f32's bound away.
+    static const DropoutStream stream(11, 3, 0.25f);
+    const DropoutSpec drop{&stream, 5, dropout_site(1, DropoutSite::kAttnProbs)};
+    const int64_t nqkv = kB * kT * 3 * kC;
+    OpCase fwd = make_case("attention_forward_16", {Op::kAttentionForward16}, {nqkv},
+                           {kB * kT * kC, kB * kNH * kT, nqkv}, {true, true, true});
+    fwd.fwd_tol = 8e-3;
+    set_forward_f32(fwd, [=](const auto& be, const auto& in, auto& out) {
+      std::vector<uint16_t> h(static_cast<size_t>(nqkv));
+      be.attention_forward_16(out[0].data(), out[1].data(), in[0].data(), h.data(), kB, kT, kC, kNH,
+                              drop);
+      from_16(h, out[2], DType::kBF16);
+    });
+    ops.push_back(fwd);
+    OpCase bwd = make_case("attention_backward_16", {Op::kAttentionBackward16},
+                           {nqkv, kB * kT * kC}, {nqkv}, {true});
+    bwd.fwd_tol = 1e-4;
+    set_forward_f32(bwd, [=](const auto& be, const auto& in, auto& out) {
+      const std::vector<uint16_t> h = to_16(in[0], DType::kBF16);
+      std::vector<float> widened(static_cast<size_t>(nqkv)), y(static_cast<size_t>(kB * kT * kC)),
+          lse(static_cast<size_t>(kB * kNH * kT));
+      from_16(h, widened, DType::kBF16);
+      be.attention_forward(y.data(), lse.data(), widened.data(), kB, kT, kC, kNH, drop);
+      be.attention_backward_16(out[0].data(), in[1].data(), h.data(), y.data(), lse.data(), kB, kT,
+                               kC, kNH, drop);
+    });
+    ops.push_back(bwd);
+  }
 }
 
 void add_chunk_attention_cases(std::vector<OpCase>& ops) {

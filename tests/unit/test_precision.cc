@@ -8,13 +8,16 @@
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <random>
 #include <tuple>
 #include <vector>
 
 #include "loom/core/rng.h"
 #include "loom/kernels/cpu/adamw.h"
+#include "loom/kernels/cpu/attention.h"
 #include "loom/kernels/cpu/cross_entropy.h"
 #include "loom/kernels/cpu/elementwise.h"
+#include "loom/kernels/cpu/gemm_backend.h"
 #include "loom/kernels/cpu/layernorm.h"
 #include "loom/kernels/cpu/precision.h"
 
@@ -182,6 +185,50 @@ TEST(Precision, LayerNormForward16IsLayerNormRoundedBitwise) {
       EXPECT_EQ(rstd16, rstd) << dtype_name(t) << " C " << C;
     }
   }
+}
+
+// The attention core's 16-bit forms (Backend::attention_forward_16 and
+// attention_backward_16 on the CPU): forward writes q|k|v's bf16 rows bit
+// for bit round_to_16's and leaves its outputs as attention_forward's;
+// backward from the bf16 rows is bit for bit attention_backward of them
+// widened. Both with f32 GEMMs and with bf16 tiles on the bf16 matmul (the
+// core's own rounded tiles then go straight into and out of the rows),
+// with and without dropout, T past one 64-row query block.
+TEST(Precision, Attention16FormsAreTheF32OnesOnRoundedQkvBitwise) {
+  const int64_t B = 2, T = 70, C = 32, NH = 2, n = B * T * 3 * C;
+  std::mt19937 gen(21);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> qkv(static_cast<size_t>(n)), dy(static_cast<size_t>(B * T * C));
+  for (float& x : qkv) x = dist(gen);
+  for (float& x : dy) x = dist(gen);
+  std::vector<cpu::GemmConfig> configs = {cpu::GemmConfig{}};
+  if (cpu::gemm_16_uses_bf16_matmul(DType::kBF16))
+    configs.push_back(cpu::GemmConfig{cpu::GemmBackend::kOneDnn, DType::kBF16});
+  for (const cpu::GemmConfig& g : configs)
+    for (const float p : {0.0f, 0.2f}) {
+      SCOPED_TRACE(::testing::Message()
+                   << "bf16 inputs " << (g.inputs == DType::kBF16) << " p " << p);
+      const DropoutStream stream(5, 1, p);
+      const DropoutSpec drop{&stream, 3, dropout_site(0, DropoutSite::kAttnProbs)};
+      std::vector<float> y(static_cast<size_t>(B * T * C)), lse(static_cast<size_t>(B * NH * T));
+      std::vector<float> y16 = y, lse16 = lse;
+      std::vector<uint16_t> rows(static_cast<size_t>(n)), want_rows(static_cast<size_t>(n));
+      cpu::attention_forward<float>(g, y.data(), lse.data(), qkv.data(), B, T, C, NH, drop);
+      cpu::attention_forward<float>(g, y16.data(), lse16.data(), qkv.data(), B, T, C, NH, drop,
+                                    rows.data());
+      cpu::round_to_16(qkv.data(), want_rows.data(), n, DType::kBF16);
+      EXPECT_EQ(rows, want_rows);
+      EXPECT_EQ(y16, y);
+      EXPECT_EQ(lse16, lse);
+      std::vector<float> widened(static_cast<size_t>(n));
+      cpu::widen_16(rows.data(), widened.data(), n, DType::kBF16);
+      std::vector<float> want(static_cast<size_t>(n), 7.0f), got(static_cast<size_t>(n), -7.0f);
+      cpu::attention_backward<float>(g, want.data(), dy.data(), widened.data(), y.data(),
+                                     lse.data(), B, T, C, NH, drop);
+      cpu::attention_backward<float>(g, got.data(), dy.data(), nullptr, y.data(), lse.data(), B, T,
+                                     C, NH, drop, rows.data());
+      EXPECT_EQ(got, want);
+    }
 }
 
 TEST(Precision, AdamWOnMastersIsTheF32UpdateThenRounded) {

@@ -154,7 +154,8 @@ TEST(Stage, SplitBackwardGivesTheSameGradientsBitwise) {
 // bf16 records on a backend whose GEMMs read bf16 inputs: the linears'
 // inputs that only a GEMM reads (the LayerNorms' outputs, GELU's) stay in the
 // packed slot as "twins", rounded there by forward and read there by
-// backward, never widened; the attention core's output, which c_proj reads
+// backward, never widened (q|k|v likewise, by the attention core's 16-bit
+// forms); the attention core's output, which c_proj reads
 // and the core's backward too, is rounded into the slot by c_proj and
 // widened for the core (a shared twin). Over two micro-batches in one activation store:
 // the losses equal bitwise those of f32 records (forward's GEMMs round the
@@ -201,13 +202,13 @@ TEST(Stage, RecordTwinsGiveTheWidenedRecordsGradientsBitwise) {
     layout.begin_unit("h");
     const Block<float> block(layout, c, 0);
     const auto mode = policy == CheckpointPolicy::kNone ? Recompute::kNone : Recompute::kSelective;
-    // ln_1's and ln_2's outputs, and GELU's unless selective recomputes it;
-    // with the shared twins, the attention core's output unless selective
-    // leaves it to the recompute room (unpack widens it for the core's
-    // backward).
+    // ln_1's and ln_2's outputs; unless selective recomputes the core and
+    // GELU, q|k|v (the core reads them in bf16) and GELU's output; with the
+    // shared twins, the attention core's output too unless selective leaves
+    // it to the recompute room (unpack widens it for the core's backward).
     const bool none = policy == CheckpointPolicy::kNone;
-    EXPECT_EQ(block.twin_ranges(Rows::whole(B, T), mode).size(), none ? 4u : 2u);
-    EXPECT_EQ(block.twin_ranges(Rows::whole(B, T), mode, false).size(), none ? 3u : 2u);
+    EXPECT_EQ(block.twin_ranges(Rows::whole(B, T), mode).size(), none ? 5u : 2u);
+    EXPECT_EQ(block.twin_ranges(Rows::whole(B, T), mode, false).size(), none ? 4u : 2u);
   }
 }
 

@@ -1,5 +1,6 @@
 #include "loom/kernels/backend.h"
 
+#include <algorithm>
 #include <array>
 #include <type_traits>
 
@@ -27,6 +28,8 @@ const char* op_name(Op op) {
       "dropout_residual",
       "attention_forward",
       "attention_backward",
+      "attention_forward_16",
+      "attention_backward_16",
       "attention_chunk_forward",
       "attention_chunk_backward",
       "cross_entropy_forward",
@@ -61,6 +64,8 @@ bool is_16bit_op(Op op) {
     case Op::kAdamW16:
     case Op::kLayerNormForward16:
     case Op::kGeluForward16:
+    case Op::kAttentionForward16:
+    case Op::kAttentionBackward16:
     case Op::kCrossEntropyBackward16:
     case Op::kSumSquares16:
     case Op::kScale16:
@@ -110,6 +115,38 @@ void Backend<T>::layernorm_forward_16(uint16_t*, float*, float*, const float*, c
 template <typename T>
 void Backend<T>::gelu_forward_16(uint16_t*, const float*, int64_t, DType) const {
   unsupported(Op::kGeluForward16);
+}
+// By default the attention's 16-bit forms are the f32 ones beside a
+// rounding (a widening): what any f32 backend computes, the definition the
+// fused ones are held to.
+template <typename T>
+void Backend<T>::attention_forward_16(float* out, float* lse, const float* qkv, uint16_t* qkv16,
+                                      int64_t B, int64_t Tn, int64_t C, int64_t NH,
+                                      const DropoutSpec& dropout) const {
+  if constexpr (std::is_same_v<T, float>) {
+    attention_forward(out, lse, qkv, B, Tn, C, NH, dropout);
+    round_16(qkv, qkv16, B * Tn * 3 * C, DType::kBF16);
+  } else {
+    (void)out, (void)lse, (void)qkv, (void)qkv16, (void)B, (void)Tn, (void)C, (void)NH,
+        (void)dropout;
+    unsupported(Op::kAttentionForward16);
+  }
+}
+template <typename T>
+void Backend<T>::attention_backward_16(float* dqkv, const float* dout, const uint16_t* qkv16,
+                                       const float* out, const float* lse, int64_t B, int64_t Tn,
+                                       int64_t C, int64_t NH, const DropoutSpec& dropout) const {
+  if constexpr (std::is_same_v<T, float>) {
+    const int64_t n = B * Tn * 3 * C;
+    Buffer qkv = alloc(static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(float),
+                       MemCategory::kWorkspace, false);  // all written next
+    widen_16(qkv16, qkv.as<float>(), n, DType::kBF16);
+    attention_backward(dqkv, dout, qkv.as<float>(), out, lse, B, Tn, C, NH, dropout);
+  } else {
+    (void)dqkv, (void)dout, (void)qkv16, (void)out, (void)lse, (void)B, (void)Tn, (void)C, (void)NH,
+        (void)dropout;
+    unsupported(Op::kAttentionBackward16);
+  }
 }
 template <typename T>
 void Backend<T>::cross_entropy_backward_16(uint16_t*, const float*, const float*, const int32_t*,

@@ -48,6 +48,8 @@ enum class Op : uint8_t {
   kDropoutResidual,
   kAttentionForward,
   kAttentionBackward,
+  kAttentionForward16,
+  kAttentionBackward16,
   kAttentionChunkForward,
   kAttentionChunkBackward,
   kCrossEntropyForward,
@@ -188,6 +190,18 @@ class Backend {
   virtual void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse,
                                   int64_t B, int64_t Tn, int64_t C, int64_t NH,
                                   const DropoutSpec& dropout) const = 0;
+  // attention_forward, and q|k|v rounded to bf16 into qkv16 (laid out as
+  // qkv; round_16's values bit for bit): the record's bf16 home of q|k|v,
+  // which only the attention core reads (a twin), filled by the core
+  // instead of by packing. f32 alone.
+  virtual void attention_forward_16(float* out, float* lse, const float* qkv, uint16_t* qkv16,
+                                    int64_t B, int64_t Tn, int64_t C, int64_t NH,
+                                    const DropoutSpec& dropout) const;
+  // attention_backward from q|k|v's bf16 values alone (qkv16), bit for bit
+  // attention_backward of those values widened. f32 alone.
+  virtual void attention_backward_16(float* dqkv, const float* dout, const uint16_t* qkv16,
+                                     const float* out, const float* lse, int64_t B, int64_t Tn,
+                                     int64_t C, int64_t NH, const DropoutSpec& dropout) const;
   // Causal attention of one chunk of queries against one chunk of keys and
   // values of a longer sequence (context parallelism; AttentionChunk holds
   // the shapes, strides and global positions), merged by the log-sum-exp

@@ -62,7 +62,7 @@ using WeightArg = std::type_identity_t<Weight<T>>;
 // bf16 home in the record. A forward rounds data into r16 and multiplies
 // those values, unless its producer wrote r16 itself (written: data was never
 // stored in f32 and is not read); a backward multiplies r16 and does not
-// read data (the record's f32 copy was never widened). Only backends whose
+// read data (widened only where another kernel reads it: a shared twin). Only backends whose
 // reads_inputs16() is true are handed a twin.
 template <typename T>
 struct Input {

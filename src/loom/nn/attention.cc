@@ -49,6 +49,12 @@ std::vector<RecordRange> Attention<T>::exact_ranges(const Rows& rows, bool selec
 }
 
 template <typename T>
+std::vector<RecordRange> Attention<T>::twin_ranges(const Rows& rows, bool selective) const {
+  if (selective || core_ != nullptr) return {};
+  return {{0, rows.B * rows.Tn * 3 * C_}};
+}
+
+template <typename T>
 std::vector<RecordRange> Attention<T>::shared_twin_ranges(const Rows& rows, bool selective) const {
   const int64_t BT = rows.B * rows.Tn;
   if (selective) return {};  // y is in the recompute room
@@ -70,7 +76,16 @@ void Attention<T>::forward(const ParamStore<T>& ps, T* record, bool selective, T
   const Record r = bind(record, recompute, B, Tn, selective);
   be.matmul_forward(r.qkv, ps.input(x, BT * C_), ps.weight(c_attn_w), ps.param(c_attn_b), BT, C_,
                     3 * C_);
-  attention_core_forward(core_.get(), be, r.y, r.lse, r.qkv, B, Tn, C_, NH_, probs);
+  // q|k|v's twin: the core rounds them into the record as it reads them.
+  const Input<T> qkv = ps.input(r.qkv, BT * 3 * C_);
+  if constexpr (std::is_same_v<T, float>) {
+    if (qkv.r16 != nullptr) {
+      be.attention_forward_16(r.y, r.lse, r.qkv, qkv.r16, B, Tn, C_, NH_, probs);
+      ps.mark_written(r.qkv, BT * 3 * C_);
+    }
+  }
+  if (qkv.r16 == nullptr)
+    attention_core_forward(core_.get(), be, r.y, r.lse, r.qkv, B, Tn, C_, NH_, probs);
   be.matmul_forward(out, ps.input(r.y, BT * C_), ps.weight(c_proj_w), ps.param(c_proj_b), BT, C_,
                     C_);
 }
@@ -89,7 +104,14 @@ void Attention<T>::backward(const ParamStore<T>& ps, T* record, bool selective, 
   if (selective) attention_core_forward(core_.get(), be, r.y, r.lse, r.qkv, B, Tn, C_, NH_, probs);
   linear_backward(ps, d_y, c_proj_w, c_proj_b, dout, ps.input(r.y, BT * C_), BT, C_, C_,
                   GradWrite::kSet);
-  attention_core_backward(core_.get(), be, d_qkv, d_y, r.qkv, r.y, r.lse, B, Tn, C_, NH_, probs);
+  // q|k|v's twin: read in bf16 where the record keeps them (unpack left them).
+  const Input<T> qkv = ps.input(r.qkv, BT * 3 * C_);
+  if constexpr (std::is_same_v<T, float>) {
+    if (qkv.r16 != nullptr)
+      be.attention_backward_16(d_qkv, d_y, qkv.r16, r.y, r.lse, B, Tn, C_, NH_, probs);
+  }
+  if (qkv.r16 == nullptr)
+    attention_core_backward(core_.get(), be, d_qkv, d_y, r.qkv, r.y, r.lse, B, Tn, C_, NH_, probs);
   linear_backward(ps, dx, c_attn_w, c_attn_b, d_qkv, ps.input(x, BT * C_), BT, C_, 3 * C_,
                   GradWrite::kSet);
 }

@@ -109,9 +109,12 @@ class Attention final : public AttentionLayer<T> {
   int64_t record_elems(const Rows& rows, bool selective) const override;
   int64_t recompute_elems(const Rows& rows, bool selective) const override;
   std::vector<RecordRange> exact_ranges(const Rows& rows, bool selective) const override;
-  // x goes to c_attn alone; the core's output y to c_proj and to the
-  // core's backward (a shared twin).
+  // x goes to c_attn alone; q|k|v to the core alone (read in bf16 by its
+  // 16-bit forms, Backend::attention_forward_16), unless a context-parallel
+  // core takes them or selective recomputes the core from f32 q|k|v; the
+  // core's output y to c_proj and to the core's backward (a shared twin).
   bool input_twin() const override { return true; }
+  std::vector<RecordRange> twin_ranges(const Rows& rows, bool selective) const override;
   std::vector<RecordRange> shared_twin_ranges(const Rows& rows, bool selective) const override;
   int64_t scratch_elems(const Rows& rows) const override;
   void forward(const ParamStore<T>& ps, T* record, bool selective, T* out, const T* x,

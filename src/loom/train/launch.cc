@@ -273,11 +273,15 @@ Outcome run_shell(const std::string& cmd, bool quiet, double limit_s,
   AgentWatch agents(pid, watch_hosts);
   auto last_poll = Clock::now() - std::chrono::seconds(1);
   while (!exited) {
-    if (drain()) continue;
-    if (!watch_hosts.empty() && Clock::now() - last_poll > std::chrono::milliseconds(50)) {
+    // The agents are polled while output streams too: a lost host's agent
+    // ends just before mpirun writes its account and exits, so a poll
+    // skipped while that account is read would miss it.
+    const bool read_some = drain();
+    if (!watch_hosts.empty() && Clock::now() - last_poll > std::chrono::milliseconds(20)) {
       agents.poll();
       last_poll = Clock::now();
     }
+    if (read_some) continue;
     const pid_t w = waitpid(pid, &status, WNOHANG);
     exited = w == pid || (w < 0 && errno != EINTR);
     const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();

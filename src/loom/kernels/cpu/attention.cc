@@ -6,6 +6,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "loom/core/error.h"
 #include "loom/kernels/cpu/gemm_backend.h"
 #include "loom/kernels/cpu/matmul.h"
 #include "loom/kernels/cpu/precision.h"
@@ -86,7 +87,49 @@ struct ChunkTiles {
       for (int64_t d = 0; d < hs; ++d) k[j * hs + d] = row[d], v[j * hs + d] = row[a.v_col + d];
     }
   }
+  // The whole sequence's tiles of (b, h) from q|k|v's bf16 values (qkv16,
+  // laid out as qkv (B, Tn, 3C)), rounded: q widened, scaled and rounded
+  // again, k and v as they are; bit for bit what load gives from those
+  // values widened. The f32 k and v tiles are sized, not filled: with
+  // bf16 tiles the products do not read them.
+  void load16(const uint16_t* qkv16, int64_t Tn, int64_t C, int64_t b, int64_t h, int64_t hs,
+              T scale) {
+    const size_t n = static_cast<size_t>(Tn * hs);
+    q.resize(n), k.resize(n), v.resize(n);
+    k16.resize(n), v16.resize(n);
+    for (int64_t t = 0; t < Tn; ++t) {
+      const uint16_t* row = qkv16 + (b * Tn + t) * 3 * C + h * hs;
+      for (int64_t d = 0; d < hs; ++d) q[t * hs + d] = T(bf16_to_f32(row[d])) * scale;
+      std::copy_n(row + C, hs, k16.data() + t * hs);
+      std::copy_n(row + 2 * C, hs, v16.data() + t * hs);
+    }
+    round_tile(q.data(), Tn * hs, q16);
+    rounded = true;
+  }
 };
+
+// q|k|v's rows of (b, h) rounded to bf16 into qkv16 (laid out as qkv (B,
+// Tn, 3C)), bit for bit round_to_16 of them: q from qkv (the tile holds it
+// scaled), k and v the tiles' own roundings where they have them.
+template <typename T>
+void store_rows16(const ChunkTiles<T>& tiles, const T* qkv, uint16_t* qkv16, int64_t b, int64_t h,
+                  int64_t Tn, int64_t C, int64_t hs) {
+  if constexpr (std::is_same_v<T, float>) {
+    for (int64_t t = 0; t < Tn; ++t) {
+      const int64_t at = (b * Tn + t) * 3 * C + h * hs;
+      round_to_16_serial(qkv + at, qkv16 + at, hs, DType::kBF16);
+      if (tiles.rounded) {
+        std::copy_n(tiles.k16.data() + t * hs, hs, qkv16 + at + C);
+        std::copy_n(tiles.v16.data() + t * hs, hs, qkv16 + at + 2 * C);
+      } else {
+        round_to_16_serial(qkv + at + C, qkv16 + at + C, hs, DType::kBF16);
+        round_to_16_serial(qkv + at + 2 * C, qkv16 + at + 2 * C, hs, DType::kBF16);
+      }
+    }
+  } else {
+    (void)tiles, (void)qkv, (void)qkv16, (void)b, (void)h, (void)Tn, (void)C, (void)hs;
+  }
+}
 
 // The whole sequence as one chunk pair of itself: q, k, v in qkv (B, Tn, 3C).
 inline AttentionChunk whole_sequence(int64_t B, int64_t Tn, int64_t C, int64_t NH) {
@@ -114,8 +157,10 @@ inline int64_t visible(int64_t i0, int64_t i, int64_t j0, int64_t nk) {
 }
 
 // The largest of x[0, n) and `init`, in kLanes interleaved lanes: the
-// compiler leaves a max reduction scalar, lanes it vectorises (and a
-// maximum is the same in any order).
+// compiler leaves a max reduction scalar, lanes it vectorises. NaN scores
+// are passed over as before; only the sign of a zero maximum can differ
+// from a serial loop's (+0 against -0), which neither exp(s - max) nor
+// max + log(sum) can tell apart.
 template <typename T>
 T row_max(const T* x, int64_t n, T init) {
   constexpr int64_t kLanes = 16;
@@ -201,7 +246,9 @@ void softmax_backward_block(T* s, T* dp, const T* keep, int64_t nq, int64_t nk, 
 // block GEMMs run single-threaded there (OpenBLAS does not nest threads).
 template <typename T>
 void attention_forward(const GemmConfig& g, T* out, T* lse, const T* qkv, int64_t B, int64_t Tn,
-                       int64_t C, int64_t NH, const DropoutSpec& dropout) {
+                       int64_t C, int64_t NH, const DropoutSpec& dropout, uint16_t* qkv16) {
+  LOOM_CHECK(qkv16 == nullptr || (std::is_same_v<T, float>),
+             "attention_forward: q|k|v in bf16 beside f32 values only");
   const int64_t hs = C / NH;
   const T scale = T(1) / std::sqrt(T(hs));
 #pragma omp parallel
@@ -214,6 +261,7 @@ void attention_forward(const GemmConfig& g, T* out, T* lse, const T* qkv, int64_
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t h = 0; h < NH; ++h) {
         tiles.load(g, qkv, qkv + C, whole, b, h, hs, scale);
+        if (qkv16 != nullptr) store_rows16(tiles, qkv, qkv16, b, h, Tn, C, hs);
         for (int64_t i0 = 0; i0 < Tn; i0 += kQBlock) {
           const int64_t nq = std::min(kQBlock, Tn - i0);
           std::fill(m.begin(), m.end(), -std::numeric_limits<T>::infinity());
@@ -248,7 +296,18 @@ void attention_forward(const GemmConfig& g, T* out, T* lse, const T* qkv, int64_
 template <typename T>
 void attention_backward(const GemmConfig& g, T* dqkv, const T* dout, const T* qkv, const T* out,
                         const T* lse, int64_t B, int64_t Tn, int64_t C, int64_t NH,
-                        const DropoutSpec& dropout) {
+                        const DropoutSpec& dropout, const uint16_t* qkv16) {
+  LOOM_CHECK(qkv16 == nullptr || (std::is_same_v<T, float>),
+             "attention_backward: q|k|v in bf16 for f32 values only");
+  // Without bf16 tiles the products read f32 ones: the bf16 values widened.
+  std::vector<T> widened;
+  if (qkv16 != nullptr && !rounds_tiles<T>(g)) {
+    widened.resize(static_cast<size_t>(B * Tn * 3 * C));
+    if constexpr (std::is_same_v<T, float>)
+      widen_16(qkv16, widened.data(), B * Tn * 3 * C, DType::kBF16);
+    qkv = widened.data();
+    qkv16 = nullptr;
+  }
   const int64_t hs = C / NH;
   const T scale = T(1) / std::sqrt(T(hs));
 #pragma omp parallel
@@ -271,7 +330,10 @@ void attention_backward(const GemmConfig& g, T* dqkv, const T* dout, const T* qk
 #pragma omp for collapse(2) schedule(static)
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t h = 0; h < NH; ++h) {
-        tiles.load(g, qkv, qkv + C, whole, b, h, hs, scale);
+        if (qkv16 != nullptr)
+          tiles.load16(qkv16, Tn, C, b, h, hs, scale);
+        else
+          tiles.load(g, qkv, qkv + C, whole, b, h, hs, scale);
         const size_t n = static_cast<size_t>(Tn * hs);
         dq.assign(n, T(0)), dk.assign(n, T(0)), dv.assign(n, T(0));
         dO.resize(n), D.resize(static_cast<size_t>(Tn));
@@ -495,10 +557,10 @@ void attention_chunk_backward(const GemmConfig& g, T* dq, T* dkv, const T* dout,
 
 #define LOOM_INSTANTIATE(T)                                                                      \
   template void attention_forward<T>(const GemmConfig&, T*, T*, const T*, int64_t, int64_t,      \
-                                     int64_t, int64_t, const DropoutSpec&);                      \
+                                     int64_t, int64_t, const DropoutSpec&, uint16_t*);           \
   template void attention_backward<T>(const GemmConfig&, T*, const T*, const T*, const T*,       \
                                       const T*, int64_t, int64_t, int64_t, int64_t,              \
-                                      const DropoutSpec&);                                       \
+                                      const DropoutSpec&, const uint16_t*);                      \
   template void attention_chunk_forward<T>(const GemmConfig&, T*, T*, const T*, const T*,        \
                                            const AttentionChunk&, const DropoutSpec&);           \
   template void attention_chunk_backward<T>(const GemmConfig&, T*, T*, const T*, const T*,       \

@@ -12,16 +12,21 @@
 namespace loom::cpu {
 
 // qkv (B, T, 3C) holds q, k, v side by side, each (NH heads x hs), hs = C / NH.
-// out (B, T, C); lse (B, NH, T) = log sum_j exp(q.k_j / sqrt(hs)).
+// out (B, T, C); lse (B, NH, T) = log sum_j exp(q.k_j / sqrt(hs)). With
+// qkv16 (T = float), q|k|v rounded to bf16 there too, laid out as qkv
+// (Backend::attention_forward_16).
 template <typename T>
 void attention_forward(const GemmConfig& g, T* out, T* lse, const T* qkv, int64_t B, int64_t Tn,
-                       int64_t C, int64_t NH, const DropoutSpec& dropout);
+                       int64_t C, int64_t NH, const DropoutSpec& dropout,
+                       uint16_t* qkv16 = nullptr);
 
-// Accumulates dqkv (B, T, 3C) from dout (B, T, C), given forward's inputs and outputs.
+// Writes dqkv (B, T, 3C) from dout (B, T, C), given forward's inputs and
+// outputs; with qkv16 (T = float), from q|k|v's bf16 values there, qkv
+// unread (Backend::attention_backward_16).
 template <typename T>
 void attention_backward(const GemmConfig& g, T* dqkv, const T* dout, const T* qkv, const T* out,
                         const T* lse, int64_t B, int64_t Tn, int64_t C, int64_t NH,
-                        const DropoutSpec& dropout);
+                        const DropoutSpec& dropout, const uint16_t* qkv16 = nullptr);
 
 // Context parallelism's chunk pair (Backend::attention_chunk_forward):
 // merges the attention of a.Tq queries over a.Tk keys into out and lse.

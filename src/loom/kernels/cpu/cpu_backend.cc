@@ -116,6 +116,26 @@ void CpuBackend<T>::attention_forward(T* out, T* lse, const T* qkv, int64_t B, i
                                       int64_t C, int64_t NH, const DropoutSpec& dropout) const {
   cpu::attention_forward<T>(g_, out, lse, qkv, B, Tn, C, NH, dropout);
 }
+// The core writes q|k|v's bf16 rows itself (from the tiles it rounds for
+// its bf16 products), and backward reads them as its tiles.
+template <typename T>
+void CpuBackend<T>::attention_forward_16(float* out, float* lse, const float* qkv, uint16_t* qkv16,
+                                         int64_t B, int64_t Tn, int64_t C, int64_t NH,
+                                         const DropoutSpec& dropout) const {
+  if constexpr (!std::is_same_v<T, float>)
+    this->unsupported(Op::kAttentionForward16);
+  else
+    cpu::attention_forward<float>(g_, out, lse, qkv, B, Tn, C, NH, dropout, qkv16);
+}
+template <typename T>
+void CpuBackend<T>::attention_backward_16(float* dqkv, const float* dout, const uint16_t* qkv16,
+                                          const float* out, const float* lse, int64_t B, int64_t Tn,
+                                          int64_t C, int64_t NH, const DropoutSpec& dropout) const {
+  if constexpr (!std::is_same_v<T, float>)
+    this->unsupported(Op::kAttentionBackward16);
+  else
+    cpu::attention_backward<float>(g_, dqkv, dout, nullptr, out, lse, B, Tn, C, NH, dropout, qkv16);
+}
 template <typename T>
 void CpuBackend<T>::attention_chunk_forward(T* out, T* lse, const T* q, const T* kv,
                                             const AttentionChunk& a,

@@ -56,6 +56,12 @@ class CpuBackend final : public Backend<T> {
   void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse,
                           int64_t B, int64_t Tn, int64_t C, int64_t NH,
                           const DropoutSpec& dropout) const override;
+  void attention_forward_16(float* out, float* lse, const float* qkv, uint16_t* qkv16, int64_t B,
+                            int64_t Tn, int64_t C, int64_t NH,
+                            const DropoutSpec& dropout) const override;
+  void attention_backward_16(float* dqkv, const float* dout, const uint16_t* qkv16,
+                             const float* out, const float* lse, int64_t B, int64_t Tn, int64_t C,
+                             int64_t NH, const DropoutSpec& dropout) const override;
   void attention_chunk_forward(T* out, T* lse, const T* q, const T* kv, const AttentionChunk& a,
                                const DropoutSpec& dropout) const override;
   void attention_chunk_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, const T* out,
