@@ -73,9 +73,10 @@ class AttentionLayer {
   // What of the record stays f32 in a 16-bit record: the log-sum-exp.
   virtual std::vector<RecordRange> exact_ranges(const Rows& rows, bool selective) const = 0;
   // With records packed to bf16 on a backend that reads bf16 inputs
-  // (RecordTwins): the record's ranges that only a linear's GEMM reads, and
-  // whether the normalised input x goes to the layer's linears alone; the
-  // layer then hands them to its linears through ParamStore::input.
+  // (RecordTwins): the record's ranges read in bf16 alone (by a linear's
+  // GEMMs or the attention core's 16-bit forms), and whether the normalised
+  // input x goes to the layer's linears alone; the layer then finds their
+  // bf16 homes through ParamStore::input.
   virtual std::vector<RecordRange> twin_ranges(const Rows&, bool) const { return {}; }
   virtual bool input_twin() const { return false; }
   // Ranges a linear's GEMM reads in bf16 and another kernel of backward in

@@ -80,9 +80,10 @@ class Block {
   // The exact ranges of a record bound with `mode`, in order: the
   // LayerNorms' statistics and the slots' own (the output aside).
   std::vector<RecordRange> exact_ranges(const Rows& rows, Recompute mode) const;
-  // The ranges of such a record that the linears' GEMMs read in bf16, in
-  // order (RecordTwins): the LayerNorms' outputs where the layer after takes
-  // them to its linears alone, and the layers' own; `shared` adds the
+  // The ranges of such a record read in bf16 (by the linears' GEMMs or the
+  // attention core's 16-bit forms), in order (RecordTwins): the LayerNorms'
+  // outputs where the layer after takes them to its linears alone, and the
+  // layers' own; `shared` adds the
   // layers' shared twins (read in f32 by another kernel too, so unpack
   // widens them: the ranges unpack leaves are those without).
   std::vector<RecordRange> twin_ranges(const Rows& rows, Recompute mode, bool shared = true) const;

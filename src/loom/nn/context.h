@@ -103,12 +103,13 @@ struct RecordRange {
 
 // A block record packed to bf16 (Block::pack) as its linears see it while
 // the block runs on a backend that reads bf16 inputs (Backend::
-// reads_inputs16): the ranges of the record's f32 layout whose values a
-// linear's GEMM reads, kept in the packed slot ("twins": a forward rounds
-// them there, a backward's linear reads them there, and pack does not
-// convert them). Unpack does not widen them either, but for the shared
-// twins (AttentionLayer::shared_twin_ranges), which another kernel of
-// backward reads in f32.
+// reads_inputs16): the ranges of the record's f32 layout whose values are
+// read in bf16, by a linear's GEMMs or by the attention core's 16-bit
+// forms, kept in the packed slot ("twins": a forward rounds them there, a
+// backward reads them there, and pack does not convert them). Unpack does
+// not widen them either, but for the shared twins
+// (AttentionLayer::shared_twin_ranges), which another kernel of backward
+// reads in f32.
 struct RecordTwins {
   const float* room = nullptr;     // the record's f32 layout, as the layers address it
   uint16_t* rounded = nullptr;     // the slot's 16-bit part: the elements outside `exact`, in order

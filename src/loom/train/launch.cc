@@ -156,6 +156,11 @@ class AgentWatch {
 
   // Call while mpirun runs.
   void poll() {
+    // Once mpirun has ended (a zombie until it is reaped), its agents are
+    // handed to another parent and would all look lost: nothing more can
+    // be told from them.
+    const char state = stat_of(mpirun_).state;
+    if (state == 'Z' || state == 'X' || state == '?') return;
     std::set<pid_t> seen;
     std::error_code ec;
     for (const auto& e : fs::directory_iterator("/proc", ec)) {
@@ -164,7 +169,10 @@ class AgentWatch {
       const pid_t pid = std::stoi(name);
       if (parent_of(pid) != mpirun_) continue;
       seen.insert(pid);
-      if (live_.count(pid) == 0) live_[pid] = host_in_cmdline(pid);
+      // Read again until it names a host: a child seen between mpirun's
+      // fork and its exec still shows mpirun's own arguments.
+      auto it = live_.find(pid);
+      if (it == live_.end() || it->second.empty()) live_[pid] = host_in_cmdline(pid);
     }
     for (auto it = live_.begin(); it != live_.end();) {
       if (seen.count(it->first) == 0) {
@@ -178,18 +186,24 @@ class AgentWatch {
   const std::string& first_lost() const { return first_lost_; }
 
  private:
-  static pid_t parent_of(pid_t pid) {
+  struct Stat {
+    char state = '?';  // R, S, D, Z, ...; '?' when the process is gone
+    pid_t ppid = -1;
+  };
+  static Stat stat_of(pid_t pid) {
     std::ifstream f(format("/proc/{}/stat", pid));
     std::string stat;
     std::getline(f, stat);
     const size_t close = stat.rfind(')');  // the command name may hold spaces
-    if (close == std::string::npos) return -1;
+    Stat s;
+    if (close == std::string::npos) return s;
     std::istringstream rest(stat.substr(close + 1));
     std::string state;
-    pid_t ppid = -1;
-    rest >> state >> ppid;
-    return ppid;
+    rest >> state >> s.ppid;
+    if (!state.empty()) s.state = state[0];
+    return s;
   }
+  static pid_t parent_of(pid_t pid) { return stat_of(pid).ppid; }
   std::string host_in_cmdline(pid_t pid) const {
     std::ifstream f(format("/proc/{}/cmdline", pid), std::ios::binary);
     std::string arg;
