@@ -672,7 +672,7 @@ void GptStage<T>::block_backward(StageActivations<T>& a, size_t i, T* d_resid, T
     r = block.bind(whole, none, rw, Recompute::kNone);
   } else if (packed(plan_, i)) {
     // Widened back into the room, where forward computed it, but for the
-    // twins the linears alone read in the slot (unless they defer: a
+    // twins read in bf16 alone, in the slot (unless the linears defer: a
     // deferred product keeps its input's f32 values).
     Arena<T> whole(room), part(room + block.record_elems(rw, mode(i)));
     r = block.bind(whole, part, rw, mode(i));

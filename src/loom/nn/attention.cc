@@ -79,10 +79,8 @@ void Attention<T>::forward(const ParamStore<T>& ps, T* record, bool selective, T
   // q|k|v's twin: the core rounds them into the record as it reads them.
   const Input<T> qkv = ps.input(r.qkv, BT * 3 * C_);
   if constexpr (std::is_same_v<T, float>) {
-    if (qkv.r16 != nullptr) {
+    if (qkv.r16 != nullptr)
       be.attention_forward_16(r.y, r.lse, r.qkv, qkv.r16, B, Tn, C_, NH_, probs);
-      ps.mark_written(r.qkv, BT * 3 * C_);
-    }
   }
   if (qkv.r16 == nullptr)
     attention_core_forward(core_.get(), be, r.y, r.lse, r.qkv, B, Tn, C_, NH_, probs);
