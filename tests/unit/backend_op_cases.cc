@@ -120,6 +120,42 @@ void add_layer_cases(std::vector<OpCase>& ops) {
     ops.push_back(op);
   }
   for (DType t : {DType::kBF16, DType::kF16}) {
+    // GELU that records its input in 16 bits: forward gives the f32 output
+    // (or, with out16, the rounded one) and the input rounded, both within
+    // one 16-bit rounding of the reference's; backward reads the input's
+    // 16-bit values (the case's input rounded), so the reference's backward
+    // of the same values is f32's bound away (bit for bit the f32 forms':
+    // test_precision.cc).
+    const int64_t n = 3000;
+    for (bool rounded_out : {false, true}) {
+      OpCase op = make_case(std::string("gelu_forward_record_16_") + (rounded_out ? "out16_" : "") +
+                                std::string(dtype_name(t)),
+                            {Op::kGeluForwardRecord16}, {n}, {n, n}, {true, true});
+      op.fwd_tol = t == DType::kBF16 ? 8e-3 : 1e-3;
+      op.adjust_inputs = [](Vecs<double>& in) {
+        for (auto& x : in[0]) x *= 4;
+      };
+      set_forward_f32(op, [=](const auto& be, const auto& in, auto& out) {
+        std::vector<uint16_t> h(static_cast<size_t>(n)), x16(static_cast<size_t>(n));
+        be.gelu_forward_record_16(rounded_out ? nullptr : out[0].data(),
+                                  rounded_out ? h.data() : nullptr, in[0].data(), x16.data(), n, t);
+        if (rounded_out) from_16(h, out[0], t);
+        from_16(x16, out[1], t);
+      });
+      ops.push_back(op);
+    }
+    OpCase bwd = make_case("gelu_backward_16_" + std::string(dtype_name(t)), {Op::kGeluBackward16},
+                           {n, n}, {n}, {true});
+    bwd.fwd_tol = 1e-4;
+    bwd.adjust_inputs = [](Vecs<double>& in) {
+      for (auto& x : in[0]) x *= 4;
+    };
+    set_forward_f32(bwd, [=](const auto& be, const auto& in, auto& out) {
+      be.gelu_backward_16(out[0].data(), to_16(in[0], t).data(), in[1].data(), n, t);
+    });
+    ops.push_back(bwd);
+  }
+  for (DType t : {DType::kBF16, DType::kF16}) {
     // A LayerNorm written straight into 16 bits: within one 16-bit rounding
     // of the reference's output, its statistics in f32 (bit for bit
     // layernorm_forward rounded: test_precision.cc).

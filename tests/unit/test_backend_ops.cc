@@ -275,8 +275,9 @@ TEST(BackendTable, SixteenBitOperationsAreF32Only) {
   for (const BackendCase& b : all_backends()) {
     for (int i = 0; i < kNumOps; ++i) EXPECT_TRUE(b.f32->supports(static_cast<Op>(i))) << b.name;
     for (Op o : {Op::kRound16, Op::kWiden16, Op::kAdamW16, Op::kAccumulate16, Op::kSumSquares16,
-                 Op::kScale16, Op::kNonfinite16, Op::kGeluForward16, Op::kLayerNormForward16,
-                 Op::kCrossEntropyBackward16, Op::kAttentionForward16, Op::kAttentionBackward16})
+                 Op::kScale16, Op::kNonfinite16, Op::kGeluForward16, Op::kGeluForwardRecord16,
+                 Op::kGeluBackward16, Op::kLayerNormForward16, Op::kCrossEntropyBackward16,
+                 Op::kAttentionForward16, Op::kAttentionBackward16})
       EXPECT_FALSE(b.f64->supports(o)) << b.name << " " << op_name(o);
     EXPECT_TRUE(b.f64->supports(Op::kAttentionBackward)) << b.name;
     // What a backend lacks says so, by name.

@@ -120,6 +120,40 @@ TEST(Precision, GeluForward16IsGeluRoundedBitwise) {
   }
 }
 
+// GELU that records its input in 16 bits (the MLP's GELU input twin): the
+// output is gelu_forward's (rounded, as gelu_forward_16, when it goes to
+// 16 bits), the record round_to_16's, and the backward from those 16-bit
+// values gelu_backward's on them widened, all bit for bit.
+TEST(Precision, GeluRecord16FormsAreTheF32OnesBitwise) {
+  const int64_t n = 5 * 1024 + 77;  // pieces and a ragged end
+  std::vector<float> x(static_cast<size_t>(n)), d(x.size()), y(x.size());
+  const NormalStream rng(6, "gelu");
+  for (int64_t i = 0; i < n; ++i) {
+    x[static_cast<size_t>(i)] = 3 * rng.at(static_cast<uint64_t>(i));
+    d[static_cast<size_t>(i)] = rng.at(static_cast<uint64_t>(n + i));
+  }
+  cpu::gelu_forward<float>(y.data(), x.data(), n);
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(dtype_name(t));
+    std::vector<uint16_t> x16(x.size()), want_x16(x.size()), y16(x.size()), want_y16(x.size());
+    std::vector<float> got_y(x.size());
+    cpu::round_to_16(x.data(), want_x16.data(), n, t);
+    cpu::round_to_16(y.data(), want_y16.data(), n, t);
+    cpu::gelu_forward_record_16(got_y.data(), nullptr, x.data(), x16.data(), n, t);
+    EXPECT_EQ(got_y, y);
+    EXPECT_EQ(x16, want_x16);
+    std::fill(x16.begin(), x16.end(), uint16_t{0});
+    cpu::gelu_forward_record_16(nullptr, y16.data(), x.data(), x16.data(), n, t);
+    EXPECT_EQ(y16, want_y16);
+    EXPECT_EQ(x16, want_x16);
+    std::vector<float> widened(x.size()), want(x.size()), got(x.size());
+    cpu::widen_16(x16.data(), widened.data(), n, t);
+    cpu::gelu_backward<float>(want.data(), widened.data(), d.data(), n);
+    cpu::gelu_backward_16(got.data(), x16.data(), d.data(), n, t);
+    EXPECT_EQ(got, want);
+  }
+}
+
 // The cross-entropy's gradient written straight into 16 bits (what the LM
 // head's bf16 GEMMs read) is cross_entropy_backward's rounded, bit for bit:
 // rows longer than a piece with ragged ends, a target in the first, a middle

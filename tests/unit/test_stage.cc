@@ -151,30 +151,28 @@ TEST(Stage, SplitBackwardGivesTheSameGradientsBitwise) {
   }
 }
 
-// bf16 records on a backend whose GEMMs read bf16 inputs: the linears'
-// inputs that only a GEMM reads (the LayerNorms' outputs, GELU's) stay in the
-// packed slot as "twins", rounded there by forward and read there by
-// backward, never widened (q|k|v likewise, by the attention core's 16-bit
-// forms); the attention core's output, which c_proj reads
-// and the core's backward too, is rounded into the slot by c_proj and
-// widened for the core (a shared twin). Over two micro-batches in one activation store:
-// the losses equal bitwise those of f32 records (forward's GEMMs round the
-// same values), and the gradients those of a backward that widens the whole
+// bf16 records keep "twins": ranges read in bf16 alone, rounded into the
+// packed slot by forward and read there by backward, never widened. On any
+// backend, q|k|v (the attention core's 16-bit forms read them) and GELU's
+// input (GELU's); on a backend whose GEMMs read bf16 inputs also the
+// linears' inputs that only a GEMM reads (the LayerNorms' outputs, GELU's)
+// and the attention core's output, which c_proj reads and the core's
+// backward too, rounded into the slot by c_proj and widened for the core (a
+// shared twin). Over two micro-batches in one activation store: the losses
+// equal bitwise those of f32 records (forward's GEMMs round the same
+// values), and the gradients those of a backward that widens the whole
 // record (a deferring one: its weight gradients run later from f32 copies
 // of their inputs).
-TEST(Stage, RecordTwinsGiveTheWidenedRecordsGradientsBitwise) {
-  if (!cpu::gemm_16_uses_bf16_matmul(DType::kBF16)) GTEST_SKIP() << "no bf16 matmul on this CPU";
+void expect_twins_give_widened_gradients(const CpuBackend<float>& be) {
   const GptConfig c = tiny(0.1f, 2);
   const int64_t B = 2, T = 16, BT = B * T;
   const std::vector<int32_t> in[2] = {tokens(BT, c.vocab_size, 1), tokens(BT, c.vocab_size, 3)};
   const std::vector<int32_t> tg[2] = {tokens(BT, c.vocab_size, 2), tokens(BT, c.vocab_size, 4)};
-  const CpuBackend<float> bf16(cpu::GemmConfig{cpu::GemmBackend::kOneDnn, DType::kBF16});
-  ASSERT_TRUE(bf16.reads_inputs16());
+  const bool linears16 = be.reads_inputs16();
   for (auto policy : {CheckpointPolicy::kNone, CheckpointPolicy::kSelective}) {
     SCOPED_TRACE(CheckpointPolicy::name(policy));
     auto run = [&](DType records, bool deferred) {
-      GptStage<float> m(c, StageSpec{}, StoreOptions{}, LayerFactory<float>::single_process(),
-                        bf16);
+      GptStage<float> m(c, StageSpec{}, StoreOptions{}, LayerFactory<float>::single_process(), be);
       CheckpointPolicy p;
       p.kind = policy;
       p.records = records;
@@ -202,14 +200,30 @@ TEST(Stage, RecordTwinsGiveTheWidenedRecordsGradientsBitwise) {
     layout.begin_unit("h");
     const Block<float> block(layout, c, 0);
     const auto mode = policy == CheckpointPolicy::kNone ? Recompute::kNone : Recompute::kSelective;
-    // ln_1's and ln_2's outputs; unless selective recomputes the core and
-    // GELU, q|k|v (the core reads them in bf16) and GELU's output; with the
-    // shared twins, the attention core's output too unless selective leaves
-    // it to the recompute room (unpack widens it for the core's backward).
+    // Unless selective recomputes the core and GELU: q|k|v and GELU's input;
+    // with the linears' twins ln_1's and ln_2's outputs and, unless
+    // selective, GELU's output and (shared) the attention core's output.
     const bool none = policy == CheckpointPolicy::kNone;
-    EXPECT_EQ(block.twin_ranges(Rows::whole(B, T), mode).size(), none ? 5u : 2u);
-    EXPECT_EQ(block.twin_ranges(Rows::whole(B, T), mode, false).size(), none ? 4u : 2u);
+    const size_t kernels = none ? 2 : 0, linears = none ? 3 : 2;
+    EXPECT_EQ(block.twin_ranges(Rows::whole(B, T), mode, linears16).size(),
+              kernels + (linears16 ? linears + (none ? 1 : 0) : 0));
+    EXPECT_EQ(block.twin_ranges(Rows::whole(B, T), mode, linears16, false).size(),
+              kernels + (linears16 ? linears : 0));
   }
+}
+
+TEST(Stage, RecordTwinsGiveTheWidenedRecordsGradientsBitwise) {
+  if (!cpu::gemm_16_uses_bf16_matmul(DType::kBF16)) GTEST_SKIP() << "no bf16 matmul on this CPU";
+  const CpuBackend<float> bf16(cpu::GemmConfig{cpu::GemmBackend::kOneDnn, DType::kBF16});
+  ASSERT_TRUE(bf16.reads_inputs16());
+  expect_twins_give_widened_gradients(bf16);
+}
+
+// With f32 GEMMs (any CPU) the layers' own twins alone: the same bitwise.
+TEST(Stage, KernelTwinsOnF32GemmsGiveTheWidenedRecordsGradientsBitwise) {
+  const CpuBackend<float> f32;
+  ASSERT_FALSE(f32.reads_inputs16());
+  expect_twins_give_widened_gradients(f32);
 }
 
 TEST(Stage, MicroBatchesInFlightKeepTheirOwnActivations) {

@@ -21,6 +21,8 @@ const char* op_name(Op op) {
       "gelu_forward",
       "gelu_backward",
       "gelu_forward_16",
+      "gelu_forward_record_16",
+      "gelu_backward_16",
       "residual_forward",
       "add",
       "bias_add",
@@ -64,6 +66,8 @@ bool is_16bit_op(Op op) {
     case Op::kAdamW16:
     case Op::kLayerNormForward16:
     case Op::kGeluForward16:
+    case Op::kGeluForwardRecord16:
+    case Op::kGeluBackward16:
     case Op::kAttentionForward16:
     case Op::kAttentionBackward16:
     case Op::kCrossEntropyBackward16:
@@ -115,6 +119,35 @@ void Backend<T>::layernorm_forward_16(uint16_t*, float*, float*, const float*, c
 template <typename T>
 void Backend<T>::gelu_forward_16(uint16_t*, const float*, int64_t, DType) const {
   unsupported(Op::kGeluForward16);
+}
+// By default GELU's recording forms are the f32 ones beside a rounding (a
+// widening), as the attention's below.
+template <typename T>
+void Backend<T>::gelu_forward_record_16(float* out, uint16_t* out16, const float* inp,
+                                        uint16_t* inp16, int64_t n, DType t) const {
+  if constexpr (std::is_same_v<T, float>) {
+    if (out16 != nullptr)
+      gelu_forward_16(out16, inp, n, t);
+    else
+      gelu_forward(out, inp, n);
+    round_16(inp, inp16, n, t);
+  } else {
+    (void)out, (void)out16, (void)inp, (void)inp16, (void)n, (void)t;
+    unsupported(Op::kGeluForwardRecord16);
+  }
+}
+template <typename T>
+void Backend<T>::gelu_backward_16(float* dinp, const uint16_t* inp16, const float* dout, int64_t n,
+                                  DType t) const {
+  if constexpr (std::is_same_v<T, float>) {
+    Buffer inp = alloc(static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(float),
+                       MemCategory::kWorkspace, false);  // all written next
+    widen_16(inp16, inp.as<float>(), n, t);
+    gelu_backward(dinp, inp.as<float>(), dout, n);
+  } else {
+    (void)dinp, (void)inp16, (void)dout, (void)n, (void)t;
+    unsupported(Op::kGeluBackward16);
+  }
 }
 // By default the attention's 16-bit forms are the f32 ones beside a
 // rounding (a widening): what any f32 backend computes, the definition the

@@ -41,6 +41,8 @@ enum class Op : uint8_t {
   kGeluForward,
   kGeluBackward,
   kGeluForward16,
+  kGeluForwardRecord16,
+  kGeluBackward16,
   kResidualForward,
   kAdd,
   kBiasAdd,
@@ -160,6 +162,18 @@ class Backend {
   // dinp (n) = gelu'(inp) * dout: written over, the layer's scratch (every
   // caller's gradient has this one contribution).
   virtual void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n) const = 0;
+  // gelu_forward's values (into out16 rounded to t when it is not null, as
+  // gelu_forward_16, else into out in f32), and inp16 (n) = inp rounded to
+  // t, both bit for bit, in one pass (f32 alone): the MLP's GELU input
+  // recorded in 16 bits by the kernel that reads it last in forward, never
+  // rounded again by packing.
+  virtual void gelu_forward_record_16(float* out, uint16_t* out16, const float* inp,
+                                      uint16_t* inp16, int64_t n, DType t) const;
+  // gelu_backward with inp read from its 16-bit values (inp16), bit for bit
+  // gelu_backward of those values widened (f32 alone): never widened into
+  // an f32 copy first.
+  virtual void gelu_backward_16(float* dinp, const uint16_t* inp16, const float* dout, int64_t n,
+                                DType t) const;
   // out (n) = a + b.
   virtual void residual_forward(T* out, const T* a, const T* b, int64_t n) const = 0;
   // dst (n) += src.

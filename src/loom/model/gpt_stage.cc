@@ -463,7 +463,7 @@ double GptStage<T>::forward(StageActivations<T>& a, const int32_t* tokens, const
         const auto t1 = std::chrono::steady_clock::now();
         const Block<T>& block = *blocks_[i].layer;
         block.pack(store_.backend(), room, a.blocks[i], rw, mode(i), plan_.records,
-                   uses_twins(i) ? block.twin_ranges(rw, mode(i)) : std::vector<RecordRange>{});
+                   uses_twins(i) ? twin_ranges(i, rw) : std::vector<RecordRange>{});
         s += seconds_since(t1);
       }
       if (i == 0) fault_point("forward");
@@ -504,7 +504,7 @@ RecordTwins GptStage<T>::record_twins(const StageActivations<T>& a, size_t i, co
     tw.room = room;
     tw.rounded = block.rounded_part(a.blocks[i], rw, mode(i));
     tw.exact = block.exact_ranges(rw, mode(i));
-    tw.twins = block.twin_ranges(rw, mode(i));
+    tw.twins = twin_ranges(i, rw);
   }
   return tw;
 }
@@ -679,7 +679,7 @@ void GptStage<T>::block_backward(StageActivations<T>& a, size_t i, T* d_resid, T
     if (uses_twins(i) && store_.deferral() == nullptr) {
       const RecordTwins tw = record_twins(a, i, room);
       block.unpack(store_.backend(), a.blocks[i], room, rw, mode(i), plan_.records,
-                   block.twin_ranges(rw, mode(i), false));
+                   twin_ranges(i, rw, false));
       const TwinsScope<T> scope(store_, &tw);
       block.backward(store_, r, block_input(a, i), d_resid, rw, mode(i) == Recompute::kSelective,
                      drop, scratch);

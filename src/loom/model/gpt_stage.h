@@ -221,10 +221,13 @@ class GptStage {
   static bool packed(const RecomputePlan& p, size_t i) {
     return p.records != DType::kF32 && p.blocks[i] != Recompute::kFull;
   }
-  // Whether block i's linears read their inputs' bf16 twins in its packed
-  // record (RecordTwins): bf16 records on a backend that reads bf16 inputs.
-  bool uses_twins(size_t i) const {
-    return packed(plan_, i) && plan_.records == DType::kBF16 && store_.backend().reads_inputs16();
+  // Whether block i's layers read bf16 twins in its packed record
+  // (RecordTwins): bf16 records (the linears' inputs too on a backend that
+  // reads bf16 inputs).
+  bool uses_twins(size_t i) const { return packed(plan_, i) && plan_.records == DType::kBF16; }
+  // Block i's twins: with the linears' too where the GEMMs read bf16.
+  std::vector<RecordRange> twin_ranges(size_t i, const Rows& rows, bool shared = true) const {
+    return blocks_[i].layer->twin_ranges(rows, mode(i), store_.backend().reads_inputs16(), shared);
   }
   // Block i's twins over the room (where the record is computed or widened)
   // and its slot in `a`.

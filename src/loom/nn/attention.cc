@@ -49,7 +49,9 @@ std::vector<RecordRange> Attention<T>::exact_ranges(const Rows& rows, bool selec
 }
 
 template <typename T>
-std::vector<RecordRange> Attention<T>::twin_ranges(const Rows& rows, bool selective) const {
+std::vector<RecordRange> Attention<T>::twin_ranges(const Rows& rows, bool selective,
+                                                   bool /*linears16*/) const {
+  // q|k|v, read by the core alone: its 16-bit forms whatever the GEMMs read.
   if (selective || core_ != nullptr) return {};
   return {{0, rows.B * rows.Tn * 3 * C_}};
 }

@@ -72,15 +72,16 @@ class AttentionLayer {
   virtual int64_t recompute_elems(const Rows& rows, bool selective) const = 0;
   // What of the record stays f32 in a 16-bit record: the log-sum-exp.
   virtual std::vector<RecordRange> exact_ranges(const Rows& rows, bool selective) const = 0;
-  // With records packed to bf16 on a backend that reads bf16 inputs
-  // (RecordTwins): the record's ranges read in bf16 alone (by a linear's
-  // GEMMs or the attention core's 16-bit forms), and whether the normalised
-  // input x goes to the layer's linears alone; the layer then finds their
+  // With records packed to bf16 (RecordTwins): the record's ranges read in
+  // bf16 alone, by the layer's own 16-bit kernel forms (the attention
+  // core's) and, when linears16 (a backend whose GEMMs read bf16 inputs),
+  // by a linear's GEMMs; and whether the normalised input x goes to the
+  // layer's linears alone (a twin when linears16). The layer finds their
   // bf16 homes through ParamStore::input.
-  virtual std::vector<RecordRange> twin_ranges(const Rows&, bool) const { return {}; }
+  virtual std::vector<RecordRange> twin_ranges(const Rows&, bool, bool) const { return {}; }
   virtual bool input_twin() const { return false; }
   // Ranges a linear's GEMM reads in bf16 and another kernel of backward in
-  // f32 ("shared" twins): the linear's forward rounds them into the slot
+  // f32 ("shared" twins, linears16 alone): the linear's forward rounds them into the slot
   // (pack leaves them), unpack widens them for that kernel, and the linear's
   // backward reads the slot.
   virtual std::vector<RecordRange> shared_twin_ranges(const Rows&, bool) const { return {}; }
@@ -115,7 +116,8 @@ class Attention final : public AttentionLayer<T> {
   // core takes them or selective recomputes the core from f32 q|k|v; the
   // core's output y to c_proj and to the core's backward (a shared twin).
   bool input_twin() const override { return true; }
-  std::vector<RecordRange> twin_ranges(const Rows& rows, bool selective) const override;
+  std::vector<RecordRange> twin_ranges(const Rows& rows, bool selective,
+                                       bool linears16) const override;
   std::vector<RecordRange> shared_twin_ranges(const Rows& rows, bool selective) const override;
   int64_t scratch_elems(const Rows& rows) const override;
   void forward(const ParamStore<T>& ps, T* record, bool selective, T* out, const T* x,

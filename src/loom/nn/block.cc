@@ -120,7 +120,7 @@ int64_t Block<T>::packed_elems(const Rows& rows, Recompute mode) const {
 }
 
 template <typename T>
-std::vector<RecordRange> Block<T>::twin_ranges(const Rows& rows, Recompute mode,
+std::vector<RecordRange> Block<T>::twin_ranges(const Rows& rows, Recompute mode, bool linears16,
                                                bool shared) const {
   LOOM_CHECK(mode != Recompute::kFull, "a block recomputed in full keeps no record to pack");
   const int64_t N = rows.count, C = C_;
@@ -133,18 +133,19 @@ std::vector<RecordRange> Block<T>::twin_ranges(const Rows& rows, Recompute mode,
       if (r.count > 0) out.push_back({base + r.offset, r.count});
   };
   auto with_shared = [&](std::vector<RecordRange> rs, const std::vector<RecordRange>& more) {
-    if (shared) rs.insert(rs.end(), more.begin(), more.end());
+    if (shared && linears16) rs.insert(rs.end(), more.begin(), more.end());
     return rs;
   };
   // bind's order: ln1, its mean and rstd, attn, res2, ln2, its mean and
   // rstd, ffn, res3.
-  if (attn->input_twin()) out.push_back({0, N * C});
+  if (linears16 && attn->input_twin()) out.push_back({0, N * C});
   int64_t at = N * C + 2 * N;
-  add(at, with_shared(attn->twin_ranges(rows, sel), attn->shared_twin_ranges(rows, sel)));
+  add(at,
+      with_shared(attn->twin_ranges(rows, sel, linears16), attn->shared_twin_ranges(rows, sel)));
   at += attn->record_elems(rows, sel) + N * C;
-  if (ffn->input_twin()) out.push_back({at, N * C});
+  if (linears16 && ffn->input_twin()) out.push_back({at, N * C});
   at += N * C + 2 * N;
-  add(at, ffn->twin_ranges(rows, sel));
+  add(at, ffn->twin_ranges(rows, sel, linears16));
   return out;
 }
 

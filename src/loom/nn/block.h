@@ -80,13 +80,16 @@ class Block {
   // The exact ranges of a record bound with `mode`, in order: the
   // LayerNorms' statistics and the slots' own (the output aside).
   std::vector<RecordRange> exact_ranges(const Rows& rows, Recompute mode) const;
-  // The ranges of such a record read in bf16 (by the linears' GEMMs or the
-  // attention core's 16-bit forms), in order (RecordTwins): the LayerNorms'
-  // outputs where the layer after takes them to its linears alone, and the
-  // layers' own; `shared` adds the
-  // layers' shared twins (read in f32 by another kernel too, so unpack
-  // widens them: the ranges unpack leaves are those without).
-  std::vector<RecordRange> twin_ranges(const Rows& rows, Recompute mode, bool shared = true) const;
+  // The ranges of such a record read in bf16, in order (RecordTwins): the
+  // layers' own, read by their 16-bit kernel forms (q|k|v by the attention
+  // core's, GELU's input by GELU's); with linears16 (a backend whose GEMMs
+  // read bf16 inputs) also those the linears' GEMMs alone read (the
+  // LayerNorms' outputs where the layer after takes them to its linears
+  // alone, GELU's output), and, with `shared`, the layers' shared twins
+  // (read in f32 by another kernel too, so unpack widens them: the ranges
+  // unpack leaves are those without).
+  std::vector<RecordRange> twin_ranges(const Rows& rows, Recompute mode, bool linears16,
+                                       bool shared = true) const;
   // Where a packed slot's 16-bit part begins.
   uint16_t* rounded_part(T* slot, const Rows& rows, Recompute mode) const;
 

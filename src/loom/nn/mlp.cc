@@ -40,16 +40,22 @@ void Mlp<T>::forward(const ParamStore<T>& ps, T* record, bool selective, T* out,
   T* fch = record;
   T* fch_gelu = selective ? recompute : record + BT * 4 * C_;
   be.matmul_forward(fch, ps.input(x, BT * C_), ps.weight(c_fc_w), ps.param(c_fc_b), BT, C_, 4 * C_);
-  // GELU's output goes straight to its bf16 twin where the record keeps one
-  // (only c_proj's GEMMs read it): never written in f32, never rounded again.
+  // GELU records its input in its bf16 twin where the record keeps one, and
+  // its output goes straight to its own twin where there is one (only
+  // c_proj's GEMMs read it): never written in f32, never rounded again.
   Input<T> hidden = ps.input(fch_gelu, BT * 4 * C_);
+  bool done = false;
   if constexpr (std::is_same_v<T, float>) {
-    if (hidden.r16 != nullptr) {
+    const Input<T> in = ps.input(fch, BT * 4 * C_);
+    if (in.r16 != nullptr)
+      be.gelu_forward_record_16(hidden.r16 != nullptr ? nullptr : fch_gelu, hidden.r16, fch, in.r16,
+                                BT * 4 * C_, DType::kBF16);
+    else if (hidden.r16 != nullptr)
       be.gelu_forward_16(hidden.r16, fch, BT * 4 * C_, DType::kBF16);
-      hidden.written = true;
-    }
+    done = in.r16 != nullptr || hidden.r16 != nullptr;
+    hidden.written = hidden.r16 != nullptr;
   }
-  if (!hidden.written) be.gelu_forward(fch_gelu, fch, BT * 4 * C_);
+  if (!done) be.gelu_forward(fch_gelu, fch, BT * 4 * C_);
   if (out == nullptr) return;
   be.matmul_forward(out, hidden, ps.weight(c_proj_w), ps.param(c_proj_b), BT, 4 * C_, C_);
 }
@@ -68,7 +74,15 @@ void Mlp<T>::backward(const ParamStore<T>& ps, T* record, bool selective, T* dx,
   T* d_fch_gelu = scratch + BT * 4 * C_;
   linear_backward(ps, d_fch_gelu, c_proj_w, c_proj_b, dout, ps.input(fch_gelu, BT * 4 * C_), BT,
                   4 * C_, C_, GradWrite::kSet);
-  be.gelu_backward(d_fch, fch, d_fch_gelu, BT * 4 * C_);
+  // GELU's input from its bf16 twin where the record keeps one (unpack left it).
+  bool done = false;
+  if constexpr (std::is_same_v<T, float>) {
+    const Input<T> in = ps.input(fch, BT * 4 * C_);
+    if (in.r16 != nullptr)
+      be.gelu_backward_16(d_fch, in.r16, d_fch_gelu, BT * 4 * C_, DType::kBF16);
+    done = in.r16 != nullptr;
+  }
+  if (!done) be.gelu_backward(d_fch, fch, d_fch_gelu, BT * 4 * C_);
   linear_backward(ps, dx, c_fc_w, c_fc_b, d_fch, ps.input(x, BT * C_), BT, C_, 4 * C_,
                   GradWrite::kSet);
 }

@@ -24,11 +24,13 @@ class FeedForward {
   virtual int64_t recompute_elems(const Rows& rows, bool selective) const = 0;
   // What of the record stays f32 when the record is kept in 16 bits.
   virtual std::vector<RecordRange> exact_ranges(const Rows& rows, bool selective) const = 0;
-  // With records packed to bf16 on a backend that reads bf16 inputs
-  // (RecordTwins): the record's ranges that only a linear's GEMM reads, and
-  // whether the normalised input x goes to the layer's linears alone; the
-  // layer then hands them to its linears through ParamStore::input.
-  virtual std::vector<RecordRange> twin_ranges(const Rows&, bool) const { return {}; }
+  // With records packed to bf16 (RecordTwins): the record's ranges read in
+  // bf16 alone, by the layer's own 16-bit kernel forms and, when linears16
+  // (a backend whose GEMMs read bf16 inputs), by a linear's GEMMs; and
+  // whether the normalised input x goes to the layer's linears alone (a
+  // twin when linears16). The layer finds their bf16 homes through
+  // ParamStore::input.
+  virtual std::vector<RecordRange> twin_ranges(const Rows&, bool, bool) const { return {}; }
   virtual bool input_twin() const { return false; }
   // Backward's gradient scratch.
   virtual int64_t scratch_elems(const Rows& rows) const = 0;
@@ -55,11 +57,15 @@ class Mlp final : public FeedForward<T> {
   int64_t record_elems(const Rows& rows, bool selective) const override;
   int64_t recompute_elems(const Rows& rows, bool selective) const override;
   std::vector<RecordRange> exact_ranges(const Rows&, bool) const override { return {}; }
-  // x goes to c_fc alone; GELU's output (kept unless selective) to c_proj
-  // alone (GELU's backward reads its input).
-  std::vector<RecordRange> twin_ranges(const Rows& rows, bool selective) const override {
+  // Unless selective: GELU's input, which GELU alone reads (its 16-bit
+  // forms record it and read it back), and with linears16 GELU's output,
+  // which c_proj alone reads (x goes to c_fc alone).
+  std::vector<RecordRange> twin_ranges(const Rows& rows, bool selective,
+                                       bool linears16) const override {
     if (selective) return {};
-    return {{rows.count * 4 * C_, rows.count * 4 * C_}};
+    const int64_t n = rows.count * 4 * C_;
+    if (!linears16) return {{0, n}};
+    return {{0, n}, {n, n}};
   }
   bool input_twin() const override { return true; }
   int64_t scratch_elems(const Rows& rows) const override;

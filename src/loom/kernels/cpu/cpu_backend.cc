@@ -266,6 +266,18 @@ void CpuBackend<T>::gelu_forward_16(uint16_t* out16, const float* inp, int64_t n
   cpu::gelu_forward_16(out16, inp, n, t);
 }
 template <typename T>
+void CpuBackend<T>::gelu_forward_record_16(float* out, uint16_t* out16, const float* inp,
+                                           uint16_t* inp16, int64_t n, DType t) const {
+  if constexpr (!std::is_same_v<T, float>) this->unsupported(Op::kGeluForwardRecord16);
+  cpu::gelu_forward_record_16(out, out16, inp, inp16, n, t);
+}
+template <typename T>
+void CpuBackend<T>::gelu_backward_16(float* dinp, const uint16_t* inp16, const float* dout,
+                                     int64_t n, DType t) const {
+  if constexpr (!std::is_same_v<T, float>) this->unsupported(Op::kGeluBackward16);
+  cpu::gelu_backward_16(dinp, inp16, dout, n, t);
+}
+template <typename T>
 void CpuBackend<T>::round_16(const float* x, uint16_t* out, int64_t n, DType t) const {
   if constexpr (!std::is_same_v<T, float>) this->unsupported(Op::kRound16);
   cpu::round_to_16(x, out, n, t);

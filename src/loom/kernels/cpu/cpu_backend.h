@@ -44,6 +44,10 @@ class CpuBackend final : public Backend<T> {
                             const float* weight, const float* bias, int64_t N, int64_t C,
                             DType t) const override;
   void gelu_forward_16(uint16_t* out16, const float* inp, int64_t n, DType t) const override;
+  void gelu_forward_record_16(float* out, uint16_t* out16, const float* inp, uint16_t* inp16,
+                              int64_t n, DType t) const override;
+  void gelu_backward_16(float* dinp, const uint16_t* inp16, const float* dout, int64_t n,
+                        DType t) const override;
   void residual_forward(T* out, const T* a, const T* b, int64_t n) const override;
   void add(T* dst, const T* src, int64_t n) const override;
   void bias_add(T* y, const T* bias, int64_t N, int64_t C) const override;

@@ -13,45 +13,129 @@ namespace loom::cpu {
 namespace {
 constexpr double kGeluScale = 0.7978845608028654;  // sqrt(2 / pi)
 
-// One GELU value, for both forward kernels (so they agree bit for bit).
+// One GELU value.
 template <typename T>
 inline T gelu_value(T x) {
   T u = T(kGeluScale) * (x + T(0.044715) * x * x * x);
   return T(0.5) * x * (T(1) + vtanh(u));
 }
+
+// One GELU gradient.
+template <typename T>
+inline T gelu_grad(T x, T dout) {
+  T u = T(kGeluScale) * (x + T(0.044715) * x * x * x);
+  T th = vtanh(u);
+  T sech2 = T(1) - th * th;
+  T du = T(kGeluScale) * (T(1) + T(3 * 0.044715) * x * x);
+  return dout * (T(0.5) * (T(1) + th) + T(0.5) * x * sech2 * du);
+}
+
+// GELU's values come from vector lanes alone: a loop's scalar remainder
+// may contract products into fused multiply-adds where its vector body
+// does not, so that a value would depend on where a thread's part of the
+// loop ends. The kernels run in pieces of kPiece elements (a multiple of
+// every vector width), each piece's first multiple of 16 elements by one
+// vector loop in place (gelu_piece, gelu_grad_piece; the build turns off
+// peeling for alignment here) and the rest of the last piece through the
+// same loop, zero-padded to 16 on the stack. A GELU value is then the same
+// whatever the thread count and whichever kernel computes it (f32, 16-bit
+// output, 16-bit input): the 16-bit forms are the f32 ones bit for bit.
+constexpr int64_t kPiece = 1024;
+
+// y (m16) = gelu(x), m16 a multiple of 16 (elementwise: y may be x).
+template <typename T>
+__attribute__((noinline)) void gelu_piece(T* __restrict y, const T* __restrict x, int64_t m16) {
+#pragma omp simd
+  for (int64_t i = 0; i < m16; ++i) y[i] = gelu_value(x[i]);
+}
+
+// g (m16) = gelu'(x) * d, m16 a multiple of 16.
+template <typename T>
+__attribute__((noinline)) void gelu_grad_piece(T* __restrict g, const T* __restrict x,
+                                               const T* __restrict d, int64_t m16) {
+#pragma omp simd
+  for (int64_t i = 0; i < m16; ++i) g[i] = gelu_grad(x[i], d[i]);
+}
+
+// gelu_piece over any m, the tail past the last multiple of 16 padded.
+template <typename T>
+void gelu_any(T* y, const T* x, int64_t m) {
+  const int64_t body = m / 16 * 16;
+  gelu_piece(y, x, body);
+  if (body == m) return;
+  alignas(64) T xt[16] = {}, yt[16];
+  std::copy(x + body, x + m, xt);
+  gelu_piece(yt, xt, 16);
+  std::copy(yt, yt + (m - body), y + body);
+}
+
+template <typename T>
+void gelu_grad_any(T* g, const T* x, const T* d, int64_t m) {
+  const int64_t body = m / 16 * 16;
+  gelu_grad_piece(g, x, d, body);
+  if (body == m) return;
+  alignas(64) T xt[16] = {}, dt[16] = {}, gt[16];
+  std::copy(x + body, x + m, xt);
+  std::copy(d + body, d + m, dt);
+  gelu_grad_piece(gt, xt, dt, 16);
+  std::copy(gt, gt + (m - body), g + body);
+}
+
+void check_16(DType t, const char* op) {
+  // Checked before any parallel loop (an error there could not leave it).
+  LOOM_CHECK(t == DType::kBF16 || t == DType::kF16, "{} asked for {}", op, dtype_name(t));
+}
 }  // namespace
 
 template <typename T>
 void gelu_forward(T* out, const T* inp, int64_t n) {
-#pragma omp parallel for simd
-  for (int64_t i = 0; i < n; ++i) out[i] = gelu_value(inp[i]);
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < n; b += kPiece) gelu_any(out + b, inp + b, std::min(kPiece, n - b));
 }
 
 void gelu_forward_16(uint16_t* out16, const float* inp, int64_t n, DType t) {
-  // Checked here, not inside the parallel loop (an error there could not leave it).
-  LOOM_CHECK(t == DType::kBF16 || t == DType::kF16, "gelu_forward_16 asked for {}", dtype_name(t));
-  // Pieces of f32 values on the stack, each rounded while it is in cache.
-  constexpr int64_t kPiece = 1024;
+  check_16(t, "gelu_forward_16");
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < n; b += kPiece) {
     const int64_t m = std::min(kPiece, n - b);
     float y[kPiece];
-#pragma omp simd
-    for (int64_t i = 0; i < m; ++i) y[i] = gelu_value(inp[b + i]);
+    gelu_any(y, inp + b, m);
     round_to_16_serial(y, out16 + b, m, t);
+  }
+}
+
+void gelu_forward_record_16(float* out, uint16_t* out16, const float* inp, uint16_t* inp16,
+                            int64_t n, DType t) {
+  check_16(t, "gelu_forward_record_16");
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < n; b += kPiece) {
+    const int64_t m = std::min(kPiece, n - b);
+    if (out16 != nullptr) {
+      float y[kPiece];
+      gelu_any(y, inp + b, m);
+      round_to_16_serial(y, out16 + b, m, t);
+    } else {
+      gelu_any(out + b, inp + b, m);
+    }
+    round_to_16_serial(inp + b, inp16 + b, m, t);
   }
 }
 
 template <typename T>
 void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n) {
-#pragma omp parallel for simd
-  for (int64_t i = 0; i < n; ++i) {
-    T x = inp[i];
-    T u = T(kGeluScale) * (x + T(0.044715) * x * x * x);
-    T th = vtanh(u);
-    T sech2 = T(1) - th * th;
-    T du = T(kGeluScale) * (T(1) + T(3 * 0.044715) * x * x);
-    dinp[i] = dout[i] * (T(0.5) * (T(1) + th) + T(0.5) * x * sech2 * du);
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < n; b += kPiece)
+    gelu_grad_any(dinp + b, inp + b, dout + b, std::min(kPiece, n - b));
+}
+
+void gelu_backward_16(float* dinp, const uint16_t* inp16, const float* dout, int64_t n, DType t) {
+  check_16(t, "gelu_backward_16");
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < n; b += kPiece) {
+    const int64_t m = std::min(kPiece, n - b);
+    float x[kPiece];
+    widen_16_serial(inp16 + b, x, m, t);
+    gelu_grad_any(dinp + b, x, dout + b, m);
   }
 }
 

@@ -15,6 +15,12 @@ void gelu_forward_16(uint16_t* out16, const float* inp, int64_t n, DType t);
 // Writes dinp = gelu'(inp) * dout over what dinp held.
 template <typename T>
 void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n);
+// gelu_forward's values (rounded to t into out16 when it is not null, as
+// gelu_forward_16, else into out) and inp16 = inp rounded to t, in one pass.
+void gelu_forward_record_16(float* out, uint16_t* out16, const float* inp, uint16_t* inp16,
+                            int64_t n, DType t);
+// gelu_backward with inp read from its 16-bit values, bit for bit.
+void gelu_backward_16(float* dinp, const uint16_t* inp16, const float* dout, int64_t n, DType t);
 
 // out (n) = a + b. (Its backward passes dout to both inputs; callers add.)
 template <typename T>

@@ -137,6 +137,11 @@ void round_to_16_serial(const float* x, uint16_t* out, int64_t n, DType t) {
   to_16_serial(x, out, n, t);
 }
 
+void widen_16_serial(const uint16_t* x, float* out, int64_t n, DType t) {
+  check_16(t);
+  from_16_serial(x, out, n, t);
+}
+
 void round_to_16(const float* x, uint16_t* out, int64_t n, DType t) {
   check_16(t);
 #pragma omp parallel for schedule(static)

@@ -19,6 +19,8 @@ void round_to_16(const float* x, uint16_t* out, int64_t n, DType t);
 void round_to_16_serial(const float* x, uint16_t* out, int64_t n, DType t);
 // out (n) = x (t) as f32 (exact).
 void widen_16(const uint16_t* x, float* out, int64_t n, DType t);
+// The same on the calling thread alone.
+void widen_16_serial(const uint16_t* x, float* out, int64_t n, DType t);
 // The sum of squares of x (t) in double, over the same fixed chunks as
 // sum_squares<float> (equal to it on the widened values, bit for bit).
 double sum_squares_16(const uint16_t* x, int64_t n, DType t);
