@@ -88,23 +88,31 @@ struct ChunkTiles {
     }
   }
   // The whole sequence's tiles of (b, h) from q|k|v's bf16 values (qkv16,
-  // laid out as qkv (B, Tn, 3C)), rounded: q widened, scaled and rounded
-  // again, k and v as they are; bit for bit what load gives from those
-  // values widened. The f32 k and v tiles are sized, not filled: with
-  // bf16 tiles the products do not read them.
-  void load16(const uint16_t* qkv16, int64_t Tn, int64_t C, int64_t b, int64_t h, int64_t hs,
-              T scale) {
+  // laid out as qkv (B, Tn, 3C)); bit for bit what load gives from those
+  // values widened. With rounds_tiles, rounded: q widened, scaled and
+  // rounded again, k and v as they are (the f32 k and v tiles are sized,
+  // not filled: with bf16 tiles the products do not read them); else in
+  // f32, each (batch, head) widened while in cache rather than the whole
+  // of q|k|v first.
+  void load16(const GemmConfig& g, const uint16_t* qkv16, int64_t Tn, int64_t C, int64_t b,
+              int64_t h, int64_t hs, T scale) {
     const size_t n = static_cast<size_t>(Tn * hs);
     q.resize(n), k.resize(n), v.resize(n);
-    k16.resize(n), v16.resize(n);
+    rounded = rounds_tiles<T>(g);
+    if (rounded) k16.resize(n), v16.resize(n);
     for (int64_t t = 0; t < Tn; ++t) {
       const uint16_t* row = qkv16 + (b * Tn + t) * 3 * C + h * hs;
       for (int64_t d = 0; d < hs; ++d) q[t * hs + d] = T(bf16_to_f32(row[d])) * scale;
-      std::copy_n(row + C, hs, k16.data() + t * hs);
-      std::copy_n(row + 2 * C, hs, v16.data() + t * hs);
+      if (rounded) {
+        std::copy_n(row + C, hs, k16.data() + t * hs);
+        std::copy_n(row + 2 * C, hs, v16.data() + t * hs);
+      } else {
+        for (int64_t d = 0; d < hs; ++d)
+          k[t * hs + d] = T(bf16_to_f32(row[C + d])),
+                     v[t * hs + d] = T(bf16_to_f32(row[2 * C + d]));
+      }
     }
-    round_tile(q.data(), Tn * hs, q16);
-    rounded = true;
+    if (rounded) round_tile(q.data(), Tn * hs, q16);
   }
 };
 
@@ -299,15 +307,6 @@ void attention_backward(const GemmConfig& g, T* dqkv, const T* dout, const T* qk
                         const DropoutSpec& dropout, const uint16_t* qkv16) {
   LOOM_CHECK(qkv16 == nullptr || (std::is_same_v<T, float>),
              "attention_backward: q|k|v in bf16 for f32 values only");
-  // Without bf16 tiles the products read f32 ones: the bf16 values widened.
-  std::vector<T> widened;
-  if (qkv16 != nullptr && !rounds_tiles<T>(g)) {
-    widened.resize(static_cast<size_t>(B * Tn * 3 * C));
-    if constexpr (std::is_same_v<T, float>)
-      widen_16(qkv16, widened.data(), B * Tn * 3 * C, DType::kBF16);
-    qkv = widened.data();
-    qkv16 = nullptr;
-  }
   const int64_t hs = C / NH;
   const T scale = T(1) / std::sqrt(T(hs));
 #pragma omp parallel
@@ -331,7 +330,7 @@ void attention_backward(const GemmConfig& g, T* dqkv, const T* dout, const T* qk
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t h = 0; h < NH; ++h) {
         if (qkv16 != nullptr)
-          tiles.load16(qkv16, Tn, C, b, h, hs, scale);
+          tiles.load16(g, qkv16, Tn, C, b, h, hs, scale);
         else
           tiles.load(g, qkv, qkv + C, whole, b, h, hs, scale);
         const size_t n = static_cast<size_t>(Tn * hs);
