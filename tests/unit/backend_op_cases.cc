@@ -131,7 +131,9 @@ void add_layer_cases(std::vector<OpCase>& ops) {
       OpCase op = make_case(std::string("gelu_forward_record_16_") + (rounded_out ? "out16_" : "") +
                                 std::string(dtype_name(t)),
                             {Op::kGeluForwardRecord16}, {n}, {n, n}, {true, true});
-      op.fwd_tol = t == DType::kBF16 ? 8e-3 : 1e-3;
+      // The rounded input is the reference's exactly; an f32 output is
+      // f32's bound away.
+      op.fwd_tol = !rounded_out ? 1e-5 : t == DType::kBF16 ? 8e-3 : 1e-3;
       op.adjust_inputs = [](Vecs<double>& in) {
         for (auto& x : in[0]) x *= 4;
       };

@@ -15,6 +15,7 @@
 #include "loom/core/dtype.h"
 #include "loom/core/memory.h"
 #include "loom/kernels/cpu/cpu_backend.h"
+#include "loom/kernels/reference/reference_backend.h"
 #include "loom/model/gpt_stage.h"
 #include "loom/parallel/tensor/parallel_layers.h"
 #include "loom/train/config.h"
@@ -177,6 +178,15 @@ void expect_twins_give_widened_gradients(const CpuBackend<float>& be) {
       p.kind = policy;
       p.records = records;
       m.set_plan(m.plan(p, B, T));
+      // The stage keeps the twins the block names (none with f32 records).
+      ParamLayout layout;
+      layout.begin_unit("h");
+      const Block<float> block(layout, c, 0);
+      const auto mode = m.recompute_plan().blocks[0];
+      EXPECT_EQ(m.record_twin_ranges(0, B, T).size(),
+                records == DType::kBF16
+                    ? block.twin_ranges(Rows::whole(B, T), mode, linears16).size()
+                    : 0u);
       m.init(9);
       m.zero_grads();
       auto a = m.make_activations(B, T);
@@ -223,7 +233,21 @@ TEST(Stage, RecordTwinsGiveTheWidenedRecordsGradientsBitwise) {
 TEST(Stage, KernelTwinsOnF32GemmsGiveTheWidenedRecordsGradientsBitwise) {
   const CpuBackend<float> f32;
   ASSERT_FALSE(f32.reads_inputs16());
+  ASSERT_TRUE(f32.fuses_record16());
   expect_twins_give_widened_gradients(f32);
+}
+
+// A backend whose 16-bit record forms are not fused (the defaults round and
+// widen in passes of their own) keeps no twins: packing converts it all.
+TEST(Stage, ABackendWithoutFusedRecordFormsKeepsNoTwins) {
+  const GptConfig c = tiny(0.0f, 2);
+  const ReferenceBackend<float> ref;
+  ASSERT_FALSE(ref.fuses_record16() || ref.reads_inputs16());
+  GptStage<float> m(c, StageSpec{}, StoreOptions{}, LayerFactory<float>::single_process(), ref);
+  CheckpointPolicy p;
+  p.records = DType::kBF16;
+  m.set_plan(m.plan(p, 2, 16));
+  EXPECT_TRUE(m.record_twin_ranges(0, 2, 16).empty());
 }
 
 TEST(Stage, MicroBatchesInFlightKeepTheirOwnActivations) {

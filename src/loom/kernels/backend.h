@@ -128,6 +128,12 @@ class Backend {
   // matmul_nt_backward an output gradient, with bf16 twins (types.h Input):
   // GEMMs with bf16 inputs that read bf16 operands.
   virtual bool reads_inputs16() const { return false; }
+  // Whether the 16-bit forms that read and write a record's bf16 values
+  // themselves (attention_forward_16 / attention_backward_16,
+  // gelu_forward_record_16 / gelu_backward_16) are fused, so that a record
+  // gains by keeping q|k|v and GELU's input as their twins: the defaults
+  // round and widen in passes of their own, into a temporary.
+  virtual bool fuses_record16() const { return false; }
   // The tied LM head: out (N, V) = inp (N, C) @ weight^T, weight (V, C).
   virtual void matmul_nt_forward(T* out, const T* inp, WeightArg<T> weight, int64_t N, int64_t C,
                                  int64_t V) const = 0;

@@ -63,7 +63,8 @@ using WeightArg = std::type_identity_t<Weight<T>>;
 // those values, unless its producer wrote r16 itself (written: data was never
 // stored in f32 and is not read); a backward multiplies r16 and does not
 // read data (widened only where another kernel reads it: a shared twin). Only backends whose
-// reads_inputs16() is true are handed a twin.
+// reads_inputs16() is true are handed a linear's input with a twin; the
+// attention core's and GELU's 16-bit forms take theirs on any backend.
 template <typename T>
 struct Input {
   const T* data = nullptr;

@@ -528,8 +528,9 @@ void GptStage<T>::block_forward(StageActivations<T>& a, size_t i, const Dropout&
     r = block.bind(whole, part, rw, mode(i));
     r.res3 = a.blocks[i];
     if (uses_twins(i)) {
-      // The linears round their inputs straight into the slot (pack then
-      // leaves those ranges).
+      // The twins' producers (the linears, the LayerNorms, the attention
+      // core, GELU) round them straight into the slot (pack then leaves
+      // those ranges).
       const RecordTwins tw = record_twins(a, i, room);
       const TwinsScope<T> scope(store_, &tw);
       block.forward(store_, r, x, rw, mode(i) == Recompute::kSelective, drop);
@@ -673,7 +674,8 @@ void GptStage<T>::block_backward(StageActivations<T>& a, size_t i, T* d_resid, T
   } else if (packed(plan_, i)) {
     // Widened back into the room, where forward computed it, but for the
     // twins read in bf16 alone, in the slot (unless the linears defer: a
-    // deferred product keeps its input's f32 values).
+    // deferred product keeps its input's f32 values, and the kernels then
+    // read the widened values too).
     Arena<T> whole(room), part(room + block.record_elems(rw, mode(i)));
     r = block.bind(whole, part, rw, mode(i));
     if (uses_twins(i) && store_.deferral() == nullptr) {

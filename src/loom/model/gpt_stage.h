@@ -108,6 +108,11 @@ class GptStage {
   // The per-block record sizes the budget policy works from (`records`:
   // what a kNone or kSelective record is kept in).
   size_t block_bytes(int64_t B, int64_t Tn, Recompute mode, DType records = DType::kF32) const;
+  // The ranges of block i's record kept as bf16 twins under the current
+  // plan (RecordTwins; none where the block does not use them).
+  std::vector<RecordRange> record_twin_ranges(size_t i, int64_t B, int64_t Tn) const {
+    return uses_twins(i) ? twin_ranges(i, rows(B, Tn)) : std::vector<RecordRange>{};
+  }
 
   // This rank's rows of a micro-batch of (B, T) (a slice when the layers
   // split the sequence).
@@ -222,9 +227,14 @@ class GptStage {
     return p.records != DType::kF32 && p.blocks[i] != Recompute::kFull;
   }
   // Whether block i's layers read bf16 twins in its packed record
-  // (RecordTwins): bf16 records (the linears' inputs too on a backend that
-  // reads bf16 inputs).
-  bool uses_twins(size_t i) const { return packed(plan_, i) && plan_.records == DType::kBF16; }
+  // (RecordTwins): bf16 records on a backend whose GEMMs read bf16 inputs
+  // (the linears' twins and the kernels') or that fuses the kernels' 16-bit
+  // record forms (theirs alone).
+  bool uses_twins(size_t i) const {
+    const Backend<T>& be = store_.backend();
+    return packed(plan_, i) && plan_.records == DType::kBF16 &&
+           (be.reads_inputs16() || be.fuses_record16());
+  }
   // Block i's twins: with the linears' too where the GEMMs read bf16.
   std::vector<RecordRange> twin_ranges(size_t i, const Rows& rows, bool shared = true) const {
     return blocks_[i].layer->twin_ranges(rows, mode(i), store_.backend().reads_inputs16(), shared);

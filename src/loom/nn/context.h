@@ -101,12 +101,13 @@ struct RecordRange {
   int64_t offset = 0, count = 0;
 };
 
-// A block record packed to bf16 (Block::pack) as its linears see it while
-// the block runs on a backend that reads bf16 inputs (Backend::
-// reads_inputs16): the ranges of the record's f32 layout whose values are
-// read in bf16, by a linear's GEMMs or by the attention core's 16-bit
-// forms, kept in the packed slot ("twins": a forward rounds them there, a
-// backward reads them there, and pack does not convert them). Unpack does
+// A block record packed to bf16 (Block::pack) as its layers see it while
+// the block runs: the ranges of the record's f32 layout whose values are
+// read in bf16 alone, by the attention core's or GELU's 16-bit forms (on a
+// backend that fuses them, Backend::fuses_record16) and, on a backend that
+// reads bf16 inputs (Backend::reads_inputs16), by a linear's GEMMs, kept
+// in the packed slot ("twins": a forward rounds them there, a backward
+// reads them there, and pack does not convert them). Unpack does
 // not widen them either, but for the shared twins
 // (AttentionLayer::shared_twin_ranges), which another kernel of backward
 // reads in f32.

@@ -92,9 +92,9 @@ class ParamStore {
     return Weight<T>(param(p));
   }
   T* grad(ParamId id) const { return grad(layout_[id]); }
-  // An activation (n elements at x) as a linear (or the attention core's
-  // 16-bit forms) takes it: with its bf16 twin while the running block's
-  // record has one there (set_twins).
+  // An activation (n elements at x) as a linear (or the attention core's or
+  // GELU's 16-bit forms) takes it: with its bf16 twin while the running
+  // block's record has one there (set_twins).
   Input<T> input(const T* x, int64_t n) const {
     if constexpr (std::is_same_v<T, float>)
       if (twins_ != nullptr) {

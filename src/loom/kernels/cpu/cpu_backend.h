@@ -29,6 +29,7 @@ class CpuBackend final : public Backend<T> {
                        WeightArg<T> weight, int64_t N, int64_t C, int64_t OC,
                        GradWrite dinp_write) const override;
   bool reads_inputs16() const override;
+  bool fuses_record16() const override { return std::is_same_v<T, float>; }
   void matmul_nt_forward(T* out, const T* inp, WeightArg<T> weight, int64_t N, int64_t C,
                          int64_t V) const override;
   void matmul_nt_backward(T* dinp, T* dweight, InputArg<T> dout, const T* inp, WeightArg<T> weight,

@@ -42,7 +42,8 @@ inline T gelu_grad(T x, T dout) {
 // output, 16-bit input): the 16-bit forms are the f32 ones bit for bit.
 constexpr int64_t kPiece = 1024;
 
-// y (m16) = gelu(x), m16 a multiple of 16 (elementwise: y may be x).
+// y (m16) = gelu(x), m16 a multiple of 16; y and x do not overlap (nor do
+// any GELU kernel's output and inputs).
 template <typename T>
 __attribute__((noinline)) void gelu_piece(T* __restrict y, const T* __restrict x, int64_t m16) {
 #pragma omp simd
