@@ -94,20 +94,11 @@ void gelu_forward(T* out, const T* inp, int64_t n) {
   for (int64_t b = 0; b < n; b += kPiece) gelu_any(out + b, inp + b, std::min(kPiece, n - b));
 }
 
-void gelu_forward_16(uint16_t* out16, const float* inp, int64_t n, DType t) {
-  check_16(t, "gelu_forward_16");
-#pragma omp parallel for schedule(static)
-  for (int64_t b = 0; b < n; b += kPiece) {
-    const int64_t m = std::min(kPiece, n - b);
-    float y[kPiece];
-    gelu_any(y, inp + b, m);
-    round_to_16_serial(y, out16 + b, m, t);
-  }
-}
-
-void gelu_forward_record_16(float* out, uint16_t* out16, const float* inp, uint16_t* inp16,
-                            int64_t n, DType t) {
-  check_16(t, "gelu_forward_record_16");
+namespace {
+// GELU over pieces into out (f32) or out16 (rounded), and inp rounded into
+// inp16 where that is not null.
+void gelu_pieces_16(float* out, uint16_t* out16, const float* inp, uint16_t* inp16, int64_t n,
+                    DType t) {
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < n; b += kPiece) {
     const int64_t m = std::min(kPiece, n - b);
@@ -118,8 +109,20 @@ void gelu_forward_record_16(float* out, uint16_t* out16, const float* inp, uint1
     } else {
       gelu_any(out + b, inp + b, m);
     }
-    round_to_16_serial(inp + b, inp16 + b, m, t);
+    if (inp16 != nullptr) round_to_16_serial(inp + b, inp16 + b, m, t);
   }
+}
+}  // namespace
+
+void gelu_forward_16(uint16_t* out16, const float* inp, int64_t n, DType t) {
+  check_16(t, "gelu_forward_16");
+  gelu_pieces_16(nullptr, out16, inp, nullptr, n, t);
+}
+
+void gelu_forward_record_16(float* out, uint16_t* out16, const float* inp, uint16_t* inp16,
+                            int64_t n, DType t) {
+  check_16(t, "gelu_forward_record_16");
+  gelu_pieces_16(out, out16, inp, inp16, n, t);
 }
 
 template <typename T>
